@@ -1,0 +1,1 @@
+//! Property suites over the smallseq library.

@@ -1,0 +1,2 @@
+//! smallseq: small-sequence fused attention, its reference and its fuzz harness.
+pub use smallseq_reference as reference;
