@@ -1,2 +1,19 @@
 //! smallseq: small-sequence fused attention, its reference and its fuzz harness.
+//!
+//! Layers, bottom up: [`reference`] (the f64 oracle, its own crate), [`config`] and [`case`]
+//! (typed inputs), [`case_file`] (capsules), [`segments`] (JAX segment ids), [`dispatch`]
+//! (eligibility surfaces and decisions), [`workspace`] (the planner), [`backend`] (CPU, CUDA,
+//! HIP), [`wrapper`] (plan, decide, zero, launch) and [`harness`] (generators, properties,
+//! tolerances, capsules, shrinking, reports).
+
 pub use smallseq_reference as reference;
+
+pub mod case;
+pub mod case_file;
+pub mod config;
+pub mod error;
+pub mod segments;
+
+pub use case::{Case, Outputs};
+pub use config::{AttnConfig, Bias, LayoutKind};
+pub use error::{Error, Result};

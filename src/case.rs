@@ -1,0 +1,187 @@
+//! A case: configuration, THD layout, inputs and (optionally) stored outputs and provenance.
+
+use crate::config::{AttnConfig, LayoutKind};
+use crate::error::{Error, Result};
+use ndarray::{Array2, Array3, ArrayView3};
+use smallseq_reference::{Layout, Problem, Side};
+use std::collections::BTreeMap;
+
+/// Outputs of one run, widened to f64 (device values embed exactly). Any tensor may be absent
+/// (a forward-only case, or a case file that stores only some outputs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outputs {
+    pub o: Option<Array3<f64>>,
+    pub lse: Option<Array2<f64>>,
+    pub dq: Option<Array3<f64>>,
+    pub dk: Option<Array3<f64>>,
+    pub dv: Option<Array3<f64>>,
+}
+
+impl Outputs {
+    /// Whether no tensor is present.
+    pub fn is_empty(&self) -> bool {
+        self.o.is_none()
+            && self.lse.is_none()
+            && self.dq.is_none()
+            && self.dk.is_none()
+            && self.dv.is_none()
+    }
+
+    /// Bitwise equality (NaN payloads included), tensor by tensor.
+    pub fn bitwise_eq(&self, other: &Outputs) -> bool {
+        fn eq<D: ndarray::Dimension>(
+            a: &Option<ndarray::Array<f64, D>>,
+            b: &Option<ndarray::Array<f64, D>>,
+        ) -> bool {
+            match (a, b) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    a.shape() == b.shape()
+                        && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
+                }
+                _ => false,
+            }
+        }
+        eq(&self.o, &other.o)
+            && eq(&self.lse, &other.lse)
+            && eq(&self.dq, &other.dq)
+            && eq(&self.dk, &other.dk)
+            && eq(&self.dv, &other.dv)
+    }
+}
+
+/// One attention case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub config: AttnConfig,
+    pub layout: Layout,
+    /// `[Tq, H, Dqk]`, values exactly representable in `config.dtype`.
+    pub q: Array3<f32>,
+    pub k: Array3<f32>,
+    pub v: Array3<f32>,
+    pub d_o: Option<Array3<f32>>,
+    /// Outputs stored with the case (capsules), if any.
+    pub outputs: Outputs,
+    /// Provenance metadata (`smallseq.seed`, `smallseq.backend`, ...), verbatim.
+    pub meta: BTreeMap<String, String>,
+}
+
+impl Case {
+    /// Builds a case and validates config, layout and shapes together.
+    ///
+    /// # Errors
+    /// The first inconsistency, naming the tensor or field.
+    pub fn new(
+        config: AttnConfig,
+        layout: Layout,
+        q: Array3<f32>,
+        k: Array3<f32>,
+        v: Array3<f32>,
+        d_o: Option<Array3<f32>>,
+    ) -> Result<Case> {
+        let case = Case {
+            config,
+            layout,
+            q,
+            k,
+            v,
+            d_o,
+            outputs: Outputs::default(),
+            meta: BTreeMap::new(),
+        };
+        case.validate()?;
+        Ok(case)
+    }
+
+    /// Re-checks every invariant (layout, shapes, BSHD uniformity, input dtype exactness).
+    ///
+    /// # Errors
+    /// The first inconsistency, naming the tensor or field.
+    pub fn validate(&self) -> Result<()> {
+        let layout = Layout::new(self.layout.q.clone(), self.layout.kv.clone())?;
+        debug_assert_eq!(layout, self.layout);
+        self.problem()?;
+        if self.config.layout == LayoutKind::Bshd {
+            bshd_seq_len(&self.layout)?;
+        }
+        for (name, t) in self.inputs() {
+            let dt = self.config.dtype;
+            if let Some((i, x)) = t.iter().enumerate().find(|(_, x)| {
+                x.is_finite() && dt.round(**x).to_bits() != x.to_bits()
+            }) {
+                return Err(Error::Tensor {
+                    tensor: name.into(),
+                    detail: format!("element {i} = {x:e} is not representable in {dt}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The inputs by name.
+    pub fn inputs(&self) -> Vec<(&'static str, &Array3<f32>)> {
+        let mut v = vec![("q", &self.q), ("k", &self.k), ("v", &self.v)];
+        if let Some(d) = &self.d_o {
+            v.push(("d_o", d));
+        }
+        v
+    }
+
+    /// The reference's view of this case.
+    ///
+    /// # Errors
+    /// Shape or parameter mismatches.
+    pub fn problem(&self) -> Result<Problem<'_>> {
+        Ok(Problem::new(
+            &self.config.params,
+            &self.layout,
+            self.q.view(),
+            self.k.view(),
+            self.v.view(),
+            self.d_o.as_ref().map(ArrayView3::from),
+        )?)
+    }
+}
+
+/// Sequence length `S` of a BSHD case: every slot must hold exactly `S` tokens on both sides,
+/// packed without gaps.
+///
+/// # Errors
+/// [`Error::Tensor`] naming the slot whose length differs.
+pub fn bshd_seq_len(layout: &Layout) -> Result<usize> {
+    let s = if layout.slots() == 0 {
+        0
+    } else {
+        layout.q.len(0)
+    };
+    for (name, side) in [("cu_seqlens_q", &layout.q), ("cu_seqlens_kv", &layout.kv)] {
+        for i in 0..side.slots() {
+            if side.len(i) != s || side.span(i) != s || side.offset(i) != i * s {
+                return Err(Error::Tensor {
+                    tensor: name.into(),
+                    detail: format!(
+                        "layout bshd needs every slot to hold s = {s} tokens at offset {}; slot {i} has length {} at offset {}",
+                        i * s,
+                        side.len(i),
+                        side.offset(i)
+                    ),
+                });
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// A BSHD layout of `batch` rows of `s` tokens, as THD offsets.
+pub fn bshd_layout(batch: usize, s: usize) -> Layout {
+    let cu: Vec<i32> = (0..=batch).map(|i| (i * s) as i32).collect();
+    let side = |cu: Vec<i32>| Side {
+        cu,
+        padded: None,
+        tokens: batch * s,
+    };
+    Layout {
+        q: side(cu.clone()),
+        kv: side(cu),
+    }
+}

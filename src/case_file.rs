@@ -1,0 +1,367 @@
+//! Case files (capsules), `semantics.md` §2: one safetensors file per case.
+
+use crate::case::{bshd_seq_len, Case, Outputs};
+use crate::config::{AttnConfig, LayoutKind};
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use ndarray::{Array2, Array3, ArrayD, IxDyn};
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use safetensors::SafeTensors;
+use smallseq_reference::{Dtype, Layout, Side};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Format version written to `smallseq.format`.
+pub const FORMAT: &str = "1";
+
+/// How output tensors are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputPrecision {
+    /// The golden reference: every output as F64.
+    Reference,
+    /// A device backend: `o`, `dq`, `dk`, `dv` in the input dtype, `lse` as F32.
+    Device,
+}
+
+fn file_err(path: &str, detail: impl Into<String>) -> Error {
+    Error::CaseFile {
+        path: path.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Reads a case file.
+///
+/// # Errors
+/// [`Error::CaseFile`] (or a layout/config error) with one line naming the tensor or field,
+/// the index and the value.
+pub fn read_case(path: &Path) -> Result<Case> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_case(&bytes, &path.display().to_string())
+}
+
+/// Parses a case from safetensors bytes; `name` is used in errors.
+///
+/// # Errors
+/// As [`read_case`].
+pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    let meta: BTreeMap<String, String> = header
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    match meta.get("smallseq.format").map(String::as_str) {
+        Some(FORMAT) => {}
+        Some(other) => {
+            return Err(file_err(
+                name,
+                format!("smallseq.format = {other:?}: this build reads format {FORMAT:?}"),
+            ))
+        }
+        None => return Err(file_err(name, "metadata smallseq.format is missing")),
+    }
+    let config_text = meta
+        .get("smallseq.config")
+        .ok_or_else(|| file_err(name, "metadata smallseq.config is missing"))?;
+    let config = AttnConfig::from_json(config_text)?;
+    for t in st.names() {
+        if !KNOWN.contains(&t.as_str()) {
+            return Err(file_err(name, format!("unknown tensor {t:?}")));
+        }
+    }
+    let reader = Reader { st: &st, name };
+    let p = &config.params;
+    let q = reader.input("q", config.dtype, config.layout)?;
+    let k = reader.input("k", config.dtype, config.layout)?;
+    let v = reader.input("v", config.dtype, config.layout)?;
+    let d_o = match reader.st.tensor("d_o") {
+        Ok(_) => Some(reader.input("d_o", config.dtype, config.layout)?),
+        Err(_) => None,
+    };
+    let (tq, tk) = (q.shape()[0], k.shape()[0]);
+    for (t, arr, h, d) in [
+        ("q", &q, p.num_heads, p.head_dim_qk),
+        ("k", &k, p.num_kv_heads, p.head_dim_qk),
+        ("v", &v, p.num_kv_heads, p.head_dim_v),
+    ] {
+        let want = [arr.shape()[0], h, d];
+        if arr.shape()[1..] != want[1..] {
+            return Err(file_err(
+                name,
+                format!("tensor {t}: shape {:?}, expected [T, {h}, {d}] from smallseq.config", arr.shape()),
+            ));
+        }
+    }
+    let side = |cu: &str, padded: &str, tokens| -> Result<Side> {
+        Ok(Side {
+            cu: reader.offsets(cu)?,
+            padded: match reader.st.tensor(padded) {
+                Ok(_) => Some(reader.offsets(padded)?),
+                Err(_) => None,
+            },
+            tokens,
+        })
+    };
+    let layout = Layout::new(
+        side("cu_seqlens_q", "cu_seqlens_q_padded", tq)?,
+        side("cu_seqlens_kv", "cu_seqlens_kv_padded", tk)?,
+    )?;
+    if config.layout == LayoutKind::Bshd {
+        bshd_seq_len(&layout)?;
+    }
+    let mut case = Case::new(config, layout, q, k, v, d_o)?;
+    case.outputs = reader.outputs(&case)?;
+    case.meta = meta;
+    Ok(case)
+}
+
+const KNOWN: [&str; 13] = [
+    "q",
+    "k",
+    "v",
+    "d_o",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "o",
+    "lse",
+    "dq",
+    "dk",
+    "dv",
+];
+
+struct Reader<'a> {
+    st: &'a SafeTensors<'a>,
+    name: &'a str,
+}
+
+impl Reader<'_> {
+    fn get(&self, t: &str) -> Result<TensorView<'_>> {
+        self.st
+            .tensor(t)
+            .map_err(|_| file_err(self.name, format!("tensor {t:?} is missing")))
+    }
+
+    fn floats(&self, t: &str, view: &TensorView<'_>) -> Result<Vec<f64>> {
+        let data = view.data();
+        Ok(match view.dtype() {
+            StDtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            StDtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            StDtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).into())
+                .collect(),
+            StDtype::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("chunk of 8")))
+                .collect(),
+            other => {
+                return Err(file_err(
+                    self.name,
+                    format!("tensor {t}: dtype {other:?} is not a float type"),
+                ))
+            }
+        })
+    }
+
+    /// An input tensor: dtype must equal the config's, rank 3 (or rank 4 `[B,S,H,D]` for BSHD).
+    fn input(&self, t: &str, dtype: Dtype, layout: LayoutKind) -> Result<Array3<f32>> {
+        let view = self.get(t)?;
+        let want = st_dtype(dtype);
+        if view.dtype() != want {
+            return Err(file_err(
+                self.name,
+                format!("tensor {t}: dtype {:?}, expected {want:?} (config dtype {dtype})", view.dtype()),
+            ));
+        }
+        let shape = view.shape().to_vec();
+        let shape3 = match (shape.len(), layout) {
+            (3, _) => [shape[0], shape[1], shape[2]],
+            (4, LayoutKind::Bshd) => [shape[0] * shape[1], shape[2], shape[3]],
+            _ => {
+                return Err(file_err(
+                    self.name,
+                    format!("tensor {t}: shape {shape:?} has rank {}, expected [T, H, D]", shape.len()),
+                ))
+            }
+        };
+        let vals: Vec<f32> = self.floats(t, &view)?.into_iter().map(|x| x as f32).collect();
+        Array3::from_shape_vec(shape3, vals)
+            .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))
+    }
+
+    fn offsets(&self, t: &str) -> Result<Vec<i32>> {
+        let view = self.get(t)?;
+        if view.dtype() != StDtype::I32 {
+            return Err(file_err(
+                self.name,
+                format!("tensor {t}: dtype {:?}, expected I32", view.dtype()),
+            ));
+        }
+        if view.shape().len() != 1 {
+            return Err(file_err(
+                self.name,
+                format!("tensor {t}: shape {:?}, expected [b+1]", view.shape()),
+            ));
+        }
+        Ok(view
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn output(&self, t: &str, expected: &[usize]) -> Result<Option<ArrayD<f64>>> {
+        let Ok(view) = self.st.tensor(t) else {
+            return Ok(None);
+        };
+        if view.shape() != expected {
+            return Err(file_err(
+                self.name,
+                format!("tensor {t}: shape {:?}, expected {expected:?}", view.shape()),
+            ));
+        }
+        let vals = self.floats(t, &view)?;
+        Ok(Some(
+            ArrayD::from_shape_vec(IxDyn(expected), vals)
+                .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))?,
+        ))
+    }
+
+    fn outputs(&self, case: &Case) -> Result<Outputs> {
+        let p = &case.config.params;
+        let (tq, tk) = (case.layout.q.tokens, case.layout.kv.tokens);
+        let dim3 = |a: Option<ArrayD<f64>>| -> Option<Array3<f64>> {
+            a.map(|a| a.into_dimensionality().expect("shape checked"))
+        };
+        Ok(Outputs {
+            o: dim3(self.output("o", &[tq, p.num_heads, p.head_dim_v])?),
+            lse: self
+                .output("lse", &[tq, p.num_heads])?
+                .map(|a| a.into_dimensionality::<ndarray::Ix2>().expect("shape checked")),
+            dq: dim3(self.output("dq", &[tq, p.num_heads, p.head_dim_qk])?),
+            dk: dim3(self.output("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
+            dv: dim3(self.output("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
+        })
+    }
+}
+
+fn st_dtype(d: Dtype) -> StDtype {
+    match d {
+        Dtype::Bf16 => StDtype::BF16,
+        Dtype::F16 => StDtype::F16,
+        Dtype::F32 => StDtype::F32,
+    }
+}
+
+fn encode(dtype: StDtype, vals: impl Iterator<Item = f64>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for x in vals {
+        match dtype {
+            StDtype::BF16 => out.extend(bf16::from_f64(x).to_le_bytes()),
+            StDtype::F16 => out.extend(f16::from_f64(x).to_le_bytes()),
+            StDtype::F32 => out.extend((x as f32).to_le_bytes()),
+            _ => out.extend(x.to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// Serialises a case (inputs, stored outputs, metadata) to safetensors bytes.
+///
+/// # Errors
+/// [`Error::CaseFile`] if serialisation fails.
+pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
+    let in_dt = st_dtype(case.config.dtype);
+    let mut tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut push_f = |name: &str, dt: StDtype, shape: &[usize], vals: Vec<f64>| {
+        tensors.push((name.into(), dt, shape.to_vec(), encode(dt, vals.into_iter())));
+    };
+    for (name, t) in case.inputs() {
+        push_f(name, in_dt, t.shape(), t.iter().map(|&x| f64::from(x)).collect());
+    }
+    let (out_dt, lse_dt) = match precision {
+        OutputPrecision::Reference => (StDtype::F64, StDtype::F64),
+        OutputPrecision::Device => (in_dt, StDtype::F32),
+    };
+    let o = &case.outputs;
+    for (name, t) in [("o", &o.o), ("dq", &o.dq), ("dk", &o.dk), ("dv", &o.dv)] {
+        if let Some(t) = t {
+            push_f(name, out_dt, t.shape(), t.iter().copied().collect());
+        }
+    }
+    if let Some(l) = &o.lse {
+        push_f("lse", lse_dt, l.shape(), l.iter().copied().collect());
+    }
+    let mut ints = |name: &str, a: &[i32]| {
+        let bytes = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push((name.into(), StDtype::I32, vec![a.len()], bytes));
+    };
+    ints("cu_seqlens_q", &case.layout.q.cu);
+    ints("cu_seqlens_kv", &case.layout.kv.cu);
+    if let Some(p) = &case.layout.q.padded {
+        ints("cu_seqlens_q_padded", p);
+    }
+    if let Some(p) = &case.layout.kv.padded {
+        ints("cu_seqlens_kv_padded", p);
+    }
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, dt, shape, bytes)| {
+            TensorView::new(*dt, shape.clone(), bytes)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| file_err(n, format!("cannot encode: {e:?}")))
+        })
+        .collect::<Result<_>>()?;
+    let mut meta: HashMap<String, String> = case.meta.clone().into_iter().collect();
+    meta.insert("smallseq.format".into(), FORMAT.into());
+    meta.insert("smallseq.config".into(), case.config.to_json());
+    meta.entry("smallseq.version".into())
+        .or_insert_with(|| env!("CARGO_PKG_VERSION").into());
+    safetensors::serialize(views, &Some(meta))
+        .map_err(|e| file_err("<memory>", format!("cannot serialise: {e:?}")))
+}
+
+/// Writes a case atomically: a temporary file in the same directory, then a rename, so a
+/// reader never sees half a capsule.
+///
+/// # Errors
+/// [`Error::Io`] or a serialisation error.
+pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Result<()> {
+    let bytes = case_bytes(case, precision)?;
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Convenience: `[Tq, H]` f32 LSE widened for storage.
+pub fn widen2(a: &Array2<f32>) -> Array2<f64> {
+    a.mapv(f64::from)
+}
+
+/// Convenience: a rank-3 f32 tensor widened for storage.
+pub fn widen3(a: &Array3<f32>) -> Array3<f64> {
+    a.mapv(f64::from)
+}

@@ -1,0 +1,255 @@
+//! `AttnConfig`: the static description of an attention call (`semantics.md` §2 metadata).
+
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+use smallseq_reference::{AttnParams, Dtype, Mask, Window};
+use std::fmt;
+
+/// Tensor layout family of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayoutKind {
+    /// Packed tokens with `cu_seqlens` (and optional padded offsets).
+    Thd,
+    /// Dense `[B, S, H, D]`; every slot holds exactly `S` tokens.
+    Bshd,
+}
+
+impl LayoutKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LayoutKind::Thd => "thd",
+            LayoutKind::Bshd => "bshd",
+        }
+    }
+}
+
+/// Bias type; only `none` is inside `semantics.md` §1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Bias {
+    None,
+    Other(String),
+}
+
+impl fmt::Display for Bias {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bias::None => f.write_str("none"),
+            Bias::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The static configuration of one attention call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnConfig {
+    pub dtype: Dtype,
+    /// Heads (`num_heads`, `num_gqa_groups` = kv heads), head dims, mask, window and scale.
+    pub params: AttnParams,
+    pub bias: Bias,
+    pub dropout: f64,
+    pub layout: LayoutKind,
+}
+
+const KEYS: [&str; 11] = [
+    "dtype",
+    "num_heads",
+    "num_gqa_groups",
+    "head_dim_qk",
+    "head_dim_v",
+    "mask",
+    "window",
+    "bias",
+    "dropout",
+    "scale",
+    "layout",
+];
+
+impl AttnConfig {
+    /// A plain MHA config with the default scale `1/sqrt(d)`.
+    pub fn new(dtype: Dtype, heads: usize, head_dim: usize, mask: Mask) -> Self {
+        AttnConfig {
+            dtype,
+            params: AttnParams {
+                num_heads: heads,
+                num_kv_heads: heads,
+                head_dim_qk: head_dim,
+                head_dim_v: head_dim,
+                mask,
+                window: Window::NONE,
+                scale: 1.0 / (head_dim as f64).sqrt(),
+            },
+            bias: Bias::None,
+            dropout: 0.0,
+            layout: LayoutKind::Thd,
+        }
+    }
+
+    /// Whether the case is inside `semantics.md` §1 (no dropout, no bias).
+    pub fn unsupported_reason(&self) -> Option<String> {
+        if self.dropout != 0.0 {
+            return Some(format!("dropout = {} is outside semantics §1", self.dropout));
+        }
+        if self.bias != Bias::None {
+            return Some(format!("bias = {} is outside semantics §1", self.bias));
+        }
+        None
+    }
+
+    /// Parses the `smallseq.config` JSON object. Unknown keys and ill-typed values are errors;
+    /// missing optional keys take the defaults of `semantics.md` §2.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key and the value.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(format!("smallseq.config is not JSON: {e}")))?;
+        let Value::Object(map) = value else {
+            return Err(Error::config(format!(
+                "smallseq.config must be a JSON object, got {value}"
+            )));
+        };
+        if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(Error::config(format!("unknown key {k:?} in smallseq.config")));
+        }
+        let dtype: Dtype = req_str(&map, "dtype")?.parse().map_err(Error::config)?;
+        let num_heads = req_usize(&map, "num_heads")?;
+        let num_gqa_groups = req_usize(&map, "num_gqa_groups")?;
+        let head_dim_qk = req_usize(&map, "head_dim_qk")?;
+        let head_dim_v = req_usize(&map, "head_dim_v")?;
+        let mask: Mask = req_str(&map, "mask")?.parse().map_err(Error::config)?;
+        let window = match map.get("window") {
+            None => Window::NONE,
+            Some(v) => parse_window(v)?,
+        };
+        let bias = match map.get("bias") {
+            None => Bias::None,
+            Some(Value::String(s)) if s == "none" => Bias::None,
+            Some(Value::String(s)) => Bias::Other(s.clone()),
+            Some(v) => return Err(ill_typed("bias", v, "a string")),
+        };
+        let dropout = opt_f64(&map, "dropout")?.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&dropout) {
+            return Err(Error::config(format!("dropout = {dropout}: must be in [0, 1)")));
+        }
+        let scale = opt_f64(&map, "scale")?.unwrap_or(1.0 / (head_dim_qk as f64).sqrt());
+        let layout = match map.get("layout") {
+            None => LayoutKind::Thd,
+            Some(Value::String(s)) if s == "thd" => LayoutKind::Thd,
+            Some(Value::String(s)) if s == "bshd" => LayoutKind::Bshd,
+            Some(v) => return Err(ill_typed("layout", v, "\"thd\" or \"bshd\"")),
+        };
+        let cfg = AttnConfig {
+            dtype,
+            params: AttnParams {
+                num_heads,
+                num_kv_heads: num_gqa_groups,
+                head_dim_qk,
+                head_dim_v,
+                mask,
+                window,
+                scale,
+            },
+            bias,
+            dropout,
+            layout,
+        };
+        smallseq_reference::check_params(&cfg.params)?;
+        Ok(cfg)
+    }
+
+    /// The `smallseq.config` JSON object, every key written.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "dtype": self.dtype.name(),
+            "num_heads": self.params.num_heads,
+            "num_gqa_groups": self.params.num_kv_heads,
+            "head_dim_qk": self.params.head_dim_qk,
+            "head_dim_v": self.params.head_dim_v,
+            "mask": self.params.mask.name(),
+            "window": [self.params.window.left, self.params.window.right],
+            "bias": self.bias.to_string(),
+            "dropout": self.dropout,
+            "scale": self.params.scale,
+            "layout": self.layout.name(),
+        })
+        .to_string()
+    }
+}
+
+fn ill_typed(key: &str, v: &Value, expected: &str) -> Error {
+    Error::config(format!("key {key:?} = {v}: expected {expected}"))
+}
+
+fn req<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a Value> {
+    map.get(key)
+        .ok_or_else(|| Error::config(format!("missing key {key:?} in smallseq.config")))
+}
+
+fn req_str<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a str> {
+    let v = req(map, key)?;
+    v.as_str().ok_or_else(|| ill_typed(key, v, "a string"))
+}
+
+fn req_usize(map: &Map<String, Value>, key: &str) -> Result<usize> {
+    let v = req(map, key)?;
+    v.as_u64()
+        .filter(|&n| n >= 1 && n <= 1 << 20)
+        .map(|n| n as usize)
+        .ok_or_else(|| ill_typed(key, v, "an integer in 1..=1048576"))
+}
+
+fn opt_f64(map: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .map(Some)
+            .ok_or_else(|| ill_typed(key, v, "a finite number")),
+    }
+}
+
+fn parse_window(v: &Value) -> Result<Window> {
+    let pair = v
+        .as_array()
+        .filter(|a| a.len() == 2)
+        .and_then(|a| Some((a[0].as_i64()?, a[1].as_i64()?)));
+    match pair {
+        Some((left, right)) if left >= -1 && right >= -1 => Ok(Window { left, right }),
+        _ => Err(ill_typed("window", v, "[left, right] with integers >= -1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_defaults() {
+        let mut c = AttnConfig::new(Dtype::F16, 8, 64, Mask::CausalBottomRight);
+        c.params.num_kv_heads = 2;
+        c.params.window = Window { left: 3, right: 0 };
+        assert_eq!(AttnConfig::from_json(&c.to_json()).unwrap(), c);
+        let min = r#"{"dtype":"bf16","num_heads":2,"num_gqa_groups":1,"head_dim_qk":64,"head_dim_v":32,"mask":"padding"}"#;
+        let d = AttnConfig::from_json(min).unwrap();
+        assert_eq!(d.params.window, Window::NONE);
+        assert_eq!(d.params.scale, 0.125);
+        assert_eq!(d.layout, LayoutKind::Thd);
+    }
+
+    #[test]
+    fn rejects_bad_keys_and_types() {
+        let base = r#"{"dtype":"bf16","num_heads":2,"num_gqa_groups":1,"head_dim_qk":64,"head_dim_v":64,"mask":"padding""#;
+        for (extra, needle) in [
+            (r#","colour":1}"#, "unknown key \"colour\""),
+            (r#","scale":"x"}"#, "key \"scale\""),
+            (r#","window":[1]}"#, "key \"window\""),
+            (r#","layout":"sbhd"}"#, "key \"layout\""),
+        ] {
+            let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+        let err = AttnConfig::from_json(&base.replace("\"num_gqa_groups\":1", "\"num_gqa_groups\":3").replace("\"padding\"", "\"padding\"}")).unwrap_err();
+        assert!(err.to_string().contains("num_gqa_groups = 3"), "{err}");
+    }
+}

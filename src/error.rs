@@ -1,0 +1,47 @@
+//! The library's typed errors.
+
+use smallseq_reference::LayoutError;
+use thiserror::Error;
+
+/// Everything the library can refuse or fail at. Each variant names what was wrong and where.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("config: {0}")]
+    Config(String),
+    #[error("case file {path}: {detail}")]
+    CaseFile { path: String, detail: String },
+    #[error("tensor {tensor}: {detail}")]
+    Tensor { tensor: String, detail: String },
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("backend {backend}: {detail}")]
+    Backend { backend: String, detail: String },
+    #[error("backend {backend} is not available: {detail}")]
+    NoDevice { backend: String, detail: String },
+    #[error("smallseq was built without the `{feature}` feature")]
+    NotCompiledWith { feature: &'static str },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Shorthand for a config error.
+    pub fn config(msg: impl Into<String>) -> Self {
+        Error::Config(msg.into())
+    }
+
+    /// Whether this error means "no device here" (exit status 2 and a one-line message).
+    pub fn is_no_device(&self) -> bool {
+        matches!(self, Error::NoDevice { .. } | Error::NotCompiledWith { .. })
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
