@@ -102,7 +102,7 @@ impl Case {
         debug_assert_eq!(layout, self.layout);
         self.problem()?;
         if self.config.layout == LayoutKind::Bshd {
-            bshd_seq_len(&self.layout)?;
+            bshd_seq_lens(&self.layout)?;
         }
         for (name, t) in self.inputs() {
             let dt = self.config.dtype;
@@ -143,18 +143,19 @@ impl Case {
     }
 }
 
-/// Sequence length `S` of a BSHD case: every slot must hold exactly `S` tokens on both sides,
-/// packed without gaps.
+/// Sequence lengths `(s_q, s_kv)` of a BSHD case: every slot holds exactly `s_q` queries and
+/// `s_kv` keys, packed without gaps.
 ///
 /// # Errors
-/// [`Error::Tensor`] naming the slot whose length differs.
-pub fn bshd_seq_len(layout: &Layout) -> Result<usize> {
-    let s = if layout.slots() == 0 {
-        0
-    } else {
-        layout.q.len(0)
-    };
-    for (name, side) in [("cu_seqlens_q", &layout.q), ("cu_seqlens_kv", &layout.kv)] {
+/// [`Error::Tensor`] naming the slot whose length or offset differs.
+pub fn bshd_seq_lens(layout: &Layout) -> Result<(usize, usize)> {
+    let mut lens = [0usize; 2];
+    for (n, (name, side)) in [("cu_seqlens_q", &layout.q), ("cu_seqlens_kv", &layout.kv)]
+        .into_iter()
+        .enumerate()
+    {
+        let s = if side.slots() == 0 { 0 } else { side.len(0) };
+        lens[n] = s;
         for i in 0..side.slots() {
             if side.len(i) != s || side.span(i) != s || side.offset(i) != i * s {
                 return Err(Error::Tensor {
@@ -169,19 +170,18 @@ pub fn bshd_seq_len(layout: &Layout) -> Result<usize> {
             }
         }
     }
-    Ok(s)
+    Ok((lens[0], lens[1]))
 }
 
-/// A BSHD layout of `batch` rows of `s` tokens, as THD offsets.
-pub fn bshd_layout(batch: usize, s: usize) -> Layout {
-    let cu: Vec<i32> = (0..=batch).map(|i| (i * s) as i32).collect();
-    let side = |cu: Vec<i32>| Side {
-        cu,
+/// A BSHD layout of `batch` rows of `s_q` queries and `s_kv` keys, as THD offsets.
+pub fn bshd_layout(batch: usize, s_q: usize, s_kv: usize) -> Layout {
+    let side = |s: usize| Side {
+        cu: (0..=batch).map(|i| (i * s) as i32).collect(),
         padded: None,
         tokens: batch * s,
     };
     Layout {
-        q: side(cu.clone()),
-        kv: side(cu),
+        q: side(s_q),
+        kv: side(s_kv),
     }
 }

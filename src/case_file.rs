@@ -1,6 +1,6 @@
 //! Case files (capsules), `semantics.md` §2: one safetensors file per case.
 
-use crate::case::{bshd_seq_len, Case, Outputs};
+use crate::case::{bshd_seq_lens, Case, Outputs};
 use crate::config::{AttnConfig, LayoutKind};
 use crate::error::{Error, Result};
 use half::{bf16, f16};
@@ -115,7 +115,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
         side("cu_seqlens_kv", "cu_seqlens_kv_padded", tk)?,
     )?;
     if config.layout == LayoutKind::Bshd {
-        bshd_seq_len(&layout)?;
+        bshd_seq_lens(&layout)?;
     }
     let mut case = Case::new(config, layout, q, k, v, d_o)?;
     case.outputs = reader.outputs(&case)?;

@@ -1,0 +1,181 @@
+//! Backends: where kernels run. Each has small-seq and fallback entry points for forward and
+//! backward; the wrappers in [`crate::wrapper`] decide which one runs.
+//!
+//! Buffers are host mirrors of device buffers with guard bands on both sides ([`DevBuf`]): a
+//! CPU kernel writes into them directly, a GPU backend uploads them whole (poison and guards
+//! included), launches on the body, and downloads them whole, so an out-of-bounds write lands
+//! in a guard band and is caught.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
+
+use crate::config::AttnConfig;
+use crate::dispatch::gate::GateDefects;
+use crate::dispatch::Arch;
+use crate::error::{Error, Result};
+use crate::workspace::Plan;
+use ndarray::ArrayView3;
+use smallseq_reference::Layout;
+
+/// Bit pattern of guard elements: a NaN payload no kernel computes.
+pub const GUARD_BITS: u32 = 0x7fc0_5eed;
+/// Guard band length on each side of a buffer, in elements.
+pub const GUARD: usize = 64;
+
+/// A buffer with guard bands: `data[base..base + len]` is the body.
+#[derive(Clone, Debug)]
+pub struct DevBuf {
+    pub data: Vec<f32>,
+    pub base: usize,
+    pub len: usize,
+}
+
+impl DevBuf {
+    /// A body of `len` elements set to `fill`, guarded on both sides.
+    pub fn new(len: usize, fill: f32) -> Self {
+        let mut data = vec![f32::from_bits(GUARD_BITS); len + 2 * GUARD];
+        data[GUARD..GUARD + len].fill(fill);
+        DevBuf {
+            data,
+            base: GUARD,
+            len,
+        }
+    }
+
+    pub fn body(&self) -> &[f32] {
+        &self.data[self.base..self.base + self.len]
+    }
+
+    pub fn body_mut(&mut self) -> &mut [f32] {
+        &mut self.data[self.base..self.base + self.len]
+    }
+
+    /// Writes element `i` of the body. Not bounds-checked against the body on purpose: a
+    /// kernel that overruns by less than a guard band corrupts the guard, which is reported.
+    #[inline]
+    pub fn put(&mut self, i: usize, x: f32) {
+        self.data[self.base + i] = x;
+    }
+
+    /// Indices (relative to the body start, negative before it) of corrupted guard elements.
+    pub fn corrupted_guards(&self) -> Vec<isize> {
+        let ok = |x: &f32| x.to_bits() == GUARD_BITS;
+        let before = self.data[..self.base]
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| !ok(x))
+            .map(|(i, _)| i as isize - self.base as isize);
+        let after = self.data[self.base + self.len..]
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| !ok(x))
+            .map(|(i, _)| (self.len + i) as isize);
+        before.chain(after).collect()
+    }
+}
+
+/// Inputs of a forward launch.
+#[derive(Clone, Debug)]
+pub struct FwdArgs<'a> {
+    pub config: &'a AttnConfig,
+    pub layout: &'a Layout,
+    pub q: ArrayView3<'a, f32>,
+    pub k: ArrayView3<'a, f32>,
+    pub v: ArrayView3<'a, f32>,
+    pub plan: &'a Plan,
+}
+
+/// Outputs of a forward launch: `o [Tq, H, Dv]`, `lse [Tq, H]` (token-major, natural log,
+/// the one layout in which LSE is exchanged between forward and backward), workspace.
+#[derive(Debug)]
+pub struct FwdBufs {
+    pub o: DevBuf,
+    pub lse: DevBuf,
+    pub workspace: DevBuf,
+}
+
+/// Inputs of a backward launch.
+#[derive(Clone, Debug)]
+pub struct BwdArgs<'a> {
+    pub fwd: FwdArgs<'a>,
+    pub o: ArrayView3<'a, f32>,
+    pub lse: ndarray::ArrayView2<'a, f32>,
+    pub d_o: ArrayView3<'a, f32>,
+}
+
+/// Outputs of a backward launch.
+#[derive(Debug)]
+pub struct BwdBufs {
+    pub dq: DevBuf,
+    pub dk: DevBuf,
+    pub dv: DevBuf,
+    pub workspace: DevBuf,
+}
+
+/// A place where attention kernels run.
+pub trait Backend: Send + Sync {
+    /// Short name (`cpu`, `cuda`, `hip`, `te625-model`).
+    fn name(&self) -> &str;
+    /// The device's architecture.
+    fn arch(&self) -> Arch;
+    /// Whether a small-seq kernel exists for this device.
+    fn has_small_seq(&self) -> bool;
+    /// Planted gate defects (mutation testing); none for real backends.
+    fn gate_defects(&self) -> GateDefects {
+        GateDefects::default()
+    }
+    /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
+    fn zeroes_dont_care(&self) -> bool {
+        true
+    }
+    /// The small-seq forward kernel. Writes every valid row of `o` and `lse`.
+    ///
+    /// # Errors
+    /// Device or kernel errors.
+    fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()>;
+    /// The fallback forward kernel.
+    ///
+    /// # Errors
+    /// Device or kernel errors.
+    fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()>;
+    /// The small-seq backward kernel. Writes every valid row of `dq`, `dk`, `dv`.
+    ///
+    /// # Errors
+    /// Device or kernel errors.
+    fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()>;
+    /// The fallback backward kernel.
+    ///
+    /// # Errors
+    /// Device or kernel errors.
+    fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()>;
+}
+
+/// Backend names the CLI accepts.
+pub const NAMES: [&str; 4] = ["cpu", "cuda", "hip", "te625-model"];
+
+/// Opens a backend by name.
+///
+/// # Errors
+/// [`Error::NoDevice`] when the device is missing, [`Error::NotCompiledWith`] when the
+/// feature is off, [`Error::Config`] for an unknown name.
+pub fn open(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Box::new(cpu::CpuBackend::default())),
+        "te625-model" => Ok(Box::new(cpu::CpuBackend::te625_model())),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Box::new(cuda::CudaBackend::new()?)),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err(Error::NotCompiledWith { feature: "cuda" }),
+        #[cfg(feature = "hip")]
+        "hip" => Ok(Box::new(hip::HipBackend::new()?)),
+        #[cfg(not(feature = "hip"))]
+        "hip" => Err(Error::NotCompiledWith { feature: "hip" }),
+        other => Err(Error::config(format!(
+            "unknown backend {other:?} (expected one of {})",
+            NAMES.join(", ")
+        ))),
+    }
+}
