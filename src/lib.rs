@@ -14,6 +14,7 @@ pub mod config;
 pub mod backend;
 pub mod dispatch;
 pub mod error;
+pub mod harness;
 pub mod mutants;
 pub mod workspace;
 pub mod wrapper;
