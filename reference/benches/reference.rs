@@ -18,7 +18,7 @@ fn cases(seed: u64) -> Vec<Case> {
 }
 
 /// Runs the cases round-robin for at least [`MIN_TIME`]; returns (cases run, seconds).
-fn run(cases: &[Case], f: fn(&Case)) -> (usize, f64) {
+fn run(cases: &[Case], f: Bench) -> (usize, f64) {
     let start = Instant::now();
     let mut n = 0;
     while start.elapsed() < MIN_TIME {
@@ -29,6 +29,8 @@ fn run(cases: &[Case], f: fn(&Case)) -> (usize, f64) {
     }
     (n, start.elapsed().as_secs_f64())
 }
+
+type Bench = fn(&Case);
 
 fn reference(c: &Case) {
     black_box(smallseq_reference::forward_backward(&c.problem()));
@@ -41,7 +43,7 @@ fn emulation(c: &Case) {
     ));
 }
 
-fn bench(name: &str, f: fn(&Case)) {
+fn bench(name: &str, f: Bench) {
     let single = cases(1);
     f(&single[0]);
     // A spawned thread, like each of the all-core threads below, so both figures use the
@@ -70,7 +72,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let benches: [(&str, fn(&Case)); 2] = [
+    let benches: [(&str, Bench); 2] = [
         ("reference f64 fwd+bwd", reference),
         ("emulation bf16 fwd+bwd", emulation),
     ];
