@@ -207,7 +207,11 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
     match path {
         Some(Path::SmallSeq) => backend.small_seq_fwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_fwd(&args, &mut bufs)?,
-        None => {}
+        None => {
+            // No kernel runs: every output is set here, per semantics §1.
+            bufs.o.body_mut().fill(0.0);
+            bufs.lse.body_mut().fill(f32::NEG_INFINITY);
+        }
     }
     let bound = workspace::trace_time_bound(Direction::Fwd, &shape(case));
     let workspace = report(
@@ -269,7 +273,11 @@ pub fn bwd(
     match path {
         Some(Path::SmallSeq) => backend.small_seq_bwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_bwd(&args, &mut bufs)?,
-        None => {}
+        None => {
+            for b in [&mut bufs.dq, &mut bufs.dk, &mut bufs.dv] {
+                b.body_mut().fill(0.0);
+            }
+        }
     }
     let bound = workspace::trace_time_bound(Direction::Bwd, &shape(case));
     let workspace = report(

@@ -314,7 +314,8 @@ impl Checker<'_> {
         let want = surface::evaluate(self.opts.profile, &facts, Some(&rt));
         let mut want_codes: Vec<_> = want.iter().map(|r| r.code.name()).collect();
         want_codes.sort_unstable();
-        let got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
+        let mut got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
+        got_codes.sort_unstable();
         let want_path = if want.is_empty() { Path::SmallSeq } else { Path::Fallback };
         if got.path != want_path || got_codes != want_codes {
             return fail(
@@ -548,11 +549,17 @@ impl Checker<'_> {
             return skip("scaling by 2 could overflow");
         }
         let mut scaled = case.clone();
-        scaled.v.mapv_inplace(|x| x * 2.0);
+        // Only valid rows are scaled: don't-care rows may hold the dtype's largest value.
+        let double_rows = |t: &mut ndarray::Array3<f32>, valid: &[bool]| {
+            for (r, _) in valid.iter().enumerate().filter(|(_, v)| **v) {
+                t.slice_mut(ndarray::s![r, .., ..]).mapv_inplace(|x| x * 2.0);
+            }
+        };
+        double_rows(&mut scaled.v, &case.layout.kv.valid_tokens());
         let with_grad = dt != Dtype::F16;
         if let Some(d) = scaled.d_o.as_mut() {
             if with_grad {
-                d.mapv_inplace(|x| x * 2.0);
+                double_rows(d, &case.layout.q.valid_tokens());
             }
         }
         let p = match run_pair(self.backend, &scaled, &self.opts) {
@@ -562,18 +569,18 @@ impl Checker<'_> {
         let got = p.outputs();
         // Power-of-two scaling commutes with rounding except in the subnormal range, where
         // the quantum is absolute: allow one quantum there.
-        let tiny = match dt {
-            Dtype::F16 => 2f64.powi(-14),
-            Dtype::Bf16 => 2f64.powi(-126),
-            Dtype::F32 => 2f64.powi(-126),
+        // For bf16 and f32 the f32 intermediates only go subnormal far below any value that
+        // matters, so values under 2^-100 are not held to exactness.
+        let (tiny, quantum) = match dt {
+            Dtype::F16 => (2f64.powi(-13), 2f64.powi(-24)),
+            Dtype::Bf16 | Dtype::F32 => (2f64.powi(-100), 2f64.powi(-100)),
         };
-        let quantum = tiny * 2.0 * dt.unit_roundoff();
         let check = |name: &str, a: &Option<ndarray::Array3<f64>>, b: &Option<ndarray::Array3<f64>>, f: f64| -> Option<String> {
             let (a, b) = (a.as_ref()?, b.as_ref()?);
             a.indexed_iter().find_map(|((t, h, d), &x)| {
                 let y = b[(t, h, d)];
                 let want = x * f;
-                let ok = want.to_bits() == y.to_bits() || (want.abs() < 2.0 * tiny && (want - y).abs() <= 2.0 * quantum * f);
+                let ok = want.to_bits() == y.to_bits() || (want.abs() < tiny && (want - y).abs() <= 2.0 * quantum * f);
                 (!ok).then(|| format!("{name}[{t}, {h}, {d}] = {y}, expected exactly {f} x {x} = {want}"))
             })
         };

@@ -63,10 +63,11 @@ fn elem_err(a: f64, r: f64) -> f64 {
 }
 
 /// Max error over rows flagged valid, and where it is.
-fn max_err(a: &ArrayD<f64>, r: &ArrayD<f64>, valid: &[bool]) -> (f64, Option<(Vec<usize>, f64, f64)>) {
+fn max_err(a: &ArrayD<f64>, r: &ArrayD<f64>, valid: &[bool], max_finite: f64) -> (f64, Option<(Vec<usize>, f64, f64)>) {
     let mut best = (0.0, None);
     for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
-        if !valid[idx[0]] {
+        // A reference value the output dtype cannot hold may legitimately overflow.
+        if !valid[idx[0]] || (y.is_finite() && y.abs() >= max_finite) {
             continue;
         }
         let e = elem_err(x, y);
@@ -92,13 +93,15 @@ pub struct Triple<'a> {
     pub valid: &'a [bool],
     pub unit: f64,
     pub min_magnitude: f64,
+    /// Largest finite value of the stored type.
+    pub max_finite: f64,
 }
 
 /// Judges one tensor.
 pub fn judge(t: &Triple) -> Judgement {
-    let (err, at) = max_err(&t.actual, &t.reference, t.valid);
-    let (emu_err, _) = max_err(&t.emulated, &t.reference, t.valid);
-    let mag = magnitude(&t.reference, t.valid).max(t.min_magnitude);
+    let (err, at) = max_err(&t.actual, &t.reference, t.valid, t.max_finite);
+    let (emu_err, _) = max_err(&t.emulated, &t.reference, t.valid, t.max_finite);
+    let mag = magnitude(&t.reference, t.valid).min(t.max_finite).max(t.min_magnitude);
     let threshold = K * emu_err.min(f64::MAX) + FLOOR * t.unit * mag;
     let threshold = if threshold > 0.0 { threshold } else { f64::MIN_POSITIVE };
     let worst = at.map(|(idx, value, expected)| Worst {
@@ -136,6 +139,7 @@ pub fn judge_all(actual: &Outputs, reference: &Outputs, emulated: &Outputs, layo
                 valid,
                 unit,
                 min_magnitude: min_mag,
+                max_finite: if name == "lse" { f64::from(f32::MAX) } else { f64::from(dtype.max_finite()) },
             }));
         }
     };

@@ -1,6 +1,6 @@
 //! The fallback path on the CPU: flash-style online softmax over key blocks of 64 in f32 for
-//! any lengths, GQA/MQA, every mask and window and every dtype. Backward forms
-//! `D = rowsum(dO ∘ O)` from the forward output, as flash kernels do, and sums dK/dV over a
+//! any lengths, GQA/MQA, every mask and window and every dtype. Backward recomputes P from
+//! the LSE in two passes over the keys (D = Σ P·dP first, then dS), and sums dK/dV over a
 //! GQA group deterministically through per-query-head accumulators in the workspace.
 
 use super::{dot, CpuBackend, SlotGeom};
@@ -120,14 +120,13 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let t = g.oq + i;
                     let q = be.load(dt, &f.q, t, h);
                     let d_o = be.load(dt, &a.d_o, t, h);
-                    let o: Vec<f32> = a.o.slice(ndarray::s![t, h, ..]).to_vec();
-                    let delta = dot(&d_o, &o);
-                    r.delta[i * heads + h] = delta;
                     let lse = lse_flat[be.lse_index(t, h, tq, heads)];
                     if lse == f32::NEG_INFINITY {
                         continue;
                     }
-                    let mut dq = vec![0f32; d];
+                    // First pass: P and dP per visible key, and D = Σ P·dP in f32 (rowsum(dO∘O)
+                    // from the bf16-rounded O would cost the gradients several bits).
+                    let mut keys = Vec::new();
                     for c in 0..g.lk {
                         if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
                             continue;
@@ -135,7 +134,14 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let k = be.load(dt, &f.k, g.ok + c, hk);
                         let v = be.load(dt, &f.v, g.ok + c, hk);
                         let pr = (dot(&q, &k) * scale - lse).exp();
-                        let ds = pr * (dot(&d_o, &v) - delta);
+                        let dp = dot(&d_o, &v);
+                        keys.push((c, k, pr, dp));
+                    }
+                    let delta: f32 = keys.iter().map(|(_, _, pr, dp)| pr * dp).sum();
+                    r.delta[i * heads + h] = delta;
+                    let mut dq = vec![0f32; d];
+                    for (c, k, pr, dp) in keys {
+                        let ds = pr * (dp - delta);
                         dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
                         let at = (c * heads + h) * d;
                         r.dk[at..at + d].iter_mut().zip(&q).for_each(|(x, qq)| *x += scale * ds * qq);
