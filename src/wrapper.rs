@@ -128,10 +128,10 @@ fn prepare(
         Some(p) => Some(p),
         None => Some(decision.path),
     };
-    if decision.is_empty_batch() && !backend.gate_defects().launch_on_empty {
-        path = None;
+    if decision.is_empty_batch() {
+        path = backend.gate_defects().launch_on_empty.then_some(Path::SmallSeq);
     }
-    let plan = workspace::plan(dir, path.or(Some(Path::SmallSeq)).filter(|_| path.is_some()), &shape(case));
+    let plan = workspace::plan(dir, path, &shape(case));
     let mut ws = DevBuf::new(plan.total, f32::from_bits(WS_SENTINEL));
     if let Some(r) = plan.region(workspace::names::PROBE) {
         // The runtime probe: max actual lengths, written where a device probe would put them.
