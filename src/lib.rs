@@ -11,7 +11,12 @@ pub use smallseq_reference as reference;
 pub mod case;
 pub mod case_file;
 pub mod config;
+pub mod backend;
+pub mod dispatch;
 pub mod error;
+pub mod mutants;
+pub mod workspace;
+pub mod wrapper;
 pub mod segments;
 
 pub use case::{Case, Outputs};

@@ -3,11 +3,22 @@
 //!
 //! This crate depends on nothing GPU and nothing of the harness, so the oracle cannot call the
 //! code under test.
+//!
+//! - [`forward`], [`forward_backward`]: the f64 reference, one function per equation
+//!   ([`equations`]) applied to each (slot, head) block sliced out by [`slot`];
+//! - [`naive`]: an independent plain-loop f64 implementation to cross-check it;
+//! - [`emulate`]: the kernels' f32/dtype roundings, the same-precision yardstick.
 
+mod attention;
+pub mod emulate;
+pub mod equations;
 pub mod layout;
+pub mod naive;
 pub mod problem;
+pub mod slot;
 pub mod types;
 
+pub use attention::{forward, forward_backward, forward_backward_views, Forward, Gradients};
 pub use layout::{Layout, LayoutError, Side};
 pub use problem::{check_params, Problem};
 pub use types::{visible, AttnParams, CausalAlign, Dtype, Mask, Window};

@@ -30,6 +30,8 @@ pub struct GateDefects {
     pub accept_gqa: bool,
     /// Gate on the padded span instead of the actual length (native profile).
     pub span_as_length: bool,
+    /// Launch a kernel even when the batch is empty.
+    pub launch_on_empty: bool,
 }
 
 /// The plan-time half of a decision.

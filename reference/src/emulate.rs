@@ -1,0 +1,211 @@
+//! Device-faithful emulation of the small-seq kernels' numerics (`te-smallseq-path.md` §4.4):
+//! the same-precision yardstick against which a kernel's error is judged.
+//!
+//! Differences from the kernels that are deliberate: dot products are summed in order over
+//! `d` (the MFMA intra-chunk order is hardware-defined), `1/l` is an exact f32 division (the
+//! device uses an approximate reciprocal), an empty row gives `o = 0` (the contract, not the
+//! device's NaN), and GQA sums dK/dV over the group in f32 before the store.
+
+use crate::problem::Problem;
+use crate::slot::SlotGeom;
+use crate::types::{visible, AttnParams, Dtype};
+use ndarray::{Array2, Array3, ArrayView3};
+
+/// Forward outputs as the device stores them: `o` rounded to the dtype, `lse` in f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmuForward {
+    /// `[Tq, H, Dv]`, values of the dtype; 0 at don't-care tokens and empty rows.
+    pub o: Array3<f32>,
+    /// `[Tq, H]`; `-inf` at don't-care tokens and empty rows.
+    pub lse: Array2<f32>,
+}
+
+/// Gradients as the device stores them (values of the dtype; 0 at don't-care tokens).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmuGradients {
+    /// `[Tq, H, Dqk]`
+    pub dq: Array3<f32>,
+    /// `[Tk, Hkv, Dqk]`
+    pub dk: Array3<f32>,
+    /// `[Tk, Hkv, Dv]`
+    pub dv: Array3<f32>,
+}
+
+/// Forward pass, and the gradients when `p.d_o` is present, with the kernels' roundings for
+/// inputs of type `dtype`.
+pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGradients>) {
+    let a = p.params;
+    let (nh, nkv, dqk, dv) = (a.num_heads, a.num_kv_heads, a.head_dim_qk, a.head_dim_v);
+    let (tq, tk) = (p.layout.q.tokens, p.layout.kv.tokens);
+    let mut fwd = EmuForward {
+        o: Array3::zeros((tq, nh, dv)),
+        lse: Array2::from_elem((tq, nh), f32::NEG_INFINITY),
+    };
+    let mut grads = p.d_o.map(|_| EmuGradients {
+        dq: Array3::zeros((tq, nh, dqk)),
+        dk: Array3::zeros((tk, nkv, dqk)),
+        dv: Array3::zeros((tk, nkv, dv)),
+    });
+    for i in 0..p.layout.slots() {
+        let sg = SlotGeom::of(p.layout, i);
+        if sg.is_empty() {
+            continue;
+        }
+        for hk in 0..nkv {
+            emulate_group(p, a, sg, hk, dtype, &mut fwd, grads.as_mut());
+        }
+    }
+    (fwd, grads)
+}
+
+/// Row-major `[len, D]` f32 copy of one head's valid rows.
+struct Rows {
+    d: usize,
+    x: Vec<f32>,
+}
+
+impl Rows {
+    fn of(t: &ArrayView3<'_, f32>, off: usize, len: usize, head: usize) -> Rows {
+        let d = t.shape()[2];
+        let mut x = Vec::with_capacity(len * d);
+        for r in 0..len {
+            x.extend(t.slice(ndarray::s![off + r, head, ..]).iter());
+        }
+        Rows { d, x }
+    }
+    fn row(&self, r: usize) -> &[f32] {
+        &self.x[r * self.d..(r + 1) * self.d]
+    }
+}
+
+/// f32 accumulation of exact input-dtype products, in order over `d`.
+fn dot32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0f32, |acc, (&x, &y)| acc + x * y)
+}
+
+/// `S = fl32(fl32(Σ_d q·k) · scale)`, `-inf` where invisible.
+fn scores32(a: &AttnParams, q: &Rows, k: &Rows, lq: usize, lk: usize) -> Vec<f32> {
+    let scale = a.scale as f32;
+    let mut s = vec![f32::NEG_INFINITY; lq * lk];
+    for r in 0..lq {
+        for c in 0..lk {
+            if visible(a.mask, a.window, r, c, lq, lk) {
+                s[r * lk + c] = dot32(q.row(r), k.row(c)) * scale;
+            }
+        }
+    }
+    s
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emulate_group(
+    p: &Problem,
+    a: &AttnParams,
+    sg: SlotGeom,
+    hk: usize,
+    dtype: Dtype,
+    fwd: &mut EmuForward,
+    grads: Option<&mut EmuGradients>,
+) {
+    let g = a.group_size();
+    let (lq, lk) = (sg.lq, sg.lk);
+    let (dqk, dv) = (a.head_dim_qk, a.head_dim_v);
+    let scale = a.scale as f32;
+    let k = Rows::of(&p.k, sg.off_kv, lk, hk);
+    let v = Rows::of(&p.v, sg.off_kv, lk, hk);
+    // dK, dV of the group, accumulated in f32 over its heads and rounded once at the store.
+    let mut dk_acc = vec![0.0f32; lk * dqk];
+    let mut dv_acc = vec![0.0f32; lk * dv];
+    let mut grads = grads;
+
+    for h in hk * g..(hk + 1) * g {
+        let q = Rows::of(&p.q, sg.off_q, lq, h);
+        let s = scores32(a, &q, &k, lq, lk);
+
+        // Forward: max, exp, sum, log in f32; P = e / l; O from dtype-rounded P.
+        let mut lse = vec![f32::NEG_INFINITY; lq];
+        for r in 0..lq {
+            let sr = &s[r * lk..(r + 1) * lk];
+            let m = sr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let e: Vec<f32> = sr.iter().map(|&x| (x - m).exp()).collect();
+            let l = e.iter().fold(0.0f32, |acc, &x| acc + x);
+            lse[r] = m + l.ln();
+            fwd.lse[[sg.off_q + r, h]] = lse[r];
+            let pr: Vec<f32> = e.iter().map(|&x| dtype.round(x / l)).collect();
+            let mut o = vec![0.0f32; dv];
+            for (c, &pc) in pr.iter().enumerate() {
+                for (od, &vd) in o.iter_mut().zip(v.row(c)) {
+                    *od += pc * vd;
+                }
+            }
+            for (d, &od) in o.iter().enumerate() {
+                fwd.o[[sg.off_q + r, h, d]] = dtype.round(od);
+            }
+        }
+
+        let (Some(gr), Some(d_o)) = (grads.as_deref_mut(), p.d_o.as_ref()) else {
+            continue;
+        };
+        let d_o = Rows::of(d_o, sg.off_q, lq, h);
+        // Backward recomputes P from the forward lse, as kernels A and B do.
+        let mut dq = vec![0.0f32; dqk];
+        let mut dk_h = vec![0.0f32; lk * dqk];
+        let mut dv_h = vec![0.0f32; lk * dv];
+        for r in 0..lq {
+            if lse[r] == f32::NEG_INFINITY {
+                continue;
+            }
+            let pr: Vec<f32> = (0..lk)
+                .map(|c| {
+                    let x = s[r * lk + c];
+                    if x == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (x - lse[r]).exp()
+                    }
+                })
+                .collect();
+            let dp: Vec<f32> = (0..lk).map(|c| dot32(d_o.row(r), v.row(c))).collect();
+            let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+            dq.fill(0.0);
+            for c in 0..lk {
+                let ds = dtype.round(pr[c] * (dp[c] - big_d));
+                let pc = dtype.round(pr[c]);
+                for (x, &kd) in dq.iter_mut().zip(k.row(c)) {
+                    *x += ds * kd;
+                }
+                for (x, &qd) in dk_h[c * dqk..(c + 1) * dqk].iter_mut().zip(q.row(r)) {
+                    *x += ds * qd;
+                }
+                for (x, &od) in dv_h[c * dv..(c + 1) * dv].iter_mut().zip(d_o.row(r)) {
+                    *x += pc * od;
+                }
+            }
+            for (d, &x) in dq.iter().enumerate() {
+                gr.dq[[sg.off_q + r, h, d]] = dtype.round(x * scale);
+            }
+        }
+        for (acc, &x) in dk_acc.iter_mut().zip(&dk_h) {
+            *acc += x * scale;
+        }
+        for (acc, &x) in dv_acc.iter_mut().zip(&dv_h) {
+            *acc += x;
+        }
+    }
+
+    if let Some(gr) = grads {
+        if p.d_o.is_some() {
+            for c in 0..lk {
+                for d in 0..dqk {
+                    gr.dk[[sg.off_kv + c, hk, d]] = dtype.round(dk_acc[c * dqk + d]);
+                }
+                for d in 0..dv {
+                    gr.dv[[sg.off_kv + c, hk, d]] = dtype.round(dv_acc[c * dv + d]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The fallback path on the CPU: flash-style online softmax over key blocks of 64 in f32 for
+//! any lengths, GQA/MQA, every mask and window and every dtype. Backward forms
+//! `D = rowsum(dO ∘ O)` from the forward output, as flash kernels do, and sums dK/dV over a
+//! GQA group deterministically through per-query-head accumulators in the workspace.
+
+use super::{dot, CpuBackend, SlotGeom};
+use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::error::Result;
+use crate::mutants::Mutant;
+use crate::workspace::names;
+use rayon::prelude::*;
+
+/// Keys per block of the online softmax.
+const BLOCK: usize = 64;
+
+struct SlotFwd {
+    o: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+    let p = &a.config.params;
+    let (heads, dv) = (p.num_heads, p.head_dim_v);
+    let dt = a.config.dtype;
+    let scale = be.scale(p);
+    let slots: Vec<SlotGeom> = (0..a.layout.slots()).map(|i| be.slot(a.layout, i)).collect();
+    let results: Vec<SlotFwd> = slots
+        .par_iter()
+        .map(|g| {
+            let mut r = SlotFwd {
+                o: vec![0f32; g.lq * heads * dv],
+                lse: vec![f32::NEG_INFINITY; g.lq * heads],
+            };
+            for h in 0..heads {
+                let hk = be.kv_head(p, h);
+                for i in 0..g.lq {
+                    let q = be.load(dt, &a.q, g.oq + i, h);
+                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                    let mut acc = vec![0f32; dv];
+                    for start in (0..g.lk).step_by(BLOCK) {
+                        let keys = start..(start + BLOCK).min(g.lk);
+                        let s: Vec<(usize, f32)> = keys
+                            .filter(|&c| be.visible(p, i, c, g.lq, g.lk))
+                            .map(|c| (c, dot(&q, &be.load(dt, &a.k, g.ok + c, hk)) * scale))
+                            .collect();
+                        if s.is_empty() {
+                            continue;
+                        }
+                        let bmax = s.iter().fold(f32::NEG_INFINITY, |x, &(_, y)| x.max(y));
+                        let m_new = if be.has(Mutant::NoMaxSubtraction) { 0.0 } else { m.max(bmax) };
+                        let alpha = if m == f32::NEG_INFINITY { 0.0 } else { (m - m_new).exp() };
+                        l *= alpha;
+                        acc.iter_mut().for_each(|x| *x *= alpha);
+                        for (c, sc) in s {
+                            let e = (sc - m_new).exp();
+                            l += e;
+                            let v = be.load(dt, &a.v, g.ok + c, hk);
+                            acc.iter_mut().zip(&v).for_each(|(x, vv)| *x += e * vv);
+                        }
+                        m = m_new;
+                    }
+                    let base = (i * heads + h) * dv;
+                    if l > 0.0 {
+                        for (j, x) in acc.iter().enumerate() {
+                            r.o[base + j] = dt.round(x / l);
+                        }
+                    } else if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
+                        r.o[base..base + dv].fill(f32::NAN);
+                    }
+                    r.lse[i * heads + h] = be.lse_of(m, l);
+                }
+            }
+            r
+        })
+        .collect();
+    for (g, r) in slots.iter().zip(results) {
+        let row = heads * dv;
+        for t in 0..g.lq {
+            for (j, x) in r.o[t * row..(t + 1) * row].iter().enumerate() {
+                out.o.put((g.oq + t) * row + j, *x);
+            }
+            for h in 0..heads {
+                out.lse.put((g.oq + t) * heads + h, r.lse[t * heads + h]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per-slot gradients; dK/dV per query head (`[lk, H, D]`), reduced over groups later.
+struct SlotBwd {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+    let f = &a.fwd;
+    let p = &f.config.params;
+    let (heads, kv_heads, d, dvd) = (p.num_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_v);
+    let dt = f.config.dtype;
+    let tq = f.layout.q.tokens;
+    let scale = be.scale(p);
+    let qscale = if be.has(Mutant::DqScaleMissing) { 1.0 } else { scale };
+    let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
+    let slots: Vec<SlotGeom> = (0..f.layout.slots()).map(|i| be.slot(f.layout, i)).collect();
+    let results: Vec<SlotBwd> = slots
+        .par_iter()
+        .map(|g| {
+            let mut r = SlotBwd {
+                dq: vec![0f32; g.lq * heads * d],
+                dk: vec![0f32; g.lk * heads * d],
+                dv: vec![0f32; g.lk * heads * dvd],
+                delta: vec![0f32; g.lq * heads],
+            };
+            for h in 0..heads {
+                let hk = be.kv_head(p, h);
+                for i in 0..g.lq {
+                    let t = g.oq + i;
+                    let q = be.load(dt, &f.q, t, h);
+                    let d_o = be.load(dt, &a.d_o, t, h);
+                    let o: Vec<f32> = a.o.slice(ndarray::s![t, h, ..]).to_vec();
+                    let delta = dot(&d_o, &o);
+                    r.delta[i * heads + h] = delta;
+                    let lse = lse_flat[be.lse_index(t, h, tq, heads)];
+                    if lse == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let mut dq = vec![0f32; d];
+                    for c in 0..g.lk {
+                        if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
+                            continue;
+                        }
+                        let k = be.load(dt, &f.k, g.ok + c, hk);
+                        let v = be.load(dt, &f.v, g.ok + c, hk);
+                        let pr = (dot(&q, &k) * scale - lse).exp();
+                        let ds = pr * (dot(&d_o, &v) - delta);
+                        dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
+                        let at = (c * heads + h) * d;
+                        r.dk[at..at + d].iter_mut().zip(&q).for_each(|(x, qq)| *x += scale * ds * qq);
+                        let at = (c * heads + h) * dvd;
+                        r.dv[at..at + dvd].iter_mut().zip(&d_o).for_each(|(x, o)| *x += pr * o);
+                    }
+                    let at = (i * heads + h) * d;
+                    r.dq[at..at + d].iter_mut().zip(dq).for_each(|(y, x)| *y = dt.round(x * qscale));
+                }
+            }
+            r
+        })
+        .collect();
+    let region = |name| f.plan.region(name).map(|r| r.offset);
+    let (delta_at, dk_at, dv_at) = (region(names::DELTA), region(names::DK_ACC), region(names::DV_ACC));
+    let g_size = p.group_size();
+    for (g, r) in slots.iter().zip(&results) {
+        for t in 0..g.lq {
+            for (j, x) in r.dq[t * heads * d..(t + 1) * heads * d].iter().enumerate() {
+                out.dq.put((g.oq + t) * heads * d + j, *x);
+            }
+            if let Some(base) = delta_at {
+                for h in 0..heads {
+                    out.workspace.put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
+                }
+            }
+        }
+        if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
+            continue;
+        }
+        for c in 0..g.lk {
+            let tk = g.ok + c;
+            // Per-query-head partials go through the workspace, then each kv head sums its
+            // group in head order: deterministic whatever the thread schedule.
+            if let (Some(dk_base), Some(dv_base)) = (dk_at, dv_at) {
+                for h in 0..heads {
+                    for j in 0..d {
+                        out.workspace.put(dk_base + (tk * heads + h) * d + j, r.dk[(c * heads + h) * d + j]);
+                    }
+                    for j in 0..dvd {
+                        out.workspace.put(dv_base + (tk * heads + h) * dvd + j, r.dv[(c * heads + h) * dvd + j]);
+                    }
+                }
+            }
+            for hk in 0..kv_heads {
+                let group = hk * g_size..(hk + 1) * g_size;
+                let members: Vec<usize> = if be.has(Mutant::GqaNoSum) {
+                    vec![group.end - 1]
+                } else {
+                    group.collect()
+                };
+                for j in 0..d {
+                    let sum: f32 = members
+                        .iter()
+                        .map(|&h| match dk_at {
+                            Some(base) => out.workspace.body()[base + (tk * heads + h) * d + j],
+                            None => r.dk[(c * heads + h) * d + j],
+                        })
+                        .sum();
+                    out.dk.put((tk * kv_heads + hk) * d + j, dt.round(sum));
+                }
+                for j in 0..dvd {
+                    let sum: f32 = members
+                        .iter()
+                        .map(|&h| match dv_at {
+                            Some(base) => out.workspace.body()[base + (tk * heads + h) * dvd + j],
+                            None => r.dv[(c * heads + h) * dvd + j],
+                        })
+                        .sum();
+                    out.dv.put((tk * kv_heads + hk) * dvd + j, dt.round(sum));
+                }
+            }
+        }
+    }
+    Ok(())
+}

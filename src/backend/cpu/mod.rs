@@ -1,0 +1,219 @@
+//! The CPU backend, the embedded default: the small-seq path as a per-slot, per-tile
+//! computation with the kernels' roundings ([`small_seq`]), and the fallback path as a
+//! flash-style online softmax over key blocks of 64 in f32 ([`fallback`]). Two different
+//! algorithms, so fallback equivalence is a real comparison without a GPU.
+//!
+//! The same type, configured with TE #625's defects, is the `te625-model` backend.
+
+mod fallback;
+mod small_seq;
+
+use super::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::dispatch::gate::GateDefects;
+use crate::dispatch::Arch;
+use crate::error::Result;
+use crate::mutants::{Defects, Mutant};
+use half::bf16;
+use ndarray::ArrayView3;
+use smallseq_reference::{visible, AttnParams, CausalAlign, Dtype, Layout, Mask, Window};
+
+/// The CPU backend, optionally with planted defects.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend {
+    pub defects: Defects,
+    /// Reported name (`cpu`, or `te625-model`).
+    pub label: Option<&'static str>,
+    /// Reported arch (the TE model poses as gfx942).
+    pub arch_override: Option<&'static str>,
+}
+
+/// TE #625's defects as modelled here (te-smallseq-path.md §6).
+pub const TE625_DEFECTS: [Mutant; 4] = [
+    Mutant::LsePermuted,
+    Mutant::CausalIgnored,
+    Mutant::WindowIgnored,
+    Mutant::NanOnEmptyKv,
+];
+
+impl CpuBackend {
+    /// A CPU backend with planted bugs.
+    pub fn mutant(defects: Defects) -> Self {
+        CpuBackend {
+            defects,
+            ..Default::default()
+        }
+    }
+
+    /// The CPU model of TE #625's small-seq path, with its defects, posing as gfx942.
+    pub fn te625_model() -> Self {
+        CpuBackend {
+            defects: Defects::of(&TE625_DEFECTS),
+            label: Some("te625-model"),
+            arch_override: Some("gfx942"),
+        }
+    }
+
+    fn has(&self, m: Mutant) -> bool {
+        self.defects.has(m)
+    }
+
+    /// The mask predicate, as a (possibly mutated) kernel evaluates it.
+    fn visible(&self, p: &AttnParams, r: usize, c: usize, lq: usize, lk: usize) -> bool {
+        let mut mask = p.mask;
+        if self.has(Mutant::CausalIgnored) {
+            mask = Mask::NoMask;
+        } else if self.has(Mutant::CausalTopLeft) && mask.causal() == Some(CausalAlign::BottomRight)
+        {
+            mask = Mask::Causal;
+        }
+        let window = if self.has(Mutant::WindowIgnored) {
+            Window::NONE
+        } else {
+            p.window
+        };
+        visible(mask, window, r, c, lq, lk)
+    }
+
+    /// The kernel's view of slot `i`: `(lq, lk, off_q, off_kv)`.
+    fn slot(&self, layout: &Layout, i: usize) -> SlotGeom {
+        let b = layout.slots();
+        let mut lq = layout.q.len(i);
+        let mut lk = layout.kv.len(i);
+        if self.has(Mutant::SpanAsLength) {
+            lq = layout.q.span(i);
+            lk = layout.kv.span(i);
+        }
+        if self.has(Mutant::CuSeqlensOffByOne) && i + 1 == b {
+            lq = lq.saturating_sub(1);
+        }
+        SlotGeom {
+            lq,
+            lk,
+            oq: layout.q.offset(i),
+            ok: layout.kv.offset(i),
+            next_ok: layout.kv.offsets()[i + 1] as usize,
+        }
+    }
+
+    /// The kv head query head `h` reads.
+    fn kv_head(&self, p: &AttnParams, h: usize) -> usize {
+        if self.has(Mutant::KvHeadModulo) {
+            h % p.num_kv_heads
+        } else {
+            h / p.group_size()
+        }
+    }
+
+    /// Loads row `t`, head `h` of a tensor as the kernel's loader does.
+    fn load(&self, dtype: Dtype, t: &ArrayView3<f32>, row: usize, h: usize) -> Vec<f32> {
+        let lane = t.slice(ndarray::s![row, h, ..]);
+        if dtype == Dtype::F16 && self.has(Mutant::F16ReadAsBf16) {
+            lane.iter()
+                .map(|&x| bf16::from_bits(half::f16::from_f32(x).to_bits()).to_f32())
+                .collect()
+        } else {
+            lane.to_vec()
+        }
+    }
+
+    fn scale(&self, p: &AttnParams) -> f32 {
+        let s = p.scale as f32;
+        if self.has(Mutant::ScaleMissing) {
+            1.0
+        } else if self.has(Mutant::ScaleTwice) {
+            s * s
+        } else {
+            s
+        }
+    }
+
+    fn lse_of(&self, m: f32, l: f32) -> f32 {
+        if l > 0.0 {
+            let lse = m + l.ln();
+            if self.has(Mutant::LseLog2) {
+                lse * std::f32::consts::LOG2_E
+            } else {
+                lse
+            }
+        } else {
+            f32::NEG_INFINITY
+        }
+    }
+
+    /// Index of `lse[t, h]` as the backward reads it (`Tq` rows, `H` heads).
+    fn lse_index(&self, t: usize, h: usize, tq: usize, heads: usize) -> usize {
+        if self.has(Mutant::LsePermuted) {
+            // TE's pad_remap_lse: aux[t·H + h] = W[h·Tq + t]; read back as if head-major.
+            let flat = h * tq + t;
+            (flat % tq) * heads + flat / tq
+        } else {
+            t * heads + h
+        }
+    }
+}
+
+/// One slot as a kernel sees it.
+#[derive(Clone, Copy, Debug)]
+struct SlotGeom {
+    lq: usize,
+    lk: usize,
+    oq: usize,
+    ok: usize,
+    /// `off_kv[i+1]`: where the neighbouring slot's keys start.
+    next_ok: usize,
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0f32, |acc, (x, y)| acc + x * y)
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        self.label.unwrap_or("cpu")
+    }
+
+    fn arch(&self) -> Arch {
+        self.arch_override
+            .map(|a| a.parse().expect("static arch name"))
+            .unwrap_or_else(Arch::cpu)
+    }
+
+    fn has_small_seq(&self) -> bool {
+        true
+    }
+
+    fn gate_defects(&self) -> GateDefects {
+        GateDefects {
+            max_len: if self.has(Mutant::GateLimit16) {
+                Some(16)
+            } else if self.has(Mutant::GateLimit18) {
+                Some(18)
+            } else {
+                None
+            },
+            accept_gqa: self.has(Mutant::GateAcceptsGqa),
+            span_as_length: false,
+            launch_on_empty: self.has(Mutant::UninitWorkspaceOnEmpty),
+        }
+    }
+
+    fn zeroes_dont_care(&self) -> bool {
+        !self.has(Mutant::DontCareNotZeroed)
+    }
+
+    fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+        small_seq::forward(self, args, out)
+    }
+
+    fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+        fallback::forward(self, args, out)
+    }
+
+    fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+        small_seq::backward(self, args, out)
+    }
+
+    fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+        fallback::backward(self, args, out)
+    }
+}

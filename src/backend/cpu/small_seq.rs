@@ -1,0 +1,260 @@
+//! The small-seq path on the CPU: one (slot, head) at a time on 16×16 tiles (two per side,
+//! 32 rows and 32 columns of capacity), with the roundings of te-smallseq-path.md §4.4:
+//! f32 accumulation, the scale applied once after the dot product, P and dS rounded to the
+//! input dtype before the second products, outputs rounded at store, D = Σ P·dP.
+
+use super::{dot, CpuBackend, SlotGeom};
+use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::error::{Error, Result};
+use crate::mutants::Mutant;
+use crate::workspace::names;
+use rayon::prelude::*;
+
+/// Rows (and columns) per tile.
+const TILE: usize = 16;
+/// Tiles per side.
+const TILES: usize = 2;
+/// Key columns whose P the backward keeps for dV (TE's `Config::max_seq_kv`).
+const P_STORE_COLS: usize = 17;
+
+fn capacity_error(i: usize, g: &SlotGeom) -> Error {
+    Error::Backend {
+        backend: "cpu".into(),
+        detail: format!(
+            "small-seq kernel: slot {i} has lq = {}, lk = {} past the {} x {} tile capacity",
+            g.lq,
+            g.lk,
+            TILE * TILES,
+            TILE * TILES
+        ),
+    }
+}
+
+/// Scores, softmax statistics and P of one (slot, head), as the forward kernel forms them.
+struct Tile {
+    /// `s[r][c]`, `None` where masked.
+    s: Vec<Vec<Option<f32>>>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+fn scores(be: &CpuBackend, a: &FwdArgs, g: &SlotGeom, h: usize, hk: usize) -> Vec<Vec<Option<f32>>> {
+    let p = &a.config.params;
+    let dt = a.config.dtype;
+    let scale = be.scale(p);
+    let keys: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &a.k, g.ok + c, hk)).collect();
+    (0..g.lq)
+        .map(|r| {
+            let q = be.load(dt, &a.q, g.oq + r, h);
+            (0..g.lk)
+                .map(|c| {
+                    let dropped = be.has(Mutant::LastTileDropped) && c >= TILE;
+                    (be.visible(p, r, c, g.lq, g.lk) && !dropped).then(|| dot(&q, &keys[c]) * scale)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
+    let mut m = Vec::with_capacity(s.len());
+    let mut l = Vec::with_capacity(s.len());
+    for row in &s {
+        let mx = row.iter().flatten().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mx = if be.has(Mutant::NoMaxSubtraction) && mx > f32::NEG_INFINITY {
+            0.0
+        } else {
+            mx
+        };
+        // Per-tile partial sums, tile 0 then tile 1, as the kernel's butterflies produce them.
+        let sum = row
+            .chunks(TILE)
+            .map(|t| t.iter().flatten().map(|&x| (x - mx).exp()).sum::<f32>())
+            .sum::<f32>();
+        m.push(mx);
+        l.push(sum);
+    }
+    Tile { s, m, l }
+}
+
+struct SlotFwd {
+    o: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+    let p = &a.config.params;
+    let (heads, dv) = (p.num_heads, p.head_dim_v);
+    let dt = a.config.dtype;
+    let b = a.layout.slots();
+    if b == 0 && be.has(Mutant::UninitWorkspaceOnEmpty) {
+        let junk = out.workspace.data[out.workspace.base];
+        out.o.body_mut().fill(junk);
+        out.lse.body_mut().fill(junk);
+        return Ok(());
+    }
+    let slots: Vec<SlotGeom> = (0..b).map(|i| be.slot(a.layout, i)).collect();
+    if let Some((i, g)) = slots.iter().enumerate().find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES) {
+        return Err(capacity_error(i, g));
+    }
+    let results: Vec<SlotFwd> = slots
+        .par_iter()
+        .map(|g| {
+            let mut o = vec![0f32; g.lq * heads * dv];
+            let mut lse = vec![f32::NEG_INFINITY; g.lq * heads];
+            for h in 0..heads {
+                let hk = be.kv_head(p, h);
+                let vals: Vec<Vec<f32>> = (0..g.lk)
+                    .map(|c| {
+                        let row = if be.has(Mutant::NeighbourSlotRead) && c + 1 == g.lk && g.next_ok < a.v.shape()[0] {
+                            g.next_ok
+                        } else {
+                            g.ok + c
+                        };
+                        be.load(dt, &a.v, row, hk)
+                    })
+                    .collect();
+                let t = softmax_stats(be, scores(be, a, g, h, hk));
+                for r in 0..g.lq {
+                    if !(be.has(Mutant::LseSecondTileLost) && r >= TILE) {
+                        lse[r * heads + h] = be.lse_of(t.m[r], t.l[r]);
+                    }
+                    let orow = &mut o[(r * heads + h) * dv..(r * heads + h + 1) * dv];
+                    if t.l[r] == 0.0 {
+                        if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
+                            orow.fill(f32::NAN);
+                        }
+                        continue;
+                    }
+                    let rcp = 1.0 / t.l[r];
+                    let mut acc = vec![0f32; dv];
+                    for (c, s) in t.s[r].iter().enumerate() {
+                        let Some(s) = s else { continue };
+                        let pr = (s - t.m[r]).exp() * rcp;
+                        let pr = if be.has(Mutant::PNotRounded) { pr } else { dt.round(pr) };
+                        acc.iter_mut().zip(&vals[c]).for_each(|(x, v)| *x += pr * v);
+                    }
+                    orow.iter_mut().zip(acc).for_each(|(y, x)| *y = dt.round(x));
+                }
+            }
+            SlotFwd { o, lse }
+        })
+        .collect();
+    for (g, r) in slots.iter().zip(results) {
+        let row = heads * dv;
+        for t in 0..g.lq {
+            for (j, x) in r.o[t * row..(t + 1) * row].iter().enumerate() {
+                out.o.put((g.oq + t) * row + j, *x);
+            }
+            for h in 0..heads {
+                if !(be.has(Mutant::LseSecondTileLost) && t >= TILE) {
+                    out.lse.put((g.oq + t) * heads + h, r.lse[t * heads + h]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+struct SlotBwd {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+    let f = &a.fwd;
+    let p = &f.config.params;
+    let (heads, d, dvd) = (p.num_heads, p.head_dim_qk, p.head_dim_v);
+    let dt = f.config.dtype;
+    let tq = f.layout.q.tokens;
+    let scale = be.scale(p);
+    if p.num_heads != p.num_kv_heads {
+        return Err(Error::Backend {
+            backend: be.name().into(),
+            detail: format!("small-seq backward needs H == Hkv, got {} and {}", p.num_heads, p.num_kv_heads),
+        });
+    }
+    let slots: Vec<SlotGeom> = (0..f.layout.slots()).map(|i| be.slot(f.layout, i)).collect();
+    if let Some((i, g)) = slots.iter().enumerate().find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES) {
+        return Err(capacity_error(i, g));
+    }
+    let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
+    let results: Vec<SlotBwd> = slots
+        .par_iter()
+        .map(|g| {
+            let mut r = SlotBwd {
+                dq: vec![0f32; g.lq * heads * d],
+                dk: vec![0f32; g.lk * heads * d],
+                dv: vec![0f32; g.lk * heads * dvd],
+                delta: vec![0f32; g.lq * heads],
+            };
+            for h in 0..heads {
+                let hk = be.kv_head(p, h);
+                let q: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &f.q, g.oq + i, h)).collect();
+                let k: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.k, g.ok + c, hk)).collect();
+                let v: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.v, g.ok + c, hk)).collect();
+                let d_o: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &a.d_o, g.oq + i, h)).collect();
+                for i in 0..g.lq {
+                    let lse = lse_flat[be.lse_index(g.oq + i, h, tq, heads)];
+                    let pr: Vec<f32> = (0..g.lk)
+                        .map(|c| {
+                            let vis = be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk);
+                            if !vis || lse == f32::NEG_INFINITY {
+                                return 0.0;
+                            }
+                            (dot(&q[i], &k[c]) * scale - lse).exp()
+                        })
+                        .collect();
+                    let dp: Vec<f32> = (0..g.lk).map(|c| dot(&d_o[i], &v[c])).collect();
+                    let delta = pr.iter().zip(&dp).map(|(x, y)| x * y).sum::<f32>();
+                    r.delta[i * heads + h] = delta;
+                    let qscale = if be.has(Mutant::DqScaleMissing) { 1.0 } else { scale };
+                    let mut dq = vec![0f32; d];
+                    for c in 0..g.lk {
+                        let ds = dt.round(pr[c] * (dp[c] - delta));
+                        dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
+                        let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
+                        dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
+                        if c < P_STORE_COLS {
+                            let pv = dt.round(pr[c]);
+                            let dv = &mut r.dv[(c * heads + h) * dvd..(c * heads + h + 1) * dvd];
+                            dv.iter_mut().zip(&d_o[i]).for_each(|(x, o)| *x += pv * dt.round(*o));
+                        }
+                    }
+                    let dst = &mut r.dq[(i * heads + h) * d..(i * heads + h + 1) * d];
+                    dst.iter_mut().zip(dq).for_each(|(y, x)| *y = dt.round(x * qscale));
+                }
+            }
+            r.dk.iter_mut().for_each(|x| *x = dt.round(*x * scale));
+            r.dv.iter_mut().for_each(|x| *x = dt.round(*x));
+            r
+        })
+        .collect();
+    let delta_at = f.plan.region(names::DELTA).map(|r| r.offset);
+    for (g, r) in slots.iter().zip(results) {
+        for t in 0..g.lq {
+            for (j, x) in r.dq[t * heads * d..(t + 1) * heads * d].iter().enumerate() {
+                out.dq.put((g.oq + t) * heads * d + j, *x);
+            }
+            if let Some(base) = delta_at {
+                for h in 0..heads {
+                    out.workspace.put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
+                }
+            }
+        }
+        if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
+            continue;
+        }
+        for c in 0..g.lk {
+            for (j, x) in r.dk[c * heads * d..(c + 1) * heads * d].iter().enumerate() {
+                out.dk.put((g.ok + c) * heads * d + j, *x);
+            }
+            for (j, x) in r.dv[c * heads * dvd..(c + 1) * heads * dvd].iter().enumerate() {
+                out.dv.put((g.ok + c) * heads * dvd + j, *x);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! The planted-bug catalogue: named mutants of the CPU backend and its gate. The harness's
+//! power is measured by how many of them its standard campaign kills.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One planted bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutant {
+    /// The last query row of the last slot is skipped (off-by-one at a `cu_seqlens` boundary).
+    CuSeqlensOffByOne,
+    /// Query head `h` reads kv head `h % Hkv` instead of `h / g`.
+    KvHeadModulo,
+    /// dK/dV keep only the group's last query head instead of summing over the group.
+    GqaNoSum,
+    /// Bottom-right causal computed as top-left.
+    CausalTopLeft,
+    /// The scale is applied twice.
+    ScaleTwice,
+    /// The scale is not applied.
+    ScaleMissing,
+    /// LSE written in log2 instead of the natural log.
+    LseLog2,
+    /// Softmax without max-subtraction.
+    NoMaxSubtraction,
+    /// Keys past the first 16-column tile are dropped.
+    LastTileDropped,
+    /// The wrapper does not zero don't-care outputs.
+    DontCareNotZeroed,
+    /// The padded span is read as the slot length.
+    SpanAsLength,
+    /// The gate admits lengths up to 16 only.
+    GateLimit16,
+    /// The gate admits lengths up to 18.
+    GateLimit18,
+    /// The gate does not reject GQA.
+    GateAcceptsGqa,
+    /// f16 inputs are read as bf16 bits.
+    F16ReadAsBf16,
+    /// P is not rounded to the input dtype before P·V.
+    PNotRounded,
+    /// LSE written token-major and read head-major (TE's permuted aux).
+    LsePermuted,
+    /// The causal mask is ignored.
+    CausalIgnored,
+    /// The sliding window is ignored.
+    WindowIgnored,
+    /// The last key's value is read from the neighbouring slot's first token.
+    NeighbourSlotRead,
+    /// An empty kv slot with queries gives NaN output (`P = 0·∞`).
+    NanOnEmptyKv,
+    /// With `b = 0` a kernel runs anyway and reads uninitialised workspace into the outputs.
+    UninitWorkspaceOnEmpty,
+    /// Kernels skip slots with `Lq = 0`, leaving their kv rows' dK/dV unwritten.
+    EmptyQSlotSkipsDkDv,
+    /// dQ is not multiplied by the scale.
+    DqScaleMissing,
+    /// Backward ignores the mask when recomputing P.
+    BwdMaskIgnored,
+    /// The LSE of the second row tile (rows 16..) is not written.
+    LseSecondTileLost,
+}
+
+impl Mutant {
+    /// The whole catalogue.
+    pub const ALL: [Mutant; 26] = [
+        Mutant::CuSeqlensOffByOne,
+        Mutant::KvHeadModulo,
+        Mutant::GqaNoSum,
+        Mutant::CausalTopLeft,
+        Mutant::ScaleTwice,
+        Mutant::ScaleMissing,
+        Mutant::LseLog2,
+        Mutant::NoMaxSubtraction,
+        Mutant::LastTileDropped,
+        Mutant::DontCareNotZeroed,
+        Mutant::SpanAsLength,
+        Mutant::GateLimit16,
+        Mutant::GateLimit18,
+        Mutant::GateAcceptsGqa,
+        Mutant::F16ReadAsBf16,
+        Mutant::PNotRounded,
+        Mutant::LsePermuted,
+        Mutant::CausalIgnored,
+        Mutant::WindowIgnored,
+        Mutant::NeighbourSlotRead,
+        Mutant::NanOnEmptyKv,
+        Mutant::UninitWorkspaceOnEmpty,
+        Mutant::EmptyQSlotSkipsDkDv,
+        Mutant::DqScaleMissing,
+        Mutant::BwdMaskIgnored,
+        Mutant::LseSecondTileLost,
+    ];
+
+    /// Stable kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::CuSeqlensOffByOne => "cu-seqlens-off-by-one",
+            Mutant::KvHeadModulo => "kv-head-modulo",
+            Mutant::GqaNoSum => "gqa-no-sum",
+            Mutant::CausalTopLeft => "causal-top-left",
+            Mutant::ScaleTwice => "scale-twice",
+            Mutant::ScaleMissing => "scale-missing",
+            Mutant::LseLog2 => "lse-log2",
+            Mutant::NoMaxSubtraction => "no-max-subtraction",
+            Mutant::LastTileDropped => "last-tile-dropped",
+            Mutant::DontCareNotZeroed => "dont-care-not-zeroed",
+            Mutant::SpanAsLength => "span-as-length",
+            Mutant::GateLimit16 => "gate-limit-16",
+            Mutant::GateLimit18 => "gate-limit-18",
+            Mutant::GateAcceptsGqa => "gate-accepts-gqa",
+            Mutant::F16ReadAsBf16 => "f16-read-as-bf16",
+            Mutant::PNotRounded => "p-not-rounded",
+            Mutant::LsePermuted => "lse-permuted",
+            Mutant::CausalIgnored => "causal-ignored",
+            Mutant::WindowIgnored => "window-ignored",
+            Mutant::NeighbourSlotRead => "neighbour-slot-read",
+            Mutant::NanOnEmptyKv => "nan-on-empty-kv",
+            Mutant::UninitWorkspaceOnEmpty => "uninit-workspace-on-empty",
+            Mutant::EmptyQSlotSkipsDkDv => "empty-q-slot-skips-dkdv",
+            Mutant::DqScaleMissing => "dq-scale-missing",
+            Mutant::BwdMaskIgnored => "bwd-mask-ignored",
+            Mutant::LseSecondTileLost => "lse-second-tile-lost",
+        }
+    }
+}
+
+impl fmt::Display for Mutant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mutant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mutant::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown mutant {s:?}"))
+    }
+}
+
+/// A set of planted bugs (empty in production).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Defects(Vec<Mutant>);
+
+impl Defects {
+    pub fn none() -> Self {
+        Defects(Vec::new())
+    }
+
+    pub fn of(mutants: &[Mutant]) -> Self {
+        Defects(mutants.to_vec())
+    }
+
+    #[inline]
+    pub fn has(&self, m: Mutant) -> bool {
+        self.0.contains(&m)
+    }
+
+    pub fn list(&self) -> &[Mutant] {
+        &self.0
+    }
+}
