@@ -305,12 +305,13 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
           sum += ex;
         }
       sum = ss_quad_sum(sum);
+      const float rcp = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float ex = s[mt][nt][hh * 2 + e];
-          s[mt][nt][hh * 2 + e] = sum > 0.f ? ex / sum : 0.f;
+          s[mt][nt][hh * 2 + e] = sum > 0.f ? ex * rcp : 0.f;
         }
       if (t == 0 && row < it.lq)
         lse[(it.oq + row) * H + it.h] = sum > 0.f ? mx + pt_log(sum) : ninf;
