@@ -1,0 +1,251 @@
+// portable.h: the one place that knows whether kernels are built for CUDA (NVRTC, no host
+// headers) or HIP (clang -x hip --cuda-device-only -nogpulib -nogpuinc, no HIP headers).
+//
+// Kernel bodies use only what is defined here: element load/store as float (bf16, f16, f32),
+// packed 16-bit pairs, thread/block ids, barriers, warp shuffles and reductions, and the
+// "fragment" primitives of a 32-lane logical warp (an m16n8k16 matrix multiply-accumulate and
+// an 8x8 16-bit transpose). On CUDA sm_80+ the fragment primitives are tensor-core
+// instructions; elsewhere they are emulated with shuffles inside a 32-lane logical warp, with
+// the same data layout, so the same kernel body runs (slower) on a 64-wide wavefront.
+#pragma once
+
+#if defined(__HIP__) || defined(__HIPCC__) || defined(__AMDGCN__)
+#define PT_HIP 1
+#else
+#define PT_CUDA 1
+#endif
+
+typedef unsigned int pt_u32;
+typedef unsigned short pt_u16;
+typedef unsigned long long pt_u64;
+
+#ifdef PT_HIP
+#ifndef __global__
+#define __global__ __attribute__((global))
+#endif
+#ifndef __device__
+#define __device__ __attribute__((device))
+#endif
+#ifndef __shared__
+#define __shared__ __attribute__((shared))
+#endif
+#define PT_WARP 64
+#define PT_INLINE __device__ inline __attribute__((always_inline))
+#define PT_KERNEL extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256)))
+PT_INLINE int pt_tid() { return (int)__builtin_amdgcn_workitem_id_x(); }
+PT_INLINE long long pt_bid() { return (long long)__builtin_amdgcn_workgroup_id_x(); }
+PT_INLINE void pt_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+PT_INLINE void pt_syncwarp() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+PT_INLINE float pt_u2f(pt_u32 u) { return __builtin_bit_cast(float, u); }
+PT_INLINE pt_u32 pt_f2u(float f) { return __builtin_bit_cast(pt_u32, f); }
+PT_INLINE float pt_exp(float x) { return __builtin_expf(x); }
+PT_INLINE float pt_log(float x) { return __builtin_logf(x); }
+PT_INLINE float pt_inf() { return __builtin_inff(); }
+PT_INLINE float pt_fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+PT_INLINE int pt_lane() { return pt_tid() & (PT_WARP - 1); }
+// Value of `v` held by lane `src` of this wavefront.
+PT_INLINE pt_u32 pt_shfl_u(pt_u32 v, int src) {
+  return (pt_u32)__builtin_amdgcn_ds_bpermute(src << 2, (int)v);
+}
+PT_INLINE float pt_f16_to_f(pt_u16 h) {
+  _Float16 x = __builtin_bit_cast(_Float16, h);
+  return (float)x;
+}
+PT_INLINE pt_u16 pt_f_to_f16(float f) {
+  _Float16 x = (_Float16)f;  // round to nearest even
+  return __builtin_bit_cast(pt_u16, x);
+}
+#else  // CUDA / NVRTC
+#define PT_WARP 32
+#define PT_INLINE __device__ __forceinline__
+#define PT_KERNEL extern "C" __global__
+PT_INLINE int pt_tid() { return (int)threadIdx.x; }
+PT_INLINE long long pt_bid() { return (long long)blockIdx.x; }
+PT_INLINE void pt_sync() { __syncthreads(); }
+PT_INLINE void pt_syncwarp() { __syncwarp(); }
+PT_INLINE float pt_u2f(pt_u32 u) { return __uint_as_float(u); }
+PT_INLINE pt_u32 pt_f2u(float f) { return __float_as_uint(f); }
+PT_INLINE float pt_exp(float x) { return expf(x); }
+PT_INLINE float pt_log(float x) { return logf(x); }
+PT_INLINE float pt_inf() { return __uint_as_float(0x7f800000u); }
+PT_INLINE float pt_fmax(float a, float b) { return fmaxf(a, b); }
+PT_INLINE int pt_lane() { return (int)(threadIdx.x & 31); }
+PT_INLINE pt_u32 pt_shfl_u(pt_u32 v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+PT_INLINE float pt_f16_to_f(pt_u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+PT_INLINE pt_u16 pt_f_to_f16(float f) {
+  pt_u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#endif
+
+PT_INLINE float pt_shfl(float v, int src) { return pt_u2f(pt_shfl_u(pt_f2u(v), src)); }
+PT_INLINE float pt_shfl_xor(float v, int m) { return pt_shfl(v, pt_lane() ^ m); }
+
+// Reductions over the whole hardware warp / wavefront.
+PT_INLINE float pt_warp_sum(float v) {
+  for (int m = PT_WARP / 2; m > 0; m >>= 1) v += pt_shfl_xor(v, m);
+  return v;
+}
+PT_INLINE float pt_warp_max(float v) {
+  for (int m = PT_WARP / 2; m > 0; m >>= 1) v = pt_fmax(v, pt_shfl_xor(v, m));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types. Every kernel is a template over an element type E with
+//   E::T           storage type, E::load(p, i) -> float, E::store(p, i, float) (round to E)
+//   E::round(x)    x rounded to E, returned as float
+//   E::pack2(a, b) two values rounded to a 16-bit pair (a in the low half), for fragments
+//   E::IS16        whether fragment (16-bit) primitives apply
+// and an output type O (the element type itself, or F32 holding values already rounded).
+
+PT_INLINE pt_u16 pt_f_to_bf16(float f) {
+  pt_u32 u = pt_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (pt_u16)((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (pt_u16)(u >> 16);
+}
+PT_INLINE float pt_bf16_to_f(pt_u16 h) { return pt_u2f(((pt_u32)h) << 16); }
+
+struct BF16 {
+  typedef pt_u16 T;
+  static const bool IS16 = true;
+  static const int KIND = 0;
+  PT_INLINE static float to_f(pt_u16 h) { return pt_bf16_to_f(h); }
+  PT_INLINE static pt_u16 from_f(float f) { return pt_f_to_bf16(f); }
+  PT_INLINE static float load(const T* p, long long i) { return to_f(p[i]); }
+  PT_INLINE static void store(T* p, long long i, float x) { p[i] = from_f(x); }
+  PT_INLINE static float round(float x) { return to_f(from_f(x)); }
+  PT_INLINE static pt_u32 pack2(float a, float b) {
+    return (pt_u32)from_f(a) | ((pt_u32)from_f(b) << 16);
+  }
+};
+
+struct F16 {
+  typedef pt_u16 T;
+  static const bool IS16 = true;
+  static const int KIND = 1;
+  PT_INLINE static float to_f(pt_u16 h) { return pt_f16_to_f(h); }
+  PT_INLINE static pt_u16 from_f(float f) { return pt_f_to_f16(f); }
+  PT_INLINE static float load(const T* p, long long i) { return to_f(p[i]); }
+  PT_INLINE static void store(T* p, long long i, float x) { p[i] = from_f(x); }
+  PT_INLINE static float round(float x) { return to_f(from_f(x)); }
+  PT_INLINE static pt_u32 pack2(float a, float b) {
+    return (pt_u32)from_f(a) | ((pt_u32)from_f(b) << 16);
+  }
+};
+
+struct F32 {
+  typedef float T;
+  static const bool IS16 = false;
+  static const int KIND = 2;
+  PT_INLINE static float load(const T* p, long long i) { return p[i]; }
+  PT_INLINE static void store(T* p, long long i, float x) { p[i] = x; }
+  PT_INLINE static float round(float x) { return x; }
+};
+
+// Unpack element j (0 or 1) of a 16-bit pair.
+template <class E>
+PT_INLINE float pt_lo(pt_u32 w) { return E::to_f((pt_u16)(w & 0xffffu)); }
+template <class E>
+PT_INLINE float pt_hi(pt_u32 w) { return E::to_f((pt_u16)(w >> 16)); }
+
+// 16-byte vector of four words.
+struct pt_v4 {
+  pt_u32 x, y, z, w;
+};
+PT_INLINE pt_v4 pt_zero4() {
+  pt_v4 r;
+  r.x = r.y = r.z = r.w = 0u;
+  return r;
+}
+PT_INLINE pt_v4 pt_ld16(const void* p) {
+  const pt_v4* q = (const pt_v4*)p;
+  return *q;
+}
+PT_INLINE void pt_st16(void* p, pt_v4 v) { *(pt_v4*)p = v; }
+PT_INLINE pt_u32 pt_word(const pt_v4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragment primitives of a 32-lane logical warp (lane l = 4*g + t, g = l/4, t = l%4), with the
+// layouts of PTX mma.m16n8k16 (row.col): A (16x16): a0=(g, 2t..2t+1) a1=(g+8, 2t..) a2=(g, 2t+8..)
+// a3=(g+8, 2t+8..); B (16x8): b0=(k=2t..2t+1, n=g) b1=(k=2t+8.., n=g); C (16x8, f32):
+// c0,c1=(g, 2t..2t+1) c2,c3=(g+8, 2t..2t+1).
+
+PT_INLINE int pt_llane() { return pt_tid() & 31; }
+
+#if defined(PT_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+#define PT_MMA_NATIVE 1
+template <class E>
+PT_INLINE void pt_mma(float* c, pt_u32 a0, pt_u32 a1, pt_u32 a2, pt_u32 a3, pt_u32 b0,
+                      pt_u32 b1) {
+  if (E::KIND == 0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+// Transpose of an 8x8 16-bit matrix held as one word per lane (row g, cols 2t..2t+1).
+PT_INLINE pt_u32 pt_trans8(pt_u32 x) {
+  pt_u32 y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+#else
+// Emulation inside a 32-lane logical warp (both halves of a 64-wide wavefront work apart).
+PT_INLINE pt_u32 pt_lshfl(pt_u32 v, int src_llane) {
+  return pt_shfl_u(v, (pt_lane() & ~31) | src_llane);
+}
+template <class E>
+PT_INLINE void pt_mma(float* c, pt_u32 a0, pt_u32 a1, pt_u32 a2, pt_u32 a3, pt_u32 b0,
+                      pt_u32 b1) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  for (int kp = 0; kp < 4; ++kp) {
+    pt_u32 A0 = pt_lshfl(a0, g * 4 + kp), A1 = pt_lshfl(a1, g * 4 + kp);
+    pt_u32 A2 = pt_lshfl(a2, g * 4 + kp), A3 = pt_lshfl(a3, g * 4 + kp);
+    pt_u32 B00 = pt_lshfl(b0, (2 * t) * 4 + kp), B01 = pt_lshfl(b1, (2 * t) * 4 + kp);
+    pt_u32 B10 = pt_lshfl(b0, (2 * t + 1) * 4 + kp), B11 = pt_lshfl(b1, (2 * t + 1) * 4 + kp);
+    // k = 2kp, 2kp+1 (from a0/a1, b0) and 2kp+8, 2kp+9 (from a2/a3, b1)
+    c[0] += pt_lo<E>(A0) * pt_lo<E>(B00) + pt_hi<E>(A0) * pt_hi<E>(B00) +
+            pt_lo<E>(A2) * pt_lo<E>(B01) + pt_hi<E>(A2) * pt_hi<E>(B01);
+    c[1] += pt_lo<E>(A0) * pt_lo<E>(B10) + pt_hi<E>(A0) * pt_hi<E>(B10) +
+            pt_lo<E>(A2) * pt_lo<E>(B11) + pt_hi<E>(A2) * pt_hi<E>(B11);
+    c[2] += pt_lo<E>(A1) * pt_lo<E>(B00) + pt_hi<E>(A1) * pt_hi<E>(B00) +
+            pt_lo<E>(A3) * pt_lo<E>(B01) + pt_hi<E>(A3) * pt_hi<E>(B01);
+    c[3] += pt_lo<E>(A1) * pt_lo<E>(B10) + pt_hi<E>(A1) * pt_hi<E>(B10) +
+            pt_lo<E>(A3) * pt_lo<E>(B11) + pt_hi<E>(A3) * pt_hi<E>(B11);
+  }
+}
+PT_INLINE pt_u32 pt_trans8(pt_u32 x) {
+  // out(g, 2t+j) = in(2t+j, g): element (r, c) lives in lane 4r + c/2, half c%2.
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  pt_u32 w0 = pt_lshfl(x, (2 * t) * 4 + (g >> 1));
+  pt_u32 w1 = pt_lshfl(x, (2 * t + 1) * 4 + (g >> 1));
+  pt_u32 h0 = (g & 1) ? (w0 >> 16) : (w0 & 0xffffu);
+  pt_u32 h1 = (g & 1) ? (w1 >> 16) : (w1 & 0xffffu);
+  return h0 | (h1 << 16);
+}
+#endif

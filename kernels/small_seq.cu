@@ -1,0 +1,413 @@
+// Small-seq fused attention (semantics.md §1, native profile): slots of at most 17 query and 17
+// key tokens, H == Hkv, D in {64, 128, 256}, bf16/f16, every mask of §1, window (-1,-1).
+//
+// One 32-lane logical warp per (slot, head) work item, 4 per block, a 1-D grid over items (no
+// 65,535 cap). Q, K, V, dO are loaded straight from global memory into matrix fragments with
+// 16-byte loads: the reduction dimension of Q·Kᵀ is permuted identically for both operands
+// (lane t of a quad owns dims 8t..8t+7 of each 32-dim chunk), and the n dimension of P·V is
+// permuted so that each lane ends with 16 consecutive output dims. Rows and keys past the slot
+// are zero fragments and are never read. No atomics, no shared memory: deterministic.
+//
+// Numerics (te-smallseq-path.md §4, without its defects): f32 accumulation of exact 16-bit
+// products; scale applied once after the dot product; P = exp(s - m) / l in f32, rounded to the
+// input type before P·V and dV; D = Σ P·dP from the recomputed f32 P = exp(s - lse); dS rounded
+// before dQ/dK; scale applied after accumulation of dQ/dK; outputs rounded at store; lse f32
+// natural log; a row with no visible key gets o = 0, lse = -inf and contributes nothing.
+#include "portable.h"
+
+#define SS_WPB 4
+
+PT_INLINE bool ss_visible(int r, int c, int lq, int lk, int mask) {
+  if (r >= lq || c >= lk) return false;
+  if (mask == 1) return c <= r;
+  if (mask == 2) return c <= r + (lk - lq);
+  return true;
+}
+
+// B-operand word for n-tile j from two rows A (k even) and B (k odd), each 8 consecutive dims.
+PT_INLINE pt_u32 ss_sel(const pt_v4& a, const pt_v4& b, int j) {
+  pt_u32 wa = pt_word(a, j >> 1), wb = pt_word(b, j >> 1);
+  return (j & 1) ? ((wa >> 16) | (wb & 0xffff0000u)) : ((wa & 0xffffu) | (wb << 16));
+}
+
+// Stores 16 consecutive values (rounded to E) of one row.
+template <class E, class O>
+PT_INLINE void ss_store16(typename O::T* p, const float* x, float mul) {
+  if (O::IS16) {
+    pt_v4 a, b;
+    a.x = E::pack2(x[0] * mul, x[1] * mul);
+    a.y = E::pack2(x[2] * mul, x[3] * mul);
+    a.z = E::pack2(x[4] * mul, x[5] * mul);
+    a.w = E::pack2(x[6] * mul, x[7] * mul);
+    b.x = E::pack2(x[8] * mul, x[9] * mul);
+    b.y = E::pack2(x[10] * mul, x[11] * mul);
+    b.z = E::pack2(x[12] * mul, x[13] * mul);
+    b.w = E::pack2(x[14] * mul, x[15] * mul);
+    pt_st16((void*)p, a);
+    pt_st16((void*)(p + 8), b);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) {
+      pt_v4 a;
+      a.x = pt_f2u(E::round(x[i] * mul));
+      a.y = pt_f2u(E::round(x[i + 1] * mul));
+      a.z = pt_f2u(E::round(x[i + 2] * mul));
+      a.w = pt_f2u(E::round(x[i + 3] * mul));
+      pt_st16((void*)(p + i), a);
+    }
+  }
+}
+
+struct SsItem {
+  int lq, lk, h;
+  long long oq, ok;
+};
+
+// Decodes the warp's work item; false when there is nothing to do (warp-uniform).
+PT_INLINE bool ss_item(SsItem& it, const int* cu_q, const int* cu_kv, const int* off_q,
+                       const int* off_kv, int b, int H) {
+  long long item = pt_bid() * SS_WPB + (pt_tid() >> 5);
+  if (item >= (long long)b * H) return false;
+  int slot = (int)(item / H);
+  it.h = (int)(item % H);
+  it.lq = cu_q[slot + 1] - cu_q[slot];
+  it.lk = cu_kv[slot + 1] - cu_kv[slot];
+  it.oq = off_q[slot];
+  it.ok = off_kv[slot];
+  return true;
+}
+
+// Accumulates S = X·Yᵀ over D for rows of X (up to 32) and rows of Y (up to 24) into
+// acc[mt][nt][4]; X rows past nx and Y rows past ny are zero and not read.
+template <class E, int D>
+PT_INLINE void ss_xyt(float (&acc)[2][3][4], const typename E::T* x, const typename E::T* y,
+                      long long rs, int nx, int ny) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const bool m1 = nx > 16, n2 = ny > 16;
+#pragma unroll 2
+  for (int ch = 0; ch < D / 32; ++ch) {
+    pt_v4 xa[2][2], yb[3];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        int row = mt * 16 + hh * 8 + g;
+        xa[mt][hh] = row < nx ? pt_ld16(x + row * rs + ch * 32 + t * 8) : pt_zero4();
+      }
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) {
+      int key = nt * 8 + g;
+      yb[nt] = key < ny ? pt_ld16(y + key * rs + ch * 32 + t * 8) : pt_zero4();
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        if (mt == 1 && !m1) continue;
+#pragma unroll
+        for (int nt = 0; nt < 3; ++nt) {
+          if (nt == 2 && !n2) continue;
+          pt_mma<E>(acc[mt][nt], pt_word(xa[mt][0], 2 * j), pt_word(xa[mt][1], 2 * j),
+                    pt_word(xa[mt][0], 2 * j + 1), pt_word(xa[mt][1], 2 * j + 1),
+                    pt_word(yb[nt], 2 * j), pt_word(yb[nt], 2 * j + 1));
+        }
+      }
+  }
+}
+
+// A fragments (rows x keys, two 16-key steps) of a C-layout matrix p[mt][nt][4].
+template <class E>
+PT_INLINE void ss_afrag(pt_u32 (&a)[2][2][4], const float (&p)[2][3][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    a[mt][0][0] = E::pack2(p[mt][0][0], p[mt][0][1]);
+    a[mt][0][1] = E::pack2(p[mt][0][2], p[mt][0][3]);
+    a[mt][0][2] = E::pack2(p[mt][1][0], p[mt][1][1]);
+    a[mt][0][3] = E::pack2(p[mt][1][2], p[mt][1][3]);
+    a[mt][1][0] = E::pack2(p[mt][2][0], p[mt][2][1]);
+    a[mt][1][1] = E::pack2(p[mt][2][2], p[mt][2][3]);
+    a[mt][1][2] = 0u;
+    a[mt][1][3] = 0u;
+  }
+}
+
+// out[rows][D] = A[rows][keys] · Y[keys][D] (Y rows past ny zero), stored (times mul) for rows
+// < nrows at out + row * rs.
+template <class E, class O, int D>
+PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
+                     int nrows, typename O::T* out, float mul) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const bool m1 = nrows > 16, k1 = ny > 16;
+#pragma unroll 1
+  for (int c64 = 0; c64 < D / 64; ++c64) {
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      if (kk == 1 && !k1) continue;
+      const typename E::T* yb = y + c64 * 64 + g * 8;
+      int k0 = kk * 16 + 2 * t;
+      pt_v4 v0 = k0 < ny ? pt_ld16(yb + k0 * rs) : pt_zero4();
+      pt_v4 v1 = k0 + 1 < ny ? pt_ld16(yb + (k0 + 1) * rs) : pt_zero4();
+      pt_v4 v8 = k0 + 8 < ny ? pt_ld16(yb + (k0 + 8) * rs) : pt_zero4();
+      pt_v4 v9 = k0 + 9 < ny ? pt_ld16(yb + (k0 + 9) * rs) : pt_zero4();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        pt_u32 b0 = ss_sel(v0, v1, j), b1 = ss_sel(v8, v9, j);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          if (mt == 1 && !m1) continue;
+          pt_mma<E>(acc[mt][j], a[mt][kk][0], a[mt][kk][1], a[mt][kk][2], a[mt][kk][3], b0, b1);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        int row = mt * 16 + hh * 8 + g;
+        if (row < nrows) {
+          float x[16];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            x[i] = acc[mt][i][hh * 2];
+            x[i + 8] = acc[mt][i][hh * 2 + 1];
+          }
+          ss_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, mul);
+        }
+      }
+  }
+}
+
+// out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments;
+// Y rows past ny are zero; stored (times mul) for keys < nkeys.
+template <class E, class O, int D>
+PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
+                      int nkeys, typename O::T* out, float mul) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const bool k1 = ny > 16;
+  // Transposed fragments: for key tile kk and row step mt.
+  pt_u32 at[2][2][4];
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      at[kk][mt][0] = pt_trans8(a[mt][kk][0]);
+      at[kk][mt][1] = pt_trans8(a[mt][kk][2]);
+      at[kk][mt][2] = pt_trans8(a[mt][kk][1]);
+      at[kk][mt][3] = pt_trans8(a[mt][kk][3]);
+    }
+  const bool kt1 = nkeys > 16;
+#pragma unroll 1
+  for (int c64 = 0; c64 < D / 64; ++c64) {
+    float acc[2][8][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[kk][j][e] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      if (mt == 1 && !k1) continue;
+      const typename E::T* yb = y + c64 * 64 + g * 8;
+      int r0 = mt * 16 + 2 * t;
+      pt_v4 v0 = r0 < ny ? pt_ld16(yb + r0 * rs) : pt_zero4();
+      pt_v4 v1 = r0 + 1 < ny ? pt_ld16(yb + (r0 + 1) * rs) : pt_zero4();
+      pt_v4 v8 = r0 + 8 < ny ? pt_ld16(yb + (r0 + 8) * rs) : pt_zero4();
+      pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        pt_u32 b0 = ss_sel(v0, v1, j), b1 = ss_sel(v8, v9, j);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          if (kk == 1 && !kt1) continue;
+          pt_mma<E>(acc[kk][j], at[kk][mt][0], at[kk][mt][1], at[kk][mt][2], at[kk][mt][3], b0,
+                    b1);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        int key = kk * 16 + hh * 8 + g;
+        if (key < nkeys) {
+          float x[16];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            x[i] = acc[kk][i][hh * 2];
+            x[i + 8] = acc[kk][i][hh * 2 + 1];
+          }
+          ss_store16<E, O>(out + key * rs + c64 * 64 + t * 16, x, mul);
+        }
+      }
+  }
+}
+
+PT_INLINE float ss_quad_max(float x) {
+  x = pt_fmax(x, pt_shfl_xor(x, 1));
+  return pt_fmax(x, pt_shfl_xor(x, 2));
+}
+PT_INLINE float ss_quad_sum(float x) {
+  x += pt_shfl_xor(x, 1);
+  return x + pt_shfl_xor(x, 2);
+}
+
+template <class E, class O, int D>
+PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                      typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
+                      const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
+  SsItem it;
+  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H) || it.lq <= 0) return;
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const long long rs = (long long)H * D;
+  const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
+  float s[2][3][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+  ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
+  const float ninf = -pt_inf();
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = mt * 16 + hh * 8 + g;
+      float mx = ninf;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t + e;
+          float x = s[mt][nt][hh * 2 + e] * scale;
+          x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
+          s[mt][nt][hh * 2 + e] = x;
+          mx = pt_fmax(mx, x);
+        }
+      mx = ss_quad_max(mx);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = s[mt][nt][hh * 2 + e];
+          float ex = x == ninf ? 0.f : pt_exp(x - mx);
+          s[mt][nt][hh * 2 + e] = ex;
+          sum += ex;
+        }
+      sum = ss_quad_sum(sum);
+      const float rcp = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float ex = s[mt][nt][hh * 2 + e];
+          s[mt][nt][hh * 2 + e] = sum > 0.f ? ex * rcp : 0.f;
+        }
+      if (t == 0 && row < it.lq)
+        lse[(it.oq + row) * H + it.h] = sum > 0.f ? mx + pt_log(sum) : ninf;
+    }
+  pt_u32 pa[2][2][4];
+  ss_afrag<E>(pa, s);
+  ss_ay<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f);
+}
+
+template <class E, class O, int D>
+PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                      const typename E::T* d_o, const float* lse, typename O::T* dq,
+                      typename O::T* dk, typename O::T* dv, const int* cu_q, const int* cu_kv,
+                      const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
+  SsItem it;
+  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H)) return;
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const long long rs = (long long)H * D;
+  const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
+  if (it.lq <= 0) {
+    // Keys of a slot without queries get zero gradients (written, so no row is left unset).
+    for (int key = 0; key < it.lk; ++key)
+      for (int d = l; d < D; d += 32) {
+        O::store(dk + hk + key * rs, d, 0.f);
+        O::store(dv + hk + key * rs, d, 0.f);
+      }
+    return;
+  }
+  float s[2][3][4], dp[2][3][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+  ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
+  ss_xyt<E, D>(dp, d_o + hq, v + hk, rs, it.lq, it.lk);
+  const float ninf = -pt_inf();
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = mt * 16 + hh * 8 + g;
+      const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
+      float dsum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t + e;
+          const bool vis = ss_visible(row, key, it.lq, it.lk, mask) && lr != ninf;
+          float p = vis ? pt_exp(s[mt][nt][hh * 2 + e] * scale - lr) : 0.f;
+          s[mt][nt][hh * 2 + e] = p;
+          dsum += p * dp[mt][nt][hh * 2 + e];
+        }
+      dsum = ss_quad_sum(dsum);
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float p = s[mt][nt][hh * 2 + e];
+          dp[mt][nt][hh * 2 + e] = p * (dp[mt][nt][hh * 2 + e] - dsum);
+        }
+    }
+  pt_u32 pa[2][2][4], da[2][2][4];
+  ss_afrag<E>(pa, s);
+  ss_afrag<E>(da, dp);
+  ss_ay<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, scale);
+  ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
+  ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
+}
+
+#define SS_FWD(NAME, E, O, D)                                                                  \
+  PT_KERNEL void NAME(const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse,         \
+                      const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,   \
+                      int b, int H, float scale, int mask) {                                    \
+    ss_fwd<E, O, D>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, scale, mask);            \
+  }
+#define SS_BWD(NAME, E, O, D)                                                                  \
+  PT_KERNEL void NAME(const E::T* q, const E::T* k, const E::T* v, const E::T* d_o,             \
+                      const float* lse, O::T* dq, O::T* dk, O::T* dv, const int* cu_q,          \
+                      const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,      \
+                      float scale, int mask) {                                                  \
+    ss_bwd<E, O, D>(q, k, v, d_o, lse, dq, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, scale,     \
+                    mask);                                                                      \
+  }
+#define SS_ALL(D)                                        \
+  SS_FWD(small_seq_fwd_bf16_d##D, BF16, BF16, D)         \
+  SS_FWD(small_seq_fwd_f16_d##D, F16, F16, D)            \
+  SS_FWD(small_seq_fwd_bf16_d##D##_o32, BF16, F32, D)    \
+  SS_FWD(small_seq_fwd_f16_d##D##_o32, F16, F32, D)      \
+  SS_BWD(small_seq_bwd_bf16_d##D, BF16, BF16, D)         \
+  SS_BWD(small_seq_bwd_f16_d##D, F16, F16, D)            \
+  SS_BWD(small_seq_bwd_bf16_d##D##_o32, BF16, F32, D)    \
+  SS_BWD(small_seq_bwd_f16_d##D##_o32, F16, F32, D)
+
+SS_ALL(64)
+SS_ALL(128)
+SS_ALL(256)

@@ -1,0 +1,722 @@
+//! The CUDA backend: the portable kernels of `kernels/` compiled with NVRTC at first use for
+//! the device's architecture, launched through cudarc's driver API.
+//!
+//! Trait entry points upload the inputs in their dtype and the guarded output buffers whole
+//! (guards and poison included), launch on the body (base offset), and download the buffers
+//! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
+//! raw device pointers and are what the benchmark times.
+
+use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
+use crate::config::AttnConfig;
+use crate::dispatch::Arch;
+use crate::error::{Error, Result};
+use crate::workspace::names;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg,
+};
+use ndarray::ArrayView3;
+use smallseq_reference::{CausalAlign, Dtype, Layout, Side};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+const PORTABLE_H: &str = include_str!("../../kernels/portable.h");
+const SMALL_SEQ_CU: &str = include_str!("../../kernels/small_seq.cu");
+const FALLBACK_CU: &str = include_str!("../../kernels/fallback.cu");
+
+/// Warps (work items) per block, as `SS_WPB` / `FB_WPB` in the kernels.
+const WARPS_PER_BLOCK: u32 = 4;
+/// Largest head dim the fallback kernels take (`FB_MAXD`).
+pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
+/// Head dims the small-seq kernels are instantiated for.
+pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+fn backend_err(detail: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "cuda".into(),
+        detail: detail.into(),
+    }
+}
+
+fn drv<T>(what: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
+    r.map_err(|e| backend_err(format!("{what}: {e}")))
+}
+
+/// Which kernel family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    SmallSeq,
+    Fallback,
+}
+
+/// Scalars of one launch (shared by forward and backward).
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchDims {
+    pub dtype: Dtype,
+    /// Outputs are f32 (values rounded to `dtype`) instead of `dtype`.
+    pub out_f32: bool,
+    pub b: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub dqk: i32,
+    pub dv: i32,
+    /// Query / key tokens the kernels can address (`off_q[b]`, `off_kv[b]`).
+    pub tq: i64,
+    pub tk: i64,
+    pub scale: f32,
+    /// 0: none/padding, 1: causal top-left, 2: causal bottom-right.
+    pub mask: i32,
+    pub window: (i32, i32),
+}
+
+/// Raw device pointers of one launch; 0 where unused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ptrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    /// f32 `[tq, H]` scratch for the fallback backward.
+    pub delta: u64,
+    pub cu_q: u64,
+    pub cu_kv: u64,
+    pub off_q: u64,
+    pub off_kv: u64,
+}
+
+struct Modules {
+    small: Arc<CudaModule>,
+    fallback: Arc<CudaModule>,
+}
+
+/// The CUDA backend (device 0).
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: Arch,
+    arch_name: String,
+    cc: (i32, i32),
+    modules: OnceLock<std::result::Result<Modules, String>>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("arch", &self.arch_name)
+            .finish()
+    }
+}
+
+fn no_device(detail: impl Into<String>) -> Error {
+    Error::NoDevice {
+        backend: "cuda".into(),
+        detail: detail.into(),
+    }
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+impl CudaBackend {
+    /// Opens device 0. [`Error::NoDevice`] (one line) when the driver or a GPU is missing.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when there is no driver or device.
+    pub fn new() -> Result<Self> {
+        // cudarc panics when libcuda cannot be loaded: look first, and catch anything else.
+        let present = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
+        if !present.unwrap_or(false) {
+            return Err(no_device(
+                "libcuda (the NVIDIA driver library) was not found",
+            ));
+        }
+        let ctx = match catch_unwind(|| CudaContext::new(0)) {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(no_device(format!("no usable CUDA device 0: {e}"))),
+            Err(p) => return Err(no_device(panic_text(p))),
+        };
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| no_device(format!("compute capability: {e}")))?;
+        let arch_name = format!("sm_{}{}", cc.0, cc.1);
+        let arch = arch_name
+            .parse()
+            .map_err(|e: String| backend_err(format!("arch: {e}")))?;
+        let stream = ctx.default_stream();
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            arch,
+            arch_name,
+            cc,
+            modules: OnceLock::new(),
+            funcs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn compile(&self, name: &str, body: &str) -> std::result::Result<Arc<CudaModule>, String> {
+        let src = body.replace("#include \"portable.h\"", PORTABLE_H);
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture={}", self.arch_name),
+                "--std=c++17".into(),
+                "-lineinfo".into(),
+            ],
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let present = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
+        if !present.unwrap_or(false) {
+            return Err("libnvrtc was not found (set LD_LIBRARY_PATH to the CUDA toolkit)".into());
+        }
+        let ptx = match catch_unwind(AssertUnwindSafe(|| {
+            cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
+        })) {
+            Ok(Ok(p)) => p,
+            Ok(Err(cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. })) => {
+                return Err(format!(
+                    "NVRTC failed on {name}: {nvrtc:?}\n{}",
+                    log.to_string_lossy()
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("NVRTC failed on {name}: {e:?}")),
+            Err(p) => return Err(format!("NVRTC: {}", panic_text(p))),
+        };
+        self.ctx
+            .load_module(ptx)
+            .map_err(|e| format!("loading {name}: {e}"))
+    }
+
+    fn modules(&self) -> Result<&Modules> {
+        self.modules
+            .get_or_init(|| {
+                Ok(Modules {
+                    small: self.compile("small_seq.cu", SMALL_SEQ_CU)?,
+                    fallback: self.compile("fallback.cu", FALLBACK_CU)?,
+                })
+            })
+            .as_ref()
+            .map_err(|e| backend_err(e.clone()))
+    }
+
+    fn func(&self, family: Family, name: &str) -> Result<CudaFunction> {
+        let mut funcs = self.funcs.lock().expect("function cache poisoned");
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let m = self.modules()?;
+        let module = match family {
+            Family::SmallSeq => &m.small,
+            Family::Fallback => &m.fallback,
+        };
+        let f = drv(&format!("kernel {name}"), module.load_function(name))?;
+        funcs.insert(name.into(), f.clone());
+        Ok(f)
+    }
+
+    /// Compiles (if needed) and loads every kernel, so timing excludes compilation.
+    ///
+    /// # Errors
+    /// NVRTC or driver errors.
+    pub fn warm_up(&self) -> Result<()> {
+        self.modules().map(|_| ())
+    }
+
+    fn dtype_suffix(d: &LaunchDims, allow_f32: bool) -> Result<&'static str> {
+        Ok(match (d.dtype, d.out_f32) {
+            (Dtype::Bf16, false) => "bf16",
+            (Dtype::F16, false) => "f16",
+            (Dtype::Bf16, true) => "bf16_o32",
+            (Dtype::F16, true) => "f16_o32",
+            (Dtype::F32, _) if allow_f32 => "f32",
+            (Dtype::F32, _) => {
+                return Err(Error::Unsupported(
+                    "cuda small-seq kernels take bf16 or f16, not f32".into(),
+                ))
+            }
+        })
+    }
+
+    fn check_small(d: &LaunchDims) -> Result<()> {
+        let ok = d.heads == d.kv_heads
+            && d.dqk == d.dv
+            && SMALL_SEQ_HEAD_DIMS.contains(&(d.dqk as usize))
+            && d.window.0 < 0
+            && d.window.1 < 0;
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Unsupported(format!(
+                "cuda small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?} and \
+                 no window (got H={} Hkv={} Dqk={} Dv={} window={:?})",
+                d.heads, d.kv_heads, d.dqk, d.dv, d.window
+            )))
+        }
+    }
+
+    fn blocks(items: i64) -> Result<u32> {
+        let blocks = (items.max(0) as u64).div_ceil(WARPS_PER_BLOCK as u64);
+        u32::try_from(blocks)
+            .ok()
+            .filter(|&b| b < i32::MAX as u32)
+            .ok_or_else(|| backend_err(format!("{items} work items exceed the 1-D grid")))
+    }
+
+    fn cfg(blocks: u32, smem: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (WARPS_PER_BLOCK * 32, 1, 1),
+            shared_mem_bytes: smem,
+        }
+    }
+
+    /// Small-seq forward on raw pointers (`q, k, v, o, lse`, offsets).
+    ///
+    /// # Errors
+    /// Unsupported shapes, driver errors.
+    pub fn launch_small_seq_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
+        Self::check_small(d)?;
+        let name = format!("small_seq_fwd_{}_d{}", Self::dtype_suffix(d, false)?, d.dqk);
+        let name = fix_o32(name);
+        let f = self.func(Family::SmallSeq, &name)?;
+        let blocks = Self::blocks(d.b as i64 * d.heads as i64)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
+        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+        lb.arg(&d.b).arg(&d.heads).arg(&d.scale).arg(&d.mask);
+        drv(&name, unsafe { lb.launch(Self::cfg(blocks, 0)) }).map(|_| ())
+    }
+
+    /// Small-seq backward on raw pointers (`q, k, v, d_o, lse, dq, dk, dv`, offsets).
+    ///
+    /// # Errors
+    /// Unsupported shapes, driver errors.
+    pub fn launch_small_seq_bwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
+        Self::check_small(d)?;
+        let name = fix_o32(format!(
+            "small_seq_bwd_{}_d{}",
+            Self::dtype_suffix(d, false)?,
+            d.dqk
+        ));
+        let f = self.func(Family::SmallSeq, &name)?;
+        let blocks = Self::blocks(d.b as i64 * d.heads as i64)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
+        lb.arg(&p.dq).arg(&p.dk).arg(&p.dv);
+        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+        lb.arg(&d.b).arg(&d.heads).arg(&d.scale).arg(&d.mask);
+        drv(&name, unsafe { lb.launch(Self::cfg(blocks, 0)) }).map(|_| ())
+    }
+
+    fn check_fallback(d: &LaunchDims) -> Result<()> {
+        let max = FALLBACK_MAX_HEAD_DIM as i32;
+        if d.dqk > max || d.dv > max || d.kv_heads <= 0 || d.heads % d.kv_heads != 0 {
+            return Err(Error::Unsupported(format!(
+                "cuda fallback kernel: head dims up to {max} and H % Hkv == 0 (got Dqk={} Dv={} \
+                 H={} Hkv={})",
+                d.dqk, d.dv, d.heads, d.kv_heads
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fallback forward on raw pointers.
+    ///
+    /// # Errors
+    /// Unsupported shapes, driver errors.
+    pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
+        Self::check_fallback(d)?;
+        let name = format!("fallback_fwd_{}", Self::dtype_suffix(d, true)?);
+        let f = self.func(Family::Fallback, &name)?;
+        let blocks = Self::blocks(d.tq * d.heads as i64)?;
+        if blocks == 0 || d.b == 0 {
+            return Ok(());
+        }
+        let smem = WARPS_PER_BLOCK * 4 * d.dqk as u32;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
+        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+        lb.arg(&d.b)
+            .arg(&d.heads)
+            .arg(&d.kv_heads)
+            .arg(&d.dqk)
+            .arg(&d.dv);
+        lb.arg(&d.tq)
+            .arg(&d.scale)
+            .arg(&d.mask)
+            .arg(&d.window.0)
+            .arg(&d.window.1);
+        drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) }).map(|_| ())
+    }
+
+    /// Fallback backward on raw pointers (two kernels: query side with `delta`, key side).
+    ///
+    /// # Errors
+    /// Unsupported shapes, driver errors.
+    pub fn launch_fallback_bwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
+        Self::check_fallback(d)?;
+        let suf = Self::dtype_suffix(d, true)?;
+        if d.b == 0 {
+            return Ok(());
+        }
+        let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
+        let name = format!("fallback_bwd_q_{suf}");
+        let f = self.func(Family::Fallback, &name)?;
+        let blocks = Self::blocks(d.tq * d.heads as i64)?;
+        if blocks > 0 {
+            let mut lb = self.stream.launch_builder(&f);
+            lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
+            lb.arg(&p.delta).arg(&p.dq);
+            lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+            lb.arg(&d.b)
+                .arg(&d.heads)
+                .arg(&d.kv_heads)
+                .arg(&d.dqk)
+                .arg(&d.dv);
+            lb.arg(&d.tq)
+                .arg(&d.scale)
+                .arg(&d.mask)
+                .arg(&d.window.0)
+                .arg(&d.window.1);
+            drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) })?;
+        }
+        let name = format!("fallback_bwd_kv_{suf}");
+        let f = self.func(Family::Fallback, &name)?;
+        let blocks = Self::blocks(d.tk * d.kv_heads as i64)?;
+        if blocks > 0 {
+            let mut lb = self.stream.launch_builder(&f);
+            lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
+            lb.arg(&p.delta).arg(&p.dk).arg(&p.dv);
+            lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+            lb.arg(&d.b)
+                .arg(&d.heads)
+                .arg(&d.kv_heads)
+                .arg(&d.dqk)
+                .arg(&d.dv);
+            lb.arg(&d.tk)
+                .arg(&d.scale)
+                .arg(&d.mask)
+                .arg(&d.window.0)
+                .arg(&d.window.1);
+            drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) })?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the stream and reports any asynchronous error.
+    ///
+    /// # Errors
+    /// The first asynchronous error of the stream.
+    pub fn sync(&self) -> Result<()> {
+        drv("synchronize", self.stream.synchronize())
+    }
+
+    fn upload<T: DeviceRepr>(&self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
+        if host.is_empty() {
+            // cudarc refuses zero-sized allocations; a one-element buffer is never read.
+            return drv(what, unsafe { self.stream.alloc::<T>(1) });
+        }
+        drv(what, self.stream.memcpy_stod(host))
+    }
+
+    fn download_into(&self, what: &str, dev: &CudaSlice<f32>, buf: &mut DevBuf) -> Result<()> {
+        drv(what, self.stream.memcpy_dtoh(dev, &mut buf.data[..]))
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _sync) = s.device_ptr(&self.stream);
+        p
+    }
+
+    fn ptr_body(&self, s: &CudaSlice<f32>, buf: &DevBuf) -> u64 {
+        self.ptr(s) + (buf.base * 4) as u64
+    }
+}
+
+fn fix_o32(name: String) -> String {
+    // `small_seq_fwd_bf16_o32_d128` -> `small_seq_fwd_bf16_d128_o32` (the kernels' spelling).
+    match name.find("_o32_d") {
+        Some(i) => format!("{}{}_o32", &name[..i], &name[i + 4..]),
+        None => name,
+    }
+}
+
+/// Mask code of the kernels.
+pub fn mask_code(cfg: &AttnConfig) -> i32 {
+    match cfg.params.mask.causal() {
+        None => 0,
+        Some(CausalAlign::TopLeft) => 1,
+        Some(CausalAlign::BottomRight) => 2,
+    }
+}
+
+fn window_i32(w: i64) -> i32 {
+    if w < 0 {
+        -1
+    } else {
+        w.min(i32::MAX as i64) as i32
+    }
+}
+
+/// Launch scalars of a call.
+pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
+    let p = &cfg.params;
+    let last = |s: &Side| *s.offsets().last().unwrap_or(&0) as i64;
+    LaunchDims {
+        dtype: cfg.dtype,
+        out_f32,
+        b: layout.slots() as i32,
+        heads: p.num_heads as i32,
+        kv_heads: p.num_kv_heads as i32,
+        dqk: p.head_dim_qk as i32,
+        dv: p.head_dim_v as i32,
+        tq: last(&layout.q),
+        tk: last(&layout.kv),
+        scale: p.scale as f32,
+        mask: mask_code(cfg),
+        window: (window_i32(p.window.left), window_i32(p.window.right)),
+    }
+}
+
+/// Elements of a tensor in row-major order, in the storage type of `dtype`.
+enum HostTensor {
+    U16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+fn to_host(dtype: Dtype, a: &ArrayView3<f32>) -> HostTensor {
+    match dtype {
+        Dtype::Bf16 => HostTensor::U16(
+            a.iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect(),
+        ),
+        Dtype::F16 => HostTensor::U16(
+            a.iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect(),
+        ),
+        Dtype::F32 => HostTensor::F32(a.iter().copied().collect()),
+    }
+}
+
+enum DevTensor {
+    U16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+/// Device copies of the inputs and offsets of one call.
+struct Inputs {
+    tensors: Vec<DevTensor>,
+    offsets: Vec<CudaSlice<i32>>,
+}
+
+impl CudaBackend {
+    fn upload_tensor(&self, what: &str, dtype: Dtype, a: &ArrayView3<f32>) -> Result<DevTensor> {
+        Ok(match to_host(dtype, a) {
+            HostTensor::U16(v) => DevTensor::U16(self.upload(what, &v)?),
+            HostTensor::F32(v) => DevTensor::F32(self.upload(what, &v)?),
+        })
+    }
+
+    fn tensor_ptr(&self, t: &DevTensor) -> u64 {
+        match t {
+            DevTensor::U16(s) => self.ptr(s),
+            DevTensor::F32(s) => self.ptr(s),
+        }
+    }
+
+    fn upload_inputs(&self, args: &FwdArgs, extra: &[&ArrayView3<f32>]) -> Result<Inputs> {
+        let dt = args.config.dtype;
+        let mut tensors = vec![
+            self.upload_tensor("q", dt, &args.q)?,
+            self.upload_tensor("k", dt, &args.k)?,
+            self.upload_tensor("v", dt, &args.v)?,
+        ];
+        for (i, a) in extra.iter().enumerate() {
+            tensors.push(self.upload_tensor(&format!("extra {i}"), dt, a)?);
+        }
+        let l = args.layout;
+        let offsets = vec![
+            self.upload("cu_seqlens_q", &l.q.cu)?,
+            self.upload("cu_seqlens_kv", &l.kv.cu)?,
+            self.upload("offsets_q", l.q.offsets())?,
+            self.upload("offsets_kv", l.kv.offsets())?,
+        ];
+        Ok(Inputs { tensors, offsets })
+    }
+
+    fn base_ptrs(&self, inp: &Inputs) -> Ptrs {
+        Ptrs {
+            q: self.tensor_ptr(&inp.tensors[0]),
+            k: self.tensor_ptr(&inp.tensors[1]),
+            v: self.tensor_ptr(&inp.tensors[2]),
+            cu_q: self.ptr(&inp.offsets[0]),
+            cu_kv: self.ptr(&inp.offsets[1]),
+            off_q: self.ptr(&inp.offsets[2]),
+            off_kv: self.ptr(&inp.offsets[3]),
+            ..Ptrs::default()
+        }
+    }
+
+    fn fwd(&self, family: Family, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+        let d = dims_of(args.config, args.layout, true);
+        if d.b == 0 {
+            return Ok(());
+        }
+        let inp = self.upload_inputs(args, &[])?;
+        let o = self.upload("o", &out.o.data)?;
+        let lse = self.upload("lse", &out.lse.data)?;
+        let p = Ptrs {
+            o: self.ptr_body(&o, &out.o),
+            lse: self.ptr_body(&lse, &out.lse),
+            ..self.base_ptrs(&inp)
+        };
+        match family {
+            Family::SmallSeq => self.launch_small_seq_fwd(&d, &p)?,
+            Family::Fallback => self.launch_fallback_fwd(&d, &p)?,
+        }
+        self.sync()?;
+        self.download_into("o", &o, &mut out.o)?;
+        self.download_into("lse", &lse, &mut out.lse)?;
+        self.sync()
+    }
+
+    fn bwd(&self, family: Family, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+        let f = &args.fwd;
+        let d = dims_of(f.config, f.layout, true);
+        if d.b == 0 {
+            return Ok(());
+        }
+        let inp = self.upload_inputs(f, &[&args.d_o])?;
+        let lse_host: Vec<f32> = args.lse.iter().copied().collect();
+        let lse = self.upload("lse", &lse_host)?;
+        let dq = self.upload("dq", &out.dq.data)?;
+        let dk = self.upload("dk", &out.dk.data)?;
+        let dv = self.upload("dv", &out.dv.data)?;
+        let ws = self.upload("workspace", &out.workspace.data)?;
+        let mut p = Ptrs {
+            d_o: self.tensor_ptr(&inp.tensors[3]),
+            lse: self.ptr(&lse),
+            dq: self.ptr_body(&dq, &out.dq),
+            dk: self.ptr_body(&dk, &out.dk),
+            dv: self.ptr_body(&dv, &out.dv),
+            ..self.base_ptrs(&inp)
+        };
+        if family == Family::Fallback {
+            let need = (d.tq.max(0) as usize) * d.heads as usize;
+            let region = f.plan.region(names::DELTA).ok_or_else(|| {
+                backend_err("fallback backward: the plan has no delta region".to_string())
+            })?;
+            if region.len < need || region.offset + region.len > out.workspace.len {
+                return Err(backend_err(format!(
+                    "fallback backward: delta region holds {} of {need} elements (workspace {})",
+                    region.len, out.workspace.len
+                )));
+            }
+            p.delta = self.ptr_body(&ws, &out.workspace) + (region.offset * 4) as u64;
+        }
+        match family {
+            Family::SmallSeq => self.launch_small_seq_bwd(&d, &p)?,
+            Family::Fallback => self.launch_fallback_bwd(&d, &p)?,
+        }
+        self.sync()?;
+        self.download_into("dq", &dq, &mut out.dq)?;
+        self.download_into("dk", &dk, &mut out.dk)?;
+        self.download_into("dv", &dv, &mut out.dv)?;
+        self.download_into("workspace", &ws, &mut out.workspace)?;
+        self.sync()
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn arch(&self) -> Arch {
+        self.arch.clone()
+    }
+
+    fn has_small_seq(&self) -> bool {
+        self.cc.0 >= 8
+    }
+
+    fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+        self.fwd(Family::SmallSeq, args, out)
+    }
+
+    fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+        self.fwd(Family::Fallback, args, out)
+    }
+
+    fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+        self.bwd(Family::SmallSeq, args, out)
+    }
+
+    fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+        self.bwd(Family::Fallback, args, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o32_names_match_the_kernels() {
+        assert_eq!(
+            fix_o32("small_seq_fwd_bf16_o32_d128".into()),
+            "small_seq_fwd_bf16_d128_o32"
+        );
+        assert_eq!(
+            fix_o32("small_seq_bwd_f16_d64".into()),
+            "small_seq_bwd_f16_d64"
+        );
+        for d in SMALL_SEQ_HEAD_DIMS {
+            assert!(
+                SMALL_SEQ_CU.contains("SS_ALL(") && SMALL_SEQ_CU.contains(&format!("SS_ALL({d})"))
+            );
+        }
+    }
+
+    #[test]
+    fn new_never_panics() {
+        // On a machine without a driver this is NoDevice; with one it is Ok.
+        match CudaBackend::new() {
+            Ok(b) => assert!(b.arch().name().starts_with("sm_")),
+            Err(e) => assert!(e.is_no_device(), "{e}"),
+        }
+    }
+}
