@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Parser, Debug)]
-#[command(name = "smallseq", version, about = "Small-sequence fused attention: reference, backends and fuzz harness")]
+#[command(
+    name = "smallseq",
+    version,
+    about = "Small-sequence fused attention: reference, backends and fuzz harness"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -28,6 +32,8 @@ enum Command {
     Mutants(cli::mutants::MutantsArgs),
     /// Benchmark the f64 reference on the standard case.
     BenchReference(cli::reference_bench::BenchReferenceArgs),
+    /// Time the GPU kernels against a same-bytes device copy.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +55,7 @@ fn main() -> ExitCode {
         Command::Explain(a) => cli::explain::run(a),
         Command::Mutants(a) => cli::mutants::run(a),
         Command::BenchReference(a) => cli::reference_bench::run(a),
+        Command::Bench(a) => cli::bench::run(a).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -129,7 +129,10 @@ fn prepare(
         None => Some(decision.path),
     };
     if decision.is_empty_batch() {
-        path = backend.gate_defects().launch_on_empty.then_some(Path::SmallSeq);
+        path = backend
+            .gate_defects()
+            .launch_on_empty
+            .then_some(Path::SmallSeq);
     }
     let plan = workspace::plan(dir, path, &shape(case));
     let mut ws = DevBuf::new(plan.total, f32::from_bits(WS_SENTINEL));
@@ -142,7 +145,10 @@ fn prepare(
 }
 
 fn report(plan: &Plan, bound: usize, bufs: &[(&str, &DevBuf)]) -> WorkspaceReport {
-    let ws = bufs.iter().find(|(n, _)| *n == "workspace").map(|(_, b)| *b);
+    let ws = bufs
+        .iter()
+        .find(|(n, _)| *n == "workspace")
+        .map(|(_, b)| *b);
     let used = ws
         .map(|w| {
             w.body()
@@ -217,7 +223,11 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
     let workspace = report(
         &plan,
         bound,
-        &[("o", &bufs.o), ("lse", &bufs.lse), ("workspace", &bufs.workspace)],
+        &[
+            ("o", &bufs.o),
+            ("lse", &bufs.lse),
+            ("workspace", &bufs.workspace),
+        ],
     );
     Ok(FwdResult {
         o: to3(&bufs.o, [tq, h, dv]),

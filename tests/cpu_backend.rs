@@ -13,7 +13,11 @@ fn cpu_backend_passes_every_property_on_random_cases() {
     let be = CpuBackend::default();
     let checker = Checker {
         backend: &be,
-        opts: RunOptions { profile: Profile::Native, env: EnvView::default(), ..RunOptions::default() },
+        opts: RunOptions {
+            profile: Profile::Native,
+            env: EnvView::default(),
+            ..RunOptions::default()
+        },
     };
     let seed = 20_261_130;
     println!("seed {seed}");
@@ -27,5 +31,8 @@ fn cpu_backend_passes_every_property_on_random_cases() {
         assert!(failures.is_empty(), "case {i} (seed {seed}): {failures:?}");
         small_seq += usize::from(run.path_fwd == Some(smallseq::dispatch::Path::SmallSeq));
     }
-    assert!(small_seq >= 40, "only {small_seq} cases took the small-seq path");
+    assert!(
+        small_seq >= 40,
+        "only {small_seq} cases took the small-seq path"
+    );
 }

@@ -52,11 +52,17 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
         env,
         defects: Default::default(),
     };
-    let decision = d.decide(&d.plan(&case.config), &RuntimeFacts::new(case.config.layout, &case.layout));
+    let decision = d.decide(
+        &d.plan(&case.config),
+        &RuntimeFacts::new(case.config.layout, &case.layout),
+    );
     if args.json {
         println!("{}", decision.to_json());
     } else {
-        println!("path: {} (profile {}, arch {})", decision.path, decision.profile, d.arch);
+        println!(
+            "path: {} (profile {}, arch {})",
+            decision.path, decision.profile, d.arch
+        );
         for r in &decision.reasons {
             println!("  {:<12} {}", r.code.name(), r.detail);
         }

@@ -94,7 +94,9 @@ pub fn progress_printer() -> impl FnMut(Progress) {
     let tty = std::io::stderr().is_terminal();
     let bar = tty.then(|| {
         let b = ProgressBar::new(1000);
-        b.set_style(ProgressStyle::with_template("{bar:40} {pos:>4}/1000 {msg}").expect("static template"));
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos:>4}/1000 {msg}").expect("static template"),
+        );
         b
     });
     let mut last = Instant::now();
@@ -103,7 +105,10 @@ pub fn progress_printer() -> impl FnMut(Progress) {
         let r = p.report;
         while seen_failures < r.failures.len() {
             let f = &r.failures[seen_failures];
-            let line = format!("FAIL case {} [{}] {}\n  capsule: {}\n  repro:   {}", f.case, f.property, f.detail, f.capsule, f.repro);
+            let line = format!(
+                "FAIL case {} [{}] {}\n  capsule: {}\n  repro:   {}",
+                f.case, f.property, f.detail, f.capsule, f.repro
+            );
             match &bar {
                 Some(b) => b.println(line),
                 None => eprintln!("{line}"),
@@ -137,14 +142,25 @@ fn summarize(r: &Report, out: &std::path::Path) {
         if r.interrupted { " (interrupted)" } else { "" }
     );
     for (name, c) in &r.properties {
-        println!("  {name:<22} pass {:>6}  fail {:>4}  skip {:>6}", c.pass, c.fail, c.skip);
+        println!(
+            "  {name:<22} pass {:>6}  fail {:>4}  skip {:>6}",
+            c.pass, c.fail, c.skip
+        );
     }
-    let missed: Vec<_> = r.coverage.iter().filter(|(_, n)| **n == 0).map(|(k, _)| k.as_str()).collect();
+    let missed: Vec<_> = r
+        .coverage
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(k, _)| k.as_str())
+        .collect();
     if !missed.is_empty() {
         println!("  classes not hit: {}", missed.join(", "));
     }
     for f in &r.failures {
-        println!("FAIL case {} [{}]: {}\n  repro: {}", f.case, f.property, f.detail, f.repro);
+        println!(
+            "FAIL case {} [{}]: {}\n  repro: {}",
+            f.case, f.property, f.detail, f.repro
+        );
     }
     println!("report: {}", out.join("report.json").display());
 }

@@ -1,6 +1,7 @@
 //! The `smallseq` command line: a thin layer over the library. `anyhow` and progress bars
 //! live here only.
 
+pub mod bench;
 pub mod explain;
 pub mod fuzz;
 pub mod mutants;

@@ -46,12 +46,20 @@ struct Row {
 }
 
 pub fn run(args: &MutantsArgs) -> Result<i32> {
-    let list: Vec<Mutant> = if args.only.is_empty() { Mutant::ALL.to_vec() } else { args.only.clone() };
+    let list: Vec<Mutant> = if args.only.is_empty() {
+        Mutant::ALL.to_vec()
+    } else {
+        args.only.clone()
+    };
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
         None => Budget::Time(args.time),
     };
-    eprintln!("smallseq mutants: {} mutants, seed {}, budget {budget:?} each", list.len(), args.seed);
+    eprintln!(
+        "smallseq mutants: {} mutants, seed {}, budget {budget:?} each",
+        list.len(),
+        args.seed
+    );
     let stop = AtomicBool::new(false);
     let rows: Vec<Row> = list
         .par_iter()
@@ -83,7 +91,11 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
                 shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
                 capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
             };
-            eprintln!("  {:<28} {}", m.name(), if row.killed { "killed" } else { "SURVIVED" });
+            eprintln!(
+                "  {:<28} {}",
+                m.name(),
+                if row.killed { "killed" } else { "SURVIVED" }
+            );
             Ok(row)
         })
         .collect::<Result<_>>()?;
@@ -105,8 +117,14 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
     let mut ctk: Vec<u64> = rows.iter().filter_map(|r| r.cases_to_kill).collect();
     ctk.sort_unstable();
     let median = ctk.get(ctk.len() / 2).copied().unwrap_or(0);
-    println!("killed {killed}/{} ; median cases to kill {median}", rows.len());
+    println!(
+        "killed {killed}/{} ; median cases to kill {median}",
+        rows.len()
+    );
     std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("mutants.json"), serde_json::to_string_pretty(&rows)?)?;
+    std::fs::write(
+        args.out.join("mutants.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
     Ok(if killed == rows.len() { 0 } else { 1 })
 }

@@ -22,11 +22,15 @@ pub struct BenchReferenceArgs {
 /// The standard case for seed `s`.
 pub fn standard_case(s: u64) -> Result<Case> {
     let mut rng = Rng::new(s);
-    let lens: Vec<(usize, usize)> = (0..16).map(|_| (rng.range(1, 17), rng.range(1, 17))).collect();
+    let lens: Vec<(usize, usize)> = (0..16)
+        .map(|_| (rng.range(1, 17), rng.range(1, 17)))
+        .collect();
     let layout = Layout::packed(&lens);
     let cfg = AttnConfig::new(Dtype::Bf16, 16, 128, Mask::Padding);
     let mut fill = |t: usize| {
-        ndarray::Array3::from_shape_simple_fn((t, 16, 128), || Dtype::Bf16.round(rng.normal() as f32))
+        ndarray::Array3::from_shape_simple_fn((t, 16, 128), || {
+            Dtype::Bf16.round(rng.normal() as f32)
+        })
     };
     let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
     let (q, k, v, d_o) = (fill(tq), fill(tk), fill(tk), fill(tq));
@@ -34,7 +38,9 @@ pub fn standard_case(s: u64) -> Result<Case> {
 }
 
 pub fn run(args: &BenchReferenceArgs) -> Result<i32> {
-    let cases: Vec<Case> = (0..args.cases as u64).map(|i| standard_case(args.seed + i)).collect::<Result<_>>()?;
+    let cases: Vec<Case> = (0..args.cases as u64)
+        .map(|i| standard_case(args.seed + i))
+        .collect::<Result<_>>()?;
     let one = |c: &Case| -> Result<()> {
         let (f, g) = forward_backward(&c.problem()?);
         std::hint::black_box((f, g));
@@ -51,6 +57,9 @@ pub fn run(args: &BenchReferenceArgs) -> Result<i32> {
     let threads = rayon::current_num_threads();
     println!("standard case (16 slots, L in 1..=17, H=16, D=128, bf16), forward+backward:");
     println!("  1 thread:   {single:.1} cases/s");
-    println!("  {threads} threads: {all:.1} cases/s ({:.1} per thread)", all / threads as f64);
+    println!(
+        "  {threads} threads: {all:.1} cases/s ({:.1} per thread)",
+        all / threads as f64
+    );
     Ok(0)
 }

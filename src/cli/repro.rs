@@ -42,7 +42,11 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             };
             let profile = args
                 .profile
-                .or_else(|| case.meta.get("smallseq.profile").and_then(|p| p.parse().ok()))
+                .or_else(|| {
+                    case.meta
+                        .get("smallseq.profile")
+                        .and_then(|p| p.parse().ok())
+                })
                 .unwrap_or(Profile::Native);
             let checker = Checker {
                 backend: be.as_ref(),

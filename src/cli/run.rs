@@ -44,7 +44,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             dk: g.as_ref().map(|g| g.dk.clone()),
             dv: g.map(|g| g.dv),
         };
-        case.meta.insert("smallseq.backend".into(), "reference".into());
+        case.meta
+            .insert("smallseq.backend".into(), "reference".into());
         OutputPrecision::Reference
     } else {
         let be = match backend::open(&args.backend) {
@@ -67,7 +68,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             }
         };
         case.outputs = pair.outputs();
-        case.meta.insert("smallseq.backend".into(), be.name().into());
+        case.meta
+            .insert("smallseq.backend".into(), be.name().into());
         let path = pair.fwd.path.map_or("none", |p| p.name());
         case.meta.insert("smallseq.path".into(), path.into());
         OutputPrecision::Device

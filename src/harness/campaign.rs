@@ -118,7 +118,10 @@ impl Campaign<'_> {
             profile: self.checker.opts.profile.name().into(),
             elapsed_s: 0.0,
             cases_per_s: 0.0,
-            properties: Prop::ALL.iter().map(|p| (p.name().to_string(), Counts::default())).collect(),
+            properties: Prop::ALL
+                .iter()
+                .map(|p| (p.name().to_string(), Counts::default()))
+                .collect(),
             skip_reasons: BTreeMap::new(),
             coverage: classes::ALL.iter().map(|c| (c.to_string(), 0)).collect(),
             paths: BTreeMap::new(),
@@ -156,7 +159,9 @@ impl Campaign<'_> {
                     Outcome::Fail(_) => c.fail += 1,
                     Outcome::Skip { reason } => {
                         c.skip += 1;
-                        *rep.skip_reasons.entry(format!("{p}: {}", generic(reason))).or_default() += 1;
+                        *rep.skip_reasons
+                            .entry(format!("{p}: {}", generic(reason)))
+                            .or_default() += 1;
                     }
                 }
             }
@@ -180,14 +185,21 @@ impl Campaign<'_> {
                     repro: repro_cmd(&cap, be.name(), &rep.profile),
                 };
                 rep.failures.push(entry.clone());
-                progress(Progress { report: &rep, fraction: Some(fraction) });
+                progress(Progress {
+                    report: &rep,
+                    fraction: Some(fraction),
+                });
                 if !self.shrink_budget.is_zero() {
                     let (small, _) = shrink(&self.checker, &case, first.prop, self.shrink_budget);
                     if let Ok(srun) = self.checker.check(&small, 0) {
-                        let scap = capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));
+                        let scap =
+                            capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));
                         capsule::write(&scap, &small, &srun, be.name(), &rep.profile)?;
                         let l = &small.layout;
-                        let max_tok = (0..l.slots()).map(|s| l.q.len(s).max(l.kv.len(s))).max().unwrap_or(0);
+                        let max_tok = (0..l.slots())
+                            .map(|s| l.q.len(s).max(l.kv.len(s)))
+                            .max()
+                            .unwrap_or(0);
                         entry.shrunk_capsule = Some(scap.display().to_string());
                         entry.shrunk_size = Some((l.slots(), max_tok));
                         entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
@@ -200,11 +212,17 @@ impl Campaign<'_> {
             }
             i += 1;
             rep.elapsed_s = start.elapsed().as_secs_f64();
-            progress(Progress { report: &rep, fraction: Some(fraction) });
+            progress(Progress {
+                report: &rep,
+                fraction: Some(fraction),
+            });
         }
         rep.elapsed_s = start.elapsed().as_secs_f64();
         rep.cases_per_s = rep.cases as f64 / rep.elapsed_s.max(1e-9);
-        rep.margins = margins.into_iter().map(|(k, v)| (k, percentiles(v))).collect();
+        rep.margins = margins
+            .into_iter()
+            .map(|(k, v)| (k, percentiles(v)))
+            .collect();
         Ok(rep)
     }
 }
@@ -216,7 +234,11 @@ fn generic(reason: &str) -> String {
 
 fn percentiles(mut v: Vec<f64>) -> Percentiles {
     v.sort_by(f64::total_cmp);
-    let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    let at = |q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
     Percentiles {
         n: v.len(),
         p50: at(0.5),
@@ -257,7 +279,10 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
 }
 
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// One test case per property; each failure becomes a `<failure>` with its repro command.

@@ -11,7 +11,10 @@ use std::path::Path;
 
 /// The `smallseq.verdict` JSON.
 pub fn verdict_json(failures: &[&Failure], judgements: &[Judgement]) -> String {
-    let margins: BTreeMap<&str, f64> = judgements.iter().map(|j| (j.tensor.as_str(), j.margin)).collect();
+    let margins: BTreeMap<&str, f64> = judgements
+        .iter()
+        .map(|j| (j.tensor.as_str(), j.margin))
+        .collect();
     let first = failures.first();
     serde_json::json!({
         "property": first.map(|f| f.prop.name()),
@@ -44,6 +47,9 @@ pub fn write(path: &Path, case: &Case, run: &CaseRun, backend: &str, profile: &s
     if let Some(p) = run.path_fwd {
         c.meta.insert("smallseq.path".into(), p.name().into());
     }
-    c.meta.insert("smallseq.verdict".into(), verdict_json(&run.failures(), &run.judgements));
+    c.meta.insert(
+        "smallseq.verdict".into(),
+        verdict_json(&run.failures(), &run.judgements),
+    );
     write_case(&c, path, OutputPrecision::Device)
 }

@@ -56,7 +56,8 @@ pub fn classify(case: &Case, segment_split: bool, poisoned: bool) -> Vec<&'stati
     }
     tag(
         "span18_len_le17",
-        (l.q.max_span() >= 18 && l.q.max_len() <= 17) || (l.kv.max_span() >= 18 && l.kv.max_len() <= 17),
+        (l.q.max_span() >= 18 && l.q.max_len() <= 17)
+            || (l.kv.max_span() >= 18 && l.kv.max_len() <= 17),
     );
     tag("cross_q1", lens.iter().any(|&(q, k)| q == 1 && k > 1));
     tag("q_gt_kv", lens.iter().any(|&(q, k)| k > 0 && q > k));

@@ -101,14 +101,30 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
         d.weighted(&[(45, Dtype::Bf16), (40, Dtype::F16), (15, Dtype::F32)])
     };
     let kv_heads = d.weighted(&[(40, 1), (30, 2), (15, 3), (15, 4)]);
-    let group = if !eligible && d.percent(25) { d.pick(&[2, 3, 4]) } else { 1 };
+    let group = if !eligible && d.percent(25) {
+        d.pick(&[2, 3, 4])
+    } else {
+        1
+    };
     let heads = kv_heads * group;
     let head_dim = if eligible {
         d.pick(&[64, 128, 256])
     } else {
-        d.weighted(&[(30, 64), (30, 128), (15, 256), (10, 32), (8, 192), (2, 512), (5, 16)])
+        d.weighted(&[
+            (30, 64),
+            (30, 128),
+            (15, 256),
+            (10, 32),
+            (8, 192),
+            (2, 512),
+            (5, 16),
+        ])
     };
-    let head_dim_v = if !eligible && d.percent(5) { d.pick(&[32, 64, 128]) } else { head_dim };
+    let head_dim_v = if !eligible && d.percent(5) {
+        d.pick(&[32, 64, 128])
+    } else {
+        head_dim
+    };
     let mask = d.pick(&Mask::ALL);
     let window = if !eligible && d.percent(20) {
         Window {
@@ -130,7 +146,11 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
         Bias::None
     };
     let dropout = if d.percent(2) { 0.1 } else { 0.0 };
-    let mut layout_kind = if d.percent(8) { LayoutKind::Bshd } else { LayoutKind::Thd };
+    let mut layout_kind = if d.percent(8) {
+        LayoutKind::Bshd
+    } else {
+        LayoutKind::Thd
+    };
     let mut segment_split = false;
     let layout = match layout_kind {
         LayoutKind::Bshd => {
@@ -180,7 +200,11 @@ fn thd_layout<D: Draw>(d: &mut D) -> Layout {
         _ => d.range(17, 40),
     };
     let padded = d.percent(45);
-    let trailing = if d.percent(15) { d.range(1, 3).min(b) } else { 0 };
+    let trailing = if d.percent(15) {
+        d.range(1, 3).min(b)
+    } else {
+        0
+    };
     let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
     for i in 0..b {
         let unused = i >= b - trailing;
@@ -287,8 +311,10 @@ pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
     if g.poison {
         poison(&mut case, &mut rng.fork(7));
     }
-    case.meta.insert("smallseq.seed".into(), data_seed.to_string());
-    case.meta.insert("smallseq.dist".into(), g.dist.name().into());
+    case.meta
+        .insert("smallseq.seed".into(), data_seed.to_string());
+    case.meta
+        .insert("smallseq.dist".into(), g.dist.name().into());
     Ok(case)
 }
 
@@ -330,8 +356,18 @@ fn sample(dist: DataDist, role: Role, rng: &mut Rng) -> f64 {
 
 /// Don't-care rows of each input, as (tensor, token) pairs.
 pub fn dont_care_rows(case: &Case) -> (Vec<usize>, Vec<usize>) {
-    let pick = |valid: Vec<bool>| valid.iter().enumerate().filter(|(_, v)| !**v).map(|(t, _)| t).collect();
-    (pick(case.layout.q.valid_tokens()), pick(case.layout.kv.valid_tokens()))
+    let pick = |valid: Vec<bool>| {
+        valid
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !**v)
+            .map(|(t, _)| t)
+            .collect()
+    };
+    (
+        pick(case.layout.q.valid_tokens()),
+        pick(case.layout.kv.valid_tokens()),
+    )
 }
 
 /// Overwrites every don't-care input row with NaN, ±Inf or huge values.

@@ -168,7 +168,12 @@ pub fn oracle(case: &Case) -> Result<(Outputs, Outputs)> {
 }
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
-pub fn numeric(case: &Case, actual: &Outputs, reference: &Outputs, emulated: &Outputs) -> (Outcome, Vec<Judgement>) {
+pub fn numeric(
+    case: &Case,
+    actual: &Outputs,
+    reference: &Outputs,
+    emulated: &Outputs,
+) -> (Outcome, Vec<Judgement>) {
     let js = judge_all(actual, reference, emulated, &case.layout, case.config.dtype);
     let worst = js
         .iter()
@@ -197,16 +202,18 @@ pub fn dont_care_outputs(case: &Case, actual: &Outputs) -> Option<String> {
     let check3 = |name: &str, t: &Option<ndarray::Array3<f64>>, valid: &[bool]| -> Option<String> {
         let t = t.as_ref()?;
         t.indexed_iter().find_map(|((tok, h, d), &x)| {
-            (!valid[tok] && x.to_bits() != 0f64.to_bits())
-                .then(|| format!("{name}[{tok}, {h}, {d}] = {x} on a don't-care token (expected 0)"))
+            (!valid[tok] && x.to_bits() != 0f64.to_bits()).then(|| {
+                format!("{name}[{tok}, {h}, {d}] = {x} on a don't-care token (expected 0)")
+            })
         })
     };
     check3("o", &actual.o, &vq)
         .or_else(|| {
             actual.lse.as_ref().and_then(|t| {
                 t.indexed_iter().find_map(|((tok, h), &x)| {
-                    (!vq[tok] && x != f64::NEG_INFINITY)
-                        .then(|| format!("lse[{tok}, {h}] = {x} on a don't-care token (expected -inf)"))
+                    (!vq[tok] && x != f64::NEG_INFINITY).then(|| {
+                        format!("lse[{tok}, {h}] = {x} on a don't-care token (expected -inf)")
+                    })
                 })
             })
         })
@@ -217,16 +224,27 @@ pub fn dont_care_outputs(case: &Case, actual: &Outputs) -> Option<String> {
 
 /// First element where two output sets differ bitwise, restricted to `rows` pairs.
 fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
-    let pairs3 = [("o", &a.o, &b.o), ("dq", &a.dq, &b.dq), ("dk", &a.dk, &b.dk), ("dv", &a.dv, &b.dv)];
+    let pairs3 = [
+        ("o", &a.o, &b.o),
+        ("dq", &a.dq, &b.dq),
+        ("dk", &a.dk, &b.dk),
+        ("dv", &a.dv, &b.dv),
+    ];
     for (name, x, y) in pairs3 {
         if let (Some(x), Some(y)) = (x, y) {
-            if let Some(((t, h, d), v)) = x.indexed_iter().find(|(i, v)| v.to_bits() != y[*i].to_bits()) {
+            if let Some(((t, h, d), v)) = x
+                .indexed_iter()
+                .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+            {
                 return Some(format!("{name}[{t}, {h}, {d}]: {v} vs {}", y[(t, h, d)]));
             }
         }
     }
     if let (Some(x), Some(y)) = (&a.lse, &b.lse) {
-        if let Some(((t, h), v)) = x.indexed_iter().find(|(i, v)| v.to_bits() != y[*i].to_bits()) {
+        if let Some(((t, h), v)) = x
+            .indexed_iter()
+            .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+        {
             return Some(format!("lse[{t}, {h}]: {v} vs {}", y[(t, h)]));
         }
     }
@@ -251,11 +269,21 @@ impl Checker<'_> {
         if let Some(why) = case.config.unsupported_reason() {
             let o = match wrapper::fwd(be, case, &self.opts) {
                 Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
-                Err(e) => fail(Prop::NumericAgreement, format!("expected an unsupported error, got: {e}")),
-                Ok(_) => fail(Prop::NumericAgreement, format!("{why}, yet the backend ran it")),
+                Err(e) => fail(
+                    Prop::NumericAgreement,
+                    format!("expected an unsupported error, got: {e}"),
+                ),
+                Ok(_) => fail(
+                    Prop::NumericAgreement,
+                    format!("{why}, yet the backend ran it"),
+                ),
             };
             for p in Prop::ALL.into_iter().skip(1) {
-                let o = if p == Prop::NumericAgreement { o.clone() } else { skip(format!("unsupported: {why}")) };
+                let o = if p == Prop::NumericAgreement {
+                    o.clone()
+                } else {
+                    skip(format!("unsupported: {why}"))
+                };
                 outcomes.push((p, o));
             }
             return Ok(CaseRun {
@@ -269,7 +297,10 @@ impl Checker<'_> {
         let base = match run_pair(be, case, &self.opts) {
             Ok(p) => p,
             Err(e) => {
-                outcomes.push((Prop::NumericAgreement, fail(Prop::NumericAgreement, format!("backend error: {e}"))));
+                outcomes.push((
+                    Prop::NumericAgreement,
+                    fail(Prop::NumericAgreement, format!("backend error: {e}")),
+                ));
                 return Ok(CaseRun {
                     outcomes,
                     judgements: Vec::new(),
@@ -290,7 +321,10 @@ impl Checker<'_> {
             Prop::FallbackEquivalence,
             self.fallback_equivalence(case, &base, &actual, &reference, &emulated, &judgements),
         ));
-        outcomes.push((Prop::Metamorphic, self.metamorphic(case, &base, &actual, &judgements, salt)));
+        outcomes.push((
+            Prop::Metamorphic,
+            self.metamorphic(case, &base, &actual, &judgements, salt),
+        ));
         Ok(CaseRun {
             outcomes,
             judgements,
@@ -316,7 +350,11 @@ impl Checker<'_> {
         want_codes.sort_unstable();
         let mut got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
         got_codes.sort_unstable();
-        let want_path = if want.is_empty() { Path::SmallSeq } else { Path::Fallback };
+        let want_path = if want.is_empty() {
+            Path::SmallSeq
+        } else {
+            Path::Fallback
+        };
         if got.path != want_path || got_codes != want_codes {
             return fail(
                 Prop::Eligibility,
@@ -336,12 +374,21 @@ impl Checker<'_> {
         }
         for (dir, w) in reports {
             if !w.corrupted.is_empty() {
-                return fail(Prop::Workspace, format!("{dir}: guard band overwritten at {}", w.corrupted.join(", ")));
+                return fail(
+                    Prop::Workspace,
+                    format!(
+                        "{dir}: guard band overwritten at {}",
+                        w.corrupted.join(", ")
+                    ),
+                );
             }
             if w.used > w.planned || w.planned > w.bound {
                 return fail(
                     Prop::Workspace,
-                    format!("{dir}: used {} planned {} trace-time bound {} (elements)", w.used, w.planned, w.bound),
+                    format!(
+                        "{dir}: used {} planned {} trace-time bound {} (elements)",
+                        w.used, w.planned, w.bound
+                    ),
                 );
             }
         }
@@ -366,7 +413,10 @@ impl Checker<'_> {
                 mask_dont_care(case, &mut other, actual);
                 match bitwise_diff(actual, &other) {
                     None => Outcome::Pass,
-                    Some(d) => fail(Prop::DontCare, format!("valid output changed when don't-care inputs changed: {d}")),
+                    Some(d) => fail(
+                        Prop::DontCare,
+                        format!("valid output changed when don't-care inputs changed: {d}"),
+                    ),
                 }
             }
         }
@@ -381,7 +431,10 @@ impl Checker<'_> {
             Err(e) => fail(Prop::Determinism, format!("rerun failed: {e}")),
             Ok(p) => match bitwise_diff(actual, &p.outputs()) {
                 None => Outcome::Pass,
-                Some(d) => fail(Prop::Determinism, format!("rerun into poisoned outputs differs: {d}")),
+                Some(d) => fail(
+                    Prop::Determinism,
+                    format!("rerun into poisoned outputs differs: {d}"),
+                ),
             },
         }
     }
@@ -404,7 +457,12 @@ impl Checker<'_> {
         };
         let fb = match run_pair(self.backend, case, &opts) {
             Ok(p) => p,
-            Err(e) => return fail(Prop::FallbackEquivalence, format!("fallback run failed: {e}")),
+            Err(e) => {
+                return fail(
+                    Prop::FallbackEquivalence,
+                    format!("fallback run failed: {e}"),
+                )
+            }
         };
         let fb_out = fb.outputs();
         let (_, fb_js) = numeric(case, &fb_out, reference, emulated);
@@ -417,7 +475,10 @@ impl Checker<'_> {
             if between > limit {
                 return Outcome::Fail(Failure {
                     prop: Prop::FallbackEquivalence,
-                    detail: format!("{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}", a.tensor),
+                    detail: format!(
+                        "{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}",
+                        a.tensor
+                    ),
                     worst: None,
                     margin: between / limit,
                 });
@@ -427,7 +488,12 @@ impl Checker<'_> {
         // fallback from the small-seq forward's LSE.
         if case.d_o.is_some() {
             match wrapper::bwd(self.backend, case, &base.fwd.o, &base.fwd.lse, &opts) {
-                Err(e) => return fail(Prop::FallbackEquivalence, format!("mixed-path backward failed: {e}")),
+                Err(e) => {
+                    return fail(
+                        Prop::FallbackEquivalence,
+                        format!("mixed-path backward failed: {e}"),
+                    )
+                }
                 Ok(b) => {
                     let mixed = Outputs {
                         dq: Some(b.dq.mapv(f64::from)),
@@ -446,7 +512,14 @@ impl Checker<'_> {
         Outcome::Pass
     }
 
-    fn metamorphic(&self, case: &Case, base: &Pair, actual: &Outputs, js: &[Judgement], salt: u64) -> Outcome {
+    fn metamorphic(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+        js: &[Judgement],
+        salt: u64,
+    ) -> Outcome {
         let b = case.layout.slots();
         let gqa = case.config.params.num_heads != case.config.params.num_kv_heads;
         let relations: Vec<&str> = [
@@ -466,7 +539,13 @@ impl Checker<'_> {
             }
             "split" => {
                 let cut = b / 2;
-                self.slot_relation(case, base, actual, &[(0..cut).collect(), (cut..b).collect()], "splitting the batch in two launches")
+                self.slot_relation(
+                    case,
+                    base,
+                    actual,
+                    &[(0..cut).collect(), (cut..b).collect()],
+                    "splitting the batch in two launches",
+                )
             }
             "gqa" => self.gqa_relation(case, actual, js),
             _ => self.scale_relation(case, actual),
@@ -475,7 +554,14 @@ impl Checker<'_> {
 
     /// Runs `parts` (slot subsets) as separate launches; their outputs must equal the
     /// corresponding rows of the base run bitwise when the path is unchanged.
-    fn slot_relation(&self, case: &Case, base: &Pair, actual: &Outputs, parts: &[Vec<usize>], what: &str) -> Outcome {
+    fn slot_relation(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+        parts: &[Vec<usize>],
+        what: &str,
+    ) -> Outcome {
         for order in parts {
             let (sub, rows_q, rows_k) = select_slots(case, order, true);
             let p = match run_pair(self.backend, &sub, &self.opts) {
@@ -486,10 +572,15 @@ impl Checker<'_> {
                 return skip(format!("{what} changed the path"));
             }
             let got = p.outputs();
-            let pick3 = |t: &Option<ndarray::Array3<f64>>, rows: &[usize]| t.as_ref().map(|t| t.select(ndarray::Axis(0), rows));
+            let pick3 = |t: &Option<ndarray::Array3<f64>>, rows: &[usize]| {
+                t.as_ref().map(|t| t.select(ndarray::Axis(0), rows))
+            };
             let want = Outputs {
                 o: pick3(&actual.o, &rows_q),
-                lse: actual.lse.as_ref().map(|t| t.select(ndarray::Axis(0), &rows_q)),
+                lse: actual
+                    .lse
+                    .as_ref()
+                    .map(|t| t.select(ndarray::Axis(0), &rows_q)),
                 dq: pick3(&actual.dq, &rows_q),
                 dk: pick3(&actual.dk, &rows_k),
                 dv: pick3(&actual.dv, &rows_k),
@@ -497,7 +588,10 @@ impl Checker<'_> {
             let mut got = got;
             mask_dont_care(&sub, &mut got, &want);
             if let Some(d) = bitwise_diff(&want, &got) {
-                return fail(Prop::Metamorphic, format!("{what} changed a valid output: {d}"));
+                return fail(
+                    Prop::Metamorphic,
+                    format!("{what} changed a valid output: {d}"),
+                );
             }
         }
         Outcome::Pass
@@ -514,7 +608,9 @@ impl Checker<'_> {
         let sum_group = |t: &Option<ndarray::Array3<f64>>| {
             t.as_ref().map(|t| {
                 let (tk, h, d) = t.dim();
-                ndarray::Array3::from_shape_fn((tk, h / g, d), |(x, y, z)| (0..g).map(|j| t[(x, y * g + j, z)]).sum())
+                ndarray::Array3::from_shape_fn((tk, h / g, d), |(x, y, z)| {
+                    (0..g).map(|j| t[(x, y * g + j, z)]).sum()
+                })
             })
         };
         let summed = Outputs {
@@ -532,7 +628,10 @@ impl Checker<'_> {
             if d.err > limit {
                 return Outcome::Fail(Failure {
                     prop: Prop::Metamorphic,
-                    detail: format!("GQA vs MHA with repeated K/V: {} differs by {:.3e} > {limit:.3e}", d.tensor, d.err),
+                    detail: format!(
+                        "GQA vs MHA with repeated K/V: {} differs by {:.3e} > {limit:.3e}",
+                        d.tensor, d.err
+                    ),
                     worst: d.worst.clone(),
                     margin: d.err / limit,
                 });
@@ -544,7 +643,10 @@ impl Checker<'_> {
     fn scale_relation(&self, case: &Case, actual: &Outputs) -> Outcome {
         let dt = case.config.dtype;
         let limit = f64::from(dt.max_finite()) / 4.0;
-        let big = |t: &Option<ndarray::Array3<f64>>| t.as_ref().is_some_and(|t| t.iter().any(|x| x.abs() > limit));
+        let big = |t: &Option<ndarray::Array3<f64>>| {
+            t.as_ref()
+                .is_some_and(|t| t.iter().any(|x| x.abs() > limit))
+        };
         if big(&actual.o) || big(&actual.dq) || big(&actual.dk) || big(&actual.dv) {
             return skip("scaling by 2 could overflow");
         }
@@ -552,7 +654,8 @@ impl Checker<'_> {
         // Only valid rows are scaled: don't-care rows may hold the dtype's largest value.
         let double_rows = |t: &mut ndarray::Array3<f32>, valid: &[bool]| {
             for (r, _) in valid.iter().enumerate().filter(|(_, v)| **v) {
-                t.slice_mut(ndarray::s![r, .., ..]).mapv_inplace(|x| x * 2.0);
+                t.slice_mut(ndarray::s![r, .., ..])
+                    .mapv_inplace(|x| x * 2.0);
             }
         };
         double_rows(&mut scaled.v, &case.layout.kv.valid_tokens());
@@ -575,17 +678,27 @@ impl Checker<'_> {
             Dtype::F16 => (2f64.powi(-13), 2f64.powi(-24)),
             Dtype::Bf16 | Dtype::F32 => (2f64.powi(-100), 2f64.powi(-100)),
         };
-        let check = |name: &str, a: &Option<ndarray::Array3<f64>>, b: &Option<ndarray::Array3<f64>>, f: f64| -> Option<String> {
+        let check = |name: &str,
+                     a: &Option<ndarray::Array3<f64>>,
+                     b: &Option<ndarray::Array3<f64>>,
+                     f: f64|
+         -> Option<String> {
             let (a, b) = (a.as_ref()?, b.as_ref()?);
             a.indexed_iter().find_map(|((t, h, d), &x)| {
                 let y = b[(t, h, d)];
                 let want = x * f;
-                let ok = want.to_bits() == y.to_bits() || (want.abs() < tiny && (want - y).abs() <= 2.0 * quantum * f);
-                (!ok).then(|| format!("{name}[{t}, {h}, {d}] = {y}, expected exactly {f} x {x} = {want}"))
+                let ok = want.to_bits() == y.to_bits()
+                    || (want.abs() < tiny && (want - y).abs() <= 2.0 * quantum * f);
+                (!ok).then(|| {
+                    format!("{name}[{t}, {h}, {d}] = {y}, expected exactly {f} x {x} = {want}")
+                })
             })
         };
         let lse_same = match (&actual.lse, &got.lse) {
-            (Some(a), Some(b)) => a.iter().zip(b.iter()).position(|(x, y)| x.to_bits() != y.to_bits()),
+            (Some(a), Some(b)) => a
+                .iter()
+                .zip(b.iter())
+                .position(|(x, y)| x.to_bits() != y.to_bits()),
             _ => None,
         };
         let mut msg = check("o", &actual.o, &got.o, 2.0);
@@ -609,15 +722,17 @@ impl Checker<'_> {
 fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
     let vq = case.layout.q.valid_tokens();
     let vk = case.layout.kv.valid_tokens();
-    let fix3 = |o: &mut Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>, valid: &[bool]| {
-        if let (Some(o), Some(r)) = (o.as_mut(), r.as_ref()) {
-            for (t, v) in valid.iter().enumerate() {
-                if !v && t < o.dim().0 && t < r.dim().0 {
-                    o.slice_mut(ndarray::s![t, .., ..]).assign(&r.slice(ndarray::s![t, .., ..]));
+    let fix3 =
+        |o: &mut Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>, valid: &[bool]| {
+            if let (Some(o), Some(r)) = (o.as_mut(), r.as_ref()) {
+                for (t, v) in valid.iter().enumerate() {
+                    if !v && t < o.dim().0 && t < r.dim().0 {
+                        o.slice_mut(ndarray::s![t, .., ..])
+                            .assign(&r.slice(ndarray::s![t, .., ..]));
+                    }
                 }
             }
-        }
-    };
+        };
     fix3(&mut out.o, &reference.o, &vq);
     fix3(&mut out.dq, &reference.dq, &vq);
     fix3(&mut out.dk, &reference.dk, &vk);

@@ -91,10 +91,16 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
         }
     }
     if !case.outputs.is_empty() {
-        let same = run.outputs.bitwise_eq(&restrict(&run.outputs, &case.outputs));
+        let same = run
+            .outputs
+            .bitwise_eq(&restrict(&run.outputs, &case.outputs));
         d.say(format!(
             "new outputs are {} to the stored ones",
-            if same { "bitwise equal" } else { "NOT bitwise equal" }
+            if same {
+                "bitwise equal"
+            } else {
+                "NOT bitwise equal"
+            }
         ));
     }
     Ok(d)

@@ -49,10 +49,22 @@ fn candidates(case: &Case) -> Vec<Case> {
     let mut ints = case.clone();
     let dt = case.config.dtype;
     for t in [&mut ints.q, &mut ints.k, &mut ints.v] {
-        t.mapv_inplace(|x| if x.is_finite() { dt.round(x.round()) } else { x });
+        t.mapv_inplace(|x| {
+            if x.is_finite() {
+                dt.round(x.round())
+            } else {
+                x
+            }
+        });
     }
     if let Some(d) = ints.d_o.as_mut() {
-        d.mapv_inplace(|x| if x.is_finite() { dt.round(x.round()) } else { x });
+        d.mapv_inplace(|x| {
+            if x.is_finite() {
+                dt.round(x.round())
+            } else {
+                x
+            }
+        });
     }
     out.push(ints);
     out
@@ -69,7 +81,10 @@ pub fn shrink(checker: &Checker, case: &Case, prop: Prop, budget: Duration) -> (
             if start.elapsed() >= budget {
                 break 'outer;
             }
-            if size(&cand) <= size(&best) && cand_differs(&cand, &best) && still_fails(checker, &cand, prop) {
+            if size(&cand) <= size(&best)
+                && cand_differs(&cand, &best)
+                && still_fails(checker, &cand, prop)
+            {
                 best = cand;
                 steps += 1;
                 continue 'outer;
@@ -82,7 +97,12 @@ pub fn shrink(checker: &Checker, case: &Case, prop: Prop, budget: Duration) -> (
 
 /// (slots, tokens, heads, non-integer values): smaller is simpler.
 fn size(c: &Case) -> (usize, usize, usize, usize) {
-    let frac = c.q.iter().chain(c.k.iter()).chain(c.v.iter()).filter(|x| x.fract() != 0.0).count();
+    let frac =
+        c.q.iter()
+            .chain(c.k.iter())
+            .chain(c.v.iter())
+            .filter(|x| x.fract() != 0.0)
+            .count();
     (
         c.layout.slots(),
         c.layout.q.tokens + c.layout.kv.tokens,

@@ -63,7 +63,12 @@ fn elem_err(a: f64, r: f64) -> f64 {
 }
 
 /// Max error over rows flagged valid, and where it is.
-fn max_err(a: &ArrayD<f64>, r: &ArrayD<f64>, valid: &[bool], max_finite: f64) -> (f64, Option<(Vec<usize>, f64, f64)>) {
+fn max_err(
+    a: &ArrayD<f64>,
+    r: &ArrayD<f64>,
+    valid: &[bool],
+    max_finite: f64,
+) -> (f64, Option<(Vec<usize>, f64, f64)>) {
     let mut best = (0.0, None);
     for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
         // A reference value the output dtype cannot hold may legitimately overflow.
@@ -101,9 +106,15 @@ pub struct Triple<'a> {
 pub fn judge(t: &Triple) -> Judgement {
     let (err, at) = max_err(&t.actual, &t.reference, t.valid, t.max_finite);
     let (emu_err, _) = max_err(&t.emulated, &t.reference, t.valid, t.max_finite);
-    let mag = magnitude(&t.reference, t.valid).min(t.max_finite).max(t.min_magnitude);
+    let mag = magnitude(&t.reference, t.valid)
+        .min(t.max_finite)
+        .max(t.min_magnitude);
     let threshold = K * emu_err.min(f64::MAX) + FLOOR * t.unit * mag;
-    let threshold = if threshold > 0.0 { threshold } else { f64::MIN_POSITIVE };
+    let threshold = if threshold > 0.0 {
+        threshold
+    } else {
+        f64::MIN_POSITIVE
+    };
     let worst = at.map(|(idx, value, expected)| Worst {
         tensor: t.name.into(),
         token: idx[0],
@@ -124,12 +135,24 @@ pub fn judge(t: &Triple) -> Judgement {
 
 /// Judges every output present in `actual` against reference and emulation (both given as
 /// [`Outputs`] widened to f64).
-pub fn judge_all(actual: &Outputs, reference: &Outputs, emulated: &Outputs, layout: &Layout, dtype: Dtype) -> Vec<Judgement> {
+pub fn judge_all(
+    actual: &Outputs,
+    reference: &Outputs,
+    emulated: &Outputs,
+    layout: &Layout,
+    dtype: Dtype,
+) -> Vec<Judgement> {
     let vq = layout.q.valid_tokens();
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
     let mut out = Vec::new();
-    let mut add = |name: &'static str, a: Option<ArrayD<f64>>, r: Option<ArrayD<f64>>, e: Option<ArrayD<f64>>, valid: &[bool], unit: f64, min_mag: f64| {
+    let mut add = |name: &'static str,
+                   a: Option<ArrayD<f64>>,
+                   r: Option<ArrayD<f64>>,
+                   e: Option<ArrayD<f64>>,
+                   valid: &[bool],
+                   unit: f64,
+                   min_mag: f64| {
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
             out.push(judge(&Triple {
                 name,
@@ -139,12 +162,24 @@ pub fn judge_all(actual: &Outputs, reference: &Outputs, emulated: &Outputs, layo
                 valid,
                 unit,
                 min_magnitude: min_mag,
-                max_finite: if name == "lse" { f64::from(f32::MAX) } else { f64::from(dtype.max_finite()) },
+                max_finite: if name == "lse" {
+                    f64::from(f32::MAX)
+                } else {
+                    f64::from(dtype.max_finite())
+                },
             }));
         }
     };
     let dyn3 = |x: &Option<ndarray::Array3<f64>>| x.clone().map(|a| a.into_dyn());
-    add("o", dyn3(&actual.o), dyn3(&reference.o), dyn3(&emulated.o), &vq, u, 0.0);
+    add(
+        "o",
+        dyn3(&actual.o),
+        dyn3(&reference.o),
+        dyn3(&emulated.o),
+        &vq,
+        u,
+        0.0,
+    );
     add(
         "lse",
         actual.lse.clone().map(|a| a.into_dyn()),
@@ -154,9 +189,32 @@ pub fn judge_all(actual: &Outputs, reference: &Outputs, emulated: &Outputs, layo
         Dtype::F32.unit_roundoff(),
         1.0,
     );
-    add("dq", dyn3(&actual.dq), dyn3(&reference.dq), dyn3(&emulated.dq), &vq, u, 0.0);
-    add("dk", dyn3(&actual.dk), dyn3(&reference.dk), dyn3(&emulated.dk), &vk, u, 0.0);
-    add("dv", dyn3(&actual.dv), dyn3(&reference.dv), dyn3(&emulated.dv), &vk, u, 0.0);
+    add(
+        "dq",
+        dyn3(&actual.dq),
+        dyn3(&reference.dq),
+        dyn3(&emulated.dq),
+        &vq,
+        u,
+        0.0,
+    );
+    add(
+        "dk",
+        dyn3(&actual.dk),
+        dyn3(&reference.dk),
+        dyn3(&emulated.dk),
+        &vk,
+        u,
+        0.0,
+    );
+    add(
+        "dv",
+        dyn3(&actual.dv),
+        dyn3(&reference.dv),
+        dyn3(&emulated.dv),
+        &vk,
+        u,
+        0.0,
+    );
     out
 }
-

@@ -11,12 +11,18 @@ fn gather(t: &Array3<f32>, rows: &[usize]) -> Array3<f32> {
 
 /// Per slot: (start, valid length, span) of one side.
 fn spans(s: &Side) -> Vec<(usize, usize, usize)> {
-    (0..s.slots()).map(|i| (s.offset(i), s.len(i), s.span(i))).collect()
+    (0..s.slots())
+        .map(|i| (s.offset(i), s.len(i), s.span(i)))
+        .collect()
 }
 
 /// Keeps the slots `order` (in that order) with their padded spans; tail slack is kept.
 /// Returns the new case and, per side, the old token of each new token.
-pub fn select_slots(case: &Case, order: &[usize], keep_padding: bool) -> (Case, Vec<usize>, Vec<usize>) {
+pub fn select_slots(
+    case: &Case,
+    order: &[usize],
+    keep_padding: bool,
+) -> (Case, Vec<usize>, Vec<usize>) {
     let mut rows_q = Vec::new();
     let mut rows_k = Vec::new();
     let build = |side: &Side, rows: &mut Vec<usize>| -> Side {
@@ -57,14 +63,21 @@ pub fn select_slots(case: &Case, order: &[usize], keep_padding: bool) -> (Case, 
 
 /// Removes the last valid token of slot `i` on one side (`q_side`), with its buffer row.
 pub fn shorten_slot(case: &Case, i: usize, q_side: bool) -> Option<Case> {
-    let side = if q_side { &case.layout.q } else { &case.layout.kv };
+    let side = if q_side {
+        &case.layout.q
+    } else {
+        &case.layout.kv
+    };
     if side.len(i) == 0 {
         return None;
     }
     let drop = side.offset(i) + side.len(i) - 1;
     let rows: Vec<usize> = (0..side.tokens).filter(|&t| t != drop).collect();
     let fix = |a: &[i32], from: usize| -> Vec<i32> {
-        a.iter().enumerate().map(|(j, &x)| if j > from { x - 1 } else { x }).collect()
+        a.iter()
+            .enumerate()
+            .map(|(j, &x)| if j > from { x - 1 } else { x })
+            .collect()
     };
     let mut s = side.clone();
     s.cu = fix(&side.cu, i);
@@ -88,7 +101,7 @@ pub fn shorten_slot(case: &Case, i: usize, q_side: bool) -> Option<Case> {
 pub fn reduce_heads(case: &Case, heads: usize) -> Option<Case> {
     let p = &case.config.params;
     let g = p.group_size();
-    if heads >= p.num_heads || heads == 0 || heads % g != 0 {
+    if heads >= p.num_heads || heads == 0 || !heads.is_multiple_of(g) {
         return None;
     }
     let kv = heads / g;

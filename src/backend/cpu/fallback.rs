@@ -23,7 +23,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
     let (heads, dv) = (p.num_heads, p.head_dim_v);
     let dt = a.config.dtype;
     let scale = be.scale(p);
-    let slots: Vec<SlotGeom> = (0..a.layout.slots()).map(|i| be.slot(a.layout, i)).collect();
+    let slots: Vec<SlotGeom> = (0..a.layout.slots())
+        .map(|i| be.slot(a.layout, i))
+        .collect();
     let results: Vec<SlotFwd> = slots
         .par_iter()
         .map(|g| {
@@ -47,8 +49,16 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                             continue;
                         }
                         let bmax = s.iter().fold(f32::NEG_INFINITY, |x, &(_, y)| x.max(y));
-                        let m_new = if be.has(Mutant::NoMaxSubtraction) { 0.0 } else { m.max(bmax) };
-                        let alpha = if m == f32::NEG_INFINITY { 0.0 } else { (m - m_new).exp() };
+                        let m_new = if be.has(Mutant::NoMaxSubtraction) {
+                            0.0
+                        } else {
+                            m.max(bmax)
+                        };
+                        let alpha = if m == f32::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (m - m_new).exp()
+                        };
                         l *= alpha;
                         acc.iter_mut().for_each(|x| *x *= alpha);
                         for (c, sc) in s {
@@ -102,9 +112,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     let dt = f.config.dtype;
     let tq = f.layout.q.tokens;
     let scale = be.scale(p);
-    let qscale = if be.has(Mutant::DqScaleMissing) { 1.0 } else { scale };
+    let qscale = if be.has(Mutant::DqScaleMissing) {
+        1.0
+    } else {
+        scale
+    };
     let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
-    let slots: Vec<SlotGeom> = (0..f.layout.slots()).map(|i| be.slot(f.layout, i)).collect();
+    let slots: Vec<SlotGeom> = (0..f.layout.slots())
+        .map(|i| be.slot(f.layout, i))
+        .collect();
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .map(|g| {
@@ -144,19 +160,32 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let ds = pr * (dp - delta);
                         dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
                         let at = (c * heads + h) * d;
-                        r.dk[at..at + d].iter_mut().zip(&q).for_each(|(x, qq)| *x += scale * ds * qq);
+                        r.dk[at..at + d]
+                            .iter_mut()
+                            .zip(&q)
+                            .for_each(|(x, qq)| *x += scale * ds * qq);
                         let at = (c * heads + h) * dvd;
-                        r.dv[at..at + dvd].iter_mut().zip(&d_o).for_each(|(x, o)| *x += pr * o);
+                        r.dv[at..at + dvd]
+                            .iter_mut()
+                            .zip(&d_o)
+                            .for_each(|(x, o)| *x += pr * o);
                     }
                     let at = (i * heads + h) * d;
-                    r.dq[at..at + d].iter_mut().zip(dq).for_each(|(y, x)| *y = dt.round(x * qscale));
+                    r.dq[at..at + d]
+                        .iter_mut()
+                        .zip(dq)
+                        .for_each(|(y, x)| *y = dt.round(x * qscale));
                 }
             }
             r
         })
         .collect();
     let region = |name| f.plan.region(name).map(|r| r.offset);
-    let (delta_at, dk_at, dv_at) = (region(names::DELTA), region(names::DK_ACC), region(names::DV_ACC));
+    let (delta_at, dk_at, dv_at) = (
+        region(names::DELTA),
+        region(names::DK_ACC),
+        region(names::DV_ACC),
+    );
     let g_size = p.group_size();
     for (g, r) in slots.iter().zip(&results) {
         for t in 0..g.lq {
@@ -165,7 +194,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             }
             if let Some(base) = delta_at {
                 for h in 0..heads {
-                    out.workspace.put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
+                    out.workspace
+                        .put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
                 }
             }
         }
@@ -179,10 +209,16 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             if let (Some(dk_base), Some(dv_base)) = (dk_at, dv_at) {
                 for h in 0..heads {
                     for j in 0..d {
-                        out.workspace.put(dk_base + (tk * heads + h) * d + j, r.dk[(c * heads + h) * d + j]);
+                        out.workspace.put(
+                            dk_base + (tk * heads + h) * d + j,
+                            r.dk[(c * heads + h) * d + j],
+                        );
                     }
                     for j in 0..dvd {
-                        out.workspace.put(dv_base + (tk * heads + h) * dvd + j, r.dv[(c * heads + h) * dvd + j]);
+                        out.workspace.put(
+                            dv_base + (tk * heads + h) * dvd + j,
+                            r.dv[(c * heads + h) * dvd + j],
+                        );
                     }
                 }
             }
