@@ -29,6 +29,9 @@ pub struct MutantsArgs {
     /// Only these mutants (comma-separated names).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<Mutant>,
+    /// Leave these mutants out (comma-separated names), e.g. known survivors in CI.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<Mutant>,
     /// Output directory (mutants.json and per-mutant capsules).
     #[arg(long, default_value = "smallseq-out/mutants")]
     pub out: PathBuf,
@@ -51,6 +54,10 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
     } else {
         args.only.clone()
     };
+    let list: Vec<Mutant> = list
+        .into_iter()
+        .filter(|m| !args.skip.contains(m))
+        .collect();
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
         None => Budget::Time(args.time),
