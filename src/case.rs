@@ -37,7 +37,9 @@ impl Outputs {
                 (None, None) => true,
                 (Some(a), Some(b)) => {
                     a.shape() == b.shape()
-                        && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
+                        && a.iter()
+                            .zip(b.iter())
+                            .all(|(x, y)| x.to_bits() == y.to_bits())
                 }
                 _ => false,
             }
@@ -106,9 +108,11 @@ impl Case {
         }
         for (name, t) in self.inputs() {
             let dt = self.config.dtype;
-            if let Some((i, x)) = t.iter().enumerate().find(|(_, x)| {
-                x.is_finite() && dt.round(**x).to_bits() != x.to_bits()
-            }) {
+            if let Some((i, x)) = t
+                .iter()
+                .enumerate()
+                .find(|(_, x)| x.is_finite() && dt.round(**x).to_bits() != x.to_bits())
+            {
                 return Err(Error::Tensor {
                     tensor: name.into(),
                     detail: format!("element {i} = {x:e} is not representable in {dt}"),

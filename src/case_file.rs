@@ -96,7 +96,10 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
         if arr.shape()[1..] != want[1..] {
             return Err(file_err(
                 name,
-                format!("tensor {t}: shape {:?}, expected [T, {h}, {d}] from smallseq.config", arr.shape()),
+                format!(
+                    "tensor {t}: shape {:?}, expected [T, {h}, {d}] from smallseq.config",
+                    arr.shape()
+                ),
             ));
         }
     }
@@ -186,7 +189,10 @@ impl Reader<'_> {
         if view.dtype() != want {
             return Err(file_err(
                 self.name,
-                format!("tensor {t}: dtype {:?}, expected {want:?} (config dtype {dtype})", view.dtype()),
+                format!(
+                    "tensor {t}: dtype {:?}, expected {want:?} (config dtype {dtype})",
+                    view.dtype()
+                ),
             ));
         }
         let shape = view.shape().to_vec();
@@ -196,11 +202,18 @@ impl Reader<'_> {
             _ => {
                 return Err(file_err(
                     self.name,
-                    format!("tensor {t}: shape {shape:?} has rank {}, expected [T, H, D]", shape.len()),
+                    format!(
+                        "tensor {t}: shape {shape:?} has rank {}, expected [T, H, D]",
+                        shape.len()
+                    ),
                 ))
             }
         };
-        let vals: Vec<f32> = self.floats(t, &view)?.into_iter().map(|x| x as f32).collect();
+        let vals: Vec<f32> = self
+            .floats(t, &view)?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
         Array3::from_shape_vec(shape3, vals)
             .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))
     }
@@ -233,7 +246,10 @@ impl Reader<'_> {
         if view.shape() != expected {
             return Err(file_err(
                 self.name,
-                format!("tensor {t}: shape {:?}, expected {expected:?}", view.shape()),
+                format!(
+                    "tensor {t}: shape {:?}, expected {expected:?}",
+                    view.shape()
+                ),
             ));
         }
         let vals = self.floats(t, &view)?;
@@ -251,9 +267,10 @@ impl Reader<'_> {
         };
         Ok(Outputs {
             o: dim3(self.output("o", &[tq, p.num_heads, p.head_dim_v])?),
-            lse: self
-                .output("lse", &[tq, p.num_heads])?
-                .map(|a| a.into_dimensionality::<ndarray::Ix2>().expect("shape checked")),
+            lse: self.output("lse", &[tq, p.num_heads])?.map(|a| {
+                a.into_dimensionality::<ndarray::Ix2>()
+                    .expect("shape checked")
+            }),
             dq: dim3(self.output("dq", &[tq, p.num_heads, p.head_dim_qk])?),
             dk: dim3(self.output("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
             dv: dim3(self.output("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
@@ -290,10 +307,20 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
     let in_dt = st_dtype(case.config.dtype);
     let mut tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut push_f = |name: &str, dt: StDtype, shape: &[usize], vals: Vec<f64>| {
-        tensors.push((name.into(), dt, shape.to_vec(), encode(dt, vals.into_iter())));
+        tensors.push((
+            name.into(),
+            dt,
+            shape.to_vec(),
+            encode(dt, vals.into_iter()),
+        ));
     };
     for (name, t) in case.inputs() {
-        push_f(name, in_dt, t.shape(), t.iter().map(|&x| f64::from(x)).collect());
+        push_f(
+            name,
+            in_dt,
+            t.shape(),
+            t.iter().map(|&x| f64::from(x)).collect(),
+        );
     }
     let (out_dt, lse_dt) = match precision {
         OutputPrecision::Reference => (StDtype::F64, StDtype::F64),

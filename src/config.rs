@@ -87,7 +87,10 @@ impl AttnConfig {
     /// Whether the case is inside `semantics.md` §1 (no dropout, no bias).
     pub fn unsupported_reason(&self) -> Option<String> {
         if self.dropout != 0.0 {
-            return Some(format!("dropout = {} is outside semantics §1", self.dropout));
+            return Some(format!(
+                "dropout = {} is outside semantics §1",
+                self.dropout
+            ));
         }
         if self.bias != Bias::None {
             return Some(format!("bias = {} is outside semantics §1", self.bias));
@@ -109,7 +112,9 @@ impl AttnConfig {
             )));
         };
         if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
-            return Err(Error::config(format!("unknown key {k:?} in smallseq.config")));
+            return Err(Error::config(format!(
+                "unknown key {k:?} in smallseq.config"
+            )));
         }
         let dtype: Dtype = req_str(&map, "dtype")?.parse().map_err(Error::config)?;
         let num_heads = req_usize(&map, "num_heads")?;
@@ -129,7 +134,9 @@ impl AttnConfig {
         };
         let dropout = opt_f64(&map, "dropout")?.unwrap_or(0.0);
         if !(0.0..1.0).contains(&dropout) {
-            return Err(Error::config(format!("dropout = {dropout}: must be in [0, 1)")));
+            return Err(Error::config(format!(
+                "dropout = {dropout}: must be in [0, 1)"
+            )));
         }
         let scale = opt_f64(&map, "scale")?.unwrap_or(1.0 / (head_dim_qk as f64).sqrt());
         let layout = match map.get("layout") {
@@ -193,7 +200,7 @@ fn req_str<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a str> {
 fn req_usize(map: &Map<String, Value>, key: &str) -> Result<usize> {
     let v = req(map, key)?;
     v.as_u64()
-        .filter(|&n| n >= 1 && n <= 1 << 20)
+        .filter(|n| (1..=1 << 20).contains(n))
         .map(|n| n as usize)
         .ok_or_else(|| ill_typed(key, v, "an integer in 1..=1048576"))
 }
@@ -249,7 +256,12 @@ mod tests {
             let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
             assert!(err.to_string().contains(needle), "{err}");
         }
-        let err = AttnConfig::from_json(&base.replace("\"num_gqa_groups\":1", "\"num_gqa_groups\":3").replace("\"padding\"", "\"padding\"}")).unwrap_err();
+        let err = AttnConfig::from_json(
+            &base
+                .replace("\"num_gqa_groups\":1", "\"num_gqa_groups\":3")
+                .replace("\"padding\"", "\"padding\"}"),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("num_gqa_groups = 3"), "{err}");
     }
 }

@@ -8,16 +8,17 @@
 
 pub use smallseq_reference as reference;
 
+pub mod backend;
 pub mod case;
 pub mod case_file;
 pub mod config;
-pub mod backend;
 pub mod dispatch;
 pub mod error;
+pub mod harness;
 pub mod mutants;
+pub mod segments;
 pub mod workspace;
 pub mod wrapper;
-pub mod segments;
 
 pub use case::{Case, Outputs};
 pub use config::{AttnConfig, Bias, LayoutKind};

@@ -1,1 +1,67 @@
-fn main() {}
+//! The `smallseq` command.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "smallseq",
+    version,
+    about = "Small-sequence fused attention: reference, backends and fuzz harness"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Fuzz a backend against the f64 reference and every property.
+    Fuzz(cli::fuzz::FuzzArgs),
+    /// Replay a capsule: re-judge its outputs here, or rerun it on a backend.
+    Repro(cli::repro::ReproArgs),
+    /// Compute a case's outputs on a backend or the reference.
+    Run(cli::run::RunArgs),
+    /// Explain the dispatch decision for a case.
+    Explain(cli::explain::ExplainArgs),
+    /// Run the campaign against every planted bug (mutation score).
+    Mutants(cli::mutants::MutantsArgs),
+    /// Benchmark the f64 reference on the standard case.
+    BenchReference(cli::reference_bench::BenchReferenceArgs),
+    /// Time the GPU kernels against a same-bytes device copy.
+    Bench(cli::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // A second Ctrl-C kills the process as usual; the first lets the report be written.
+        let _ = ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let result = match &cli.command {
+        Command::Fuzz(a) => cli::fuzz::run(a, stop),
+        Command::Repro(a) => cli::repro::run(a),
+        Command::Run(a) => cli::run::run(a),
+        Command::Explain(a) => cli::explain::run(a),
+        Command::Mutants(a) => cli::mutants::run(a),
+        Command::BenchReference(a) => cli::reference_bench::run(a),
+        Command::Bench(a) => cli::bench::run(a).map(|()| 0),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("smallseq: {e:#}");
+            ExitCode::from(cli::EXIT_USAGE as u8)
+        }
+    }
+}

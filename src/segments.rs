@@ -32,7 +32,10 @@ impl SegmentIds {
                 });
             }
         }
-        for (name, v) in [("segment_ids_q", &self.ids_q), ("segment_ids_kv", &self.ids_kv)] {
+        for (name, v) in [
+            ("segment_ids_q", &self.ids_q),
+            ("segment_ids_kv", &self.ids_kv),
+        ] {
             if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x < 0) {
                 return Err(Error::Tensor {
                     tensor: name.into(),
@@ -142,7 +145,10 @@ fn ids_of(side: &Side, batch: usize, seq: usize, field: &str) -> Result<(Vec<i32
     if side.tokens != batch * seq {
         return Err(Error::Tensor {
             tensor: field.into(),
-            detail: format!("buffer of {} tokens is not batch {batch} x seq {seq}", side.tokens),
+            detail: format!(
+                "buffer of {} tokens is not batch {batch} x seq {seq}",
+                side.tokens
+            ),
         });
     }
     let mut ids = vec![0i32; batch * seq];
@@ -157,7 +163,10 @@ fn ids_of(side: &Side, batch: usize, seq: usize, field: &str) -> Result<(Vec<i32
         if (o + l - 1) / seq != row {
             return Err(Error::Tensor {
                 tensor: field.into(),
-                detail: format!("slot {i} (tokens {o}..{}) crosses a row of {seq} tokens", o + l),
+                detail: format!(
+                    "slot {i} (tokens {o}..{}) crosses a row of {seq} tokens",
+                    o + l
+                ),
             });
         }
         rank[row] += 1;
@@ -188,7 +197,12 @@ mod tests {
     #[test]
     fn converts_like_te() {
         // Row 0: two segments with padding inside; row 1: empty.
-        let s = ids(2, 5, &[1, 1, 0, 2, 0, 0, 0, 0, 0, 0], &[1, 2, 2, 2, 0, 0, 0, 0, 0, 0]);
+        let s = ids(
+            2,
+            5,
+            &[1, 1, 0, 2, 0, 0, 0, 0, 0, 0],
+            &[1, 2, 2, 2, 0, 0, 0, 0, 0, 0],
+        );
         let l = s.to_layout(3).unwrap();
         assert_eq!(l.slots(), 6);
         assert_eq!(l.q.cu, vec![0, 2, 3, 3, 3, 3, 3]);
@@ -217,7 +231,10 @@ mod tests {
         // pad-between); converting the cleaned ids again keeps every slot's start and length.
         let again = back.to_layout(2).unwrap();
         assert_eq!(again.q.cu, l.q.cu);
-        assert_eq!(again.q.padded.as_ref().unwrap()[..2], l.q.padded.as_ref().unwrap()[..2]);
+        assert_eq!(
+            again.q.padded.as_ref().unwrap()[..2],
+            l.q.padded.as_ref().unwrap()[..2]
+        );
     }
 
     #[test]
@@ -229,7 +246,10 @@ mod tests {
         assert_eq!(*l.q.padded.as_ref().unwrap().last().unwrap(), 15);
         let back = SegmentIds::from_layout(&l, 3, 5, 5).unwrap();
         assert_eq!(back.ids_q, q.to_vec());
-        assert_eq!(back.pos_q, vec![0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(
+            back.pos_q,
+            vec![0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]
+        );
         assert_eq!(back.to_layout(4).unwrap(), l);
     }
 
@@ -237,7 +257,11 @@ mod tests {
     fn malformed_inputs_are_errors() {
         let mut s = ids(1, 3, &[1, 1, 0], &[1, 0, 0]);
         s.ids_kv.pop();
-        assert!(s.to_layout(1).unwrap_err().to_string().contains("segment_ids_kv"));
+        assert!(s
+            .to_layout(1)
+            .unwrap_err()
+            .to_string()
+            .contains("segment_ids_kv"));
         let s = ids(1, 3, &[1, -1, 0], &[1, 0, 0]);
         assert!(s.to_layout(1).unwrap_err().to_string().contains("negative"));
     }

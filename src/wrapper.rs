@@ -128,10 +128,13 @@ fn prepare(
         Some(p) => Some(p),
         None => Some(decision.path),
     };
-    if decision.is_empty_batch() && !backend.gate_defects().launch_on_empty {
-        path = None;
+    if decision.is_empty_batch() {
+        path = backend
+            .gate_defects()
+            .launch_on_empty
+            .then_some(Path::SmallSeq);
     }
-    let plan = workspace::plan(dir, path.or(Some(Path::SmallSeq)).filter(|_| path.is_some()), &shape(case));
+    let plan = workspace::plan(dir, path, &shape(case));
     let mut ws = DevBuf::new(plan.total, f32::from_bits(WS_SENTINEL));
     if let Some(r) = plan.region(workspace::names::PROBE) {
         // The runtime probe: max actual lengths, written where a device probe would put them.
@@ -142,7 +145,10 @@ fn prepare(
 }
 
 fn report(plan: &Plan, bound: usize, bufs: &[(&str, &DevBuf)]) -> WorkspaceReport {
-    let ws = bufs.iter().find(|(n, _)| *n == "workspace").map(|(_, b)| *b);
+    let ws = bufs
+        .iter()
+        .find(|(n, _)| *n == "workspace")
+        .map(|(_, b)| *b);
     let used = ws
         .map(|w| {
             w.body()
@@ -207,13 +213,21 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
     match path {
         Some(Path::SmallSeq) => backend.small_seq_fwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_fwd(&args, &mut bufs)?,
-        None => {}
+        None => {
+            // No kernel runs: every output is set here, per semantics §1.
+            bufs.o.body_mut().fill(0.0);
+            bufs.lse.body_mut().fill(f32::NEG_INFINITY);
+        }
     }
     let bound = workspace::trace_time_bound(Direction::Fwd, &shape(case));
     let workspace = report(
         &plan,
         bound,
-        &[("o", &bufs.o), ("lse", &bufs.lse), ("workspace", &bufs.workspace)],
+        &[
+            ("o", &bufs.o),
+            ("lse", &bufs.lse),
+            ("workspace", &bufs.workspace),
+        ],
     );
     Ok(FwdResult {
         o: to3(&bufs.o, [tq, h, dv]),
@@ -269,7 +283,11 @@ pub fn bwd(
     match path {
         Some(Path::SmallSeq) => backend.small_seq_bwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_bwd(&args, &mut bufs)?,
-        None => {}
+        None => {
+            for b in [&mut bufs.dq, &mut bufs.dk, &mut bufs.dv] {
+                b.body_mut().fill(0.0);
+            }
+        }
     }
     let bound = workspace::trace_time_bound(Direction::Bwd, &shape(case));
     let workspace = report(

@@ -108,10 +108,8 @@ fn block_forward(params: &AttnParams, b: &Block) -> BlockForward {
     let mut s = eq::scores(&b.q, &b.k, params.scale);
     eq::apply_mask(&mut s, params.mask, params.window);
     let m = eq::row_max(&s);
-    let e = eq::exp_shifted(&s, &m);
-    let l = eq::row_sum(&e);
+    let (p, l) = eq::softmax(&s, &m);
     let lse = eq::lse(&m, &l);
-    let p = eq::normalize(e, &l);
     let o = eq::output(&p, &b.v);
     BlockForward { o, lse, p }
 }

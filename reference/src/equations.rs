@@ -35,32 +35,23 @@ pub fn row_max(s: &Array2<f64>) -> Array1<f64> {
     })
 }
 
-/// `E[r, c] = exp(S[r, c] - m[r])`; rows with `m = -inf` are all zero (not `exp(NaN)`).
-pub fn exp_shifted(s: &Array2<f64>, m: &Array1<f64>) -> Array2<f64> {
-    let mut e = s.clone();
-    Zip::from(e.rows_mut()).and(m).for_each(|mut row, &mr| {
+/// `P[r, c] = exp(S[r, c] - m[r]) / l[r]` with `l[r] = Σ_c exp(S[r, c] - m[r])`; returns
+/// `(P, l)`. A row with `m = -inf` (no visible key) has `l = 0` and `P = 0`, not
+/// `exp(NaN)`.
+pub fn softmax(s: &Array2<f64>, m: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
+    let mut p = s.clone();
+    let mut l = Array1::zeros(m.len());
+    for ((mut row, &mr), lr) in p.rows_mut().into_iter().zip(m).zip(l.iter_mut()) {
         if mr == f64::NEG_INFINITY {
             row.fill(0.0);
-        } else {
-            row.mapv_inplace(|x| (x - mr).exp());
+            continue;
         }
-    });
-    e
-}
-
-/// `l[r] = Σ_c E[r, c]`.
-pub fn row_sum(e: &Array2<f64>) -> Array1<f64> {
-    e.sum_axis(Axis(1))
-}
-
-/// `P[r, c] = E[r, c] / l[r]`; a row with `l = 0` (no visible key) stays zero.
-pub fn normalize(mut e: Array2<f64>, l: &Array1<f64>) -> Array2<f64> {
-    Zip::from(e.rows_mut()).and(l).for_each(|mut row, &lr| {
-        if lr > 0.0 {
-            row.mapv_inplace(|x| x / lr);
-        }
-    });
-    e
+        row.mapv_inplace(|x| (x - mr).exp());
+        *lr = row.sum();
+        let inv = *lr;
+        row.mapv_inplace(|x| x / inv);
+    }
+    (p, l)
 }
 
 /// `lse[r] = m[r] + ln l[r]`; `-inf` for a row with no visible key.
@@ -95,17 +86,10 @@ pub fn d_rowsum(p: &Array2<f64>, dp: &Array2<f64>) -> Array1<f64> {
 ///
 /// Invisible keys and empty rows have `P = 0`, so they get `dS = 0` and contribute nothing.
 pub fn d_s(p: &Array2<f64>, dp: &Array2<f64>, d: &Array1<f64>) -> Array2<f64> {
-    let mut ds = Array2::zeros(p.dim());
-    Zip::from(ds.rows_mut())
-        .and(p.rows())
-        .and(dp.rows())
-        .and(d)
-        .for_each(|mut dsr, pr, dpr, &dr| {
-            Zip::from(&mut dsr)
-                .and(&pr)
-                .and(&dpr)
-                .for_each(|x, &pc, &dpc| *x = pc * (dpc - dr));
-        });
+    let mut ds = dp.clone();
+    for ((mut dsr, pr), &dr) in ds.rows_mut().into_iter().zip(p.rows()).zip(d) {
+        dsr.zip_mut_with(&pr, |x, &pc| *x = pc * (*x - dr));
+    }
     ds
 }
 

@@ -74,7 +74,7 @@ pub fn check_params(p: &AttnParams) -> Result<(), LayoutError> {
             return Err(LayoutError::Zero { field, value });
         }
     }
-    if p.num_heads % p.num_kv_heads != 0 {
+    if !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(LayoutError::Gqa {
             num_heads: p.num_heads,
             num_kv_heads: p.num_kv_heads,

@@ -5,7 +5,7 @@
 //! slack, spans of empty slots) out of every computation.
 
 use crate::layout::Layout;
-use ndarray::{Array2, ArrayView3};
+use ndarray::{s, Array2, ArrayView3};
 
 /// Where slot `i` lives in the q-side and kv-side buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,16 @@ pub fn rows<T: Copy + Into<f64>>(
     head: usize,
 ) -> Array2<f64> {
     let d = x.shape()[2];
-    Array2::from_shape_fn((len, d), |(r, j)| x[[off + r, head, j]].into())
+    let mut out: Vec<f64> = Vec::with_capacity(len * d);
+    for t in off..off + len {
+        let row = x.slice(s![t, head, ..]);
+        // A standard-layout buffer has contiguous rows; the slice path vectorizes.
+        match row.as_slice() {
+            Some(src) => out.extend(src.iter().map(|&e| e.into())),
+            None => out.extend(row.iter().map(|&e| e.into())),
+        }
+    }
+    Array2::from_shape_vec((len, d), out).expect("len * d elements")
 }
 
 /// The operands of one (slot, head) block, each `[rows, D]`.

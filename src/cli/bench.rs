@@ -1,3 +1,4 @@
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 //! `smallseq bench`: times the CUDA small-seq and fallback kernels, forward and backward, on the
 //! workloads of `shared/bench/peers-h200.md`, with CUDA events (median after warm-up), inputs
 //! rotated across copies that together exceed the L2 several times, next to a device-to-device
@@ -165,16 +166,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 #[cfg(not(feature = "cuda"))]
 mod imp {
     pub fn run(_: &super::BenchArgs) -> anyhow::Result<()> {
-        Err(crate::error::Error::NotCompiledWith { feature: "cuda" }.into())
+        Err(smallseq::error::Error::NotCompiledWith { feature: "cuda" }.into())
     }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use super::*;
-    use crate::backend::cuda::{CudaBackend, LaunchDims, Ptrs};
     use cudarc::driver::sys::CUevent_flags;
     use cudarc::driver::{CudaSlice, DevicePtr};
+    use smallseq::backend::cuda::{CudaBackend, LaunchDims, Ptrs};
     use smallseq_reference::Dtype;
 
     struct Set {

@@ -33,12 +33,16 @@ impl FromStr for Arch {
     fn from_str(s: &str) -> Result<Self, String> {
         let digits = |t: &str| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric());
         let ok = s == "cpu"
-            || s.strip_prefix("sm_").is_some_and(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == 'a'))
+            || s.strip_prefix("sm_").is_some_and(|t| {
+                !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == 'a')
+            })
             || s.strip_prefix("gfx").is_some_and(digits);
         if ok {
             Ok(Arch(s.to_string()))
         } else {
-            Err(format!("unknown arch {s:?} (expected cpu, sm_NN or gfxNNN)"))
+            Err(format!(
+                "unknown arch {s:?} (expected cpu, sm_NN or gfxNNN)"
+            ))
         }
     }
 }

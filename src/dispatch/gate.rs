@@ -53,18 +53,30 @@ impl Dispatcher {
         if te {
             match self.env.get("NVTE_FUSED_ATTN_CK_SMALLSEQ") {
                 Some("1") => {}
-                v => out.push(reason(Code::Env, format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = {v:?}"))),
+                v => out.push(reason(
+                    Code::Env,
+                    format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = {v:?}"),
+                )),
             }
             if self.arch.name() != "gfx942" {
-                out.push(reason(Code::Arch, format!("TE #625 runs small-seq on gfx942 only, not {}", self.arch)));
+                out.push(reason(
+                    Code::Arch,
+                    format!("TE #625 runs small-seq on gfx942 only, not {}", self.arch),
+                ));
             }
         } else {
             match self.env.get("SMALLSEQ_FORCE_FALLBACK") {
                 None | Some("0") => {}
-                Some(v) => out.push(reason(Code::Env, format!("SMALLSEQ_FORCE_FALLBACK = {v:?} forces the fallback"))),
+                Some(v) => out.push(reason(
+                    Code::Env,
+                    format!("SMALLSEQ_FORCE_FALLBACK = {v:?} forces the fallback"),
+                )),
             }
             if !self.backend_has_kernel {
-                out.push(reason(Code::Arch, format!("backend has no small-seq kernel for {}", self.arch)));
+                out.push(reason(
+                    Code::Arch,
+                    format!("backend has no small-seq kernel for {}", self.arch),
+                ));
             }
         }
         let dtype_ok = match c.dtype {
@@ -73,7 +85,10 @@ impl Dispatcher {
             Dtype::F32 => false,
         };
         if !dtype_ok {
-            out.push(reason(Code::Dtype, format!("dtype {} has no small-seq kernel", c.dtype)));
+            out.push(reason(
+                Code::Dtype,
+                format!("dtype {} has no small-seq kernel", c.dtype),
+            ));
         }
         if c.dropout != 0.0 {
             out.push(reason(Code::Dropout, format!("dropout {} > 0", c.dropout)));
@@ -85,20 +100,38 @@ impl Dispatcher {
         if p.head_dim_qk != p.head_dim_v || !dims.contains(&p.head_dim_qk) {
             out.push(reason(
                 Code::HeadDim,
-                format!("head_dim_qk {} / head_dim_v {} not a supported equal pair {dims:?}", p.head_dim_qk, p.head_dim_v),
+                format!(
+                    "head_dim_qk {} / head_dim_v {} not a supported equal pair {dims:?}",
+                    p.head_dim_qk, p.head_dim_v
+                ),
             ));
         }
         if p.num_heads != p.num_kv_heads && !self.defects.accept_gqa {
-            out.push(reason(Code::Gqa, format!("GQA/MQA ({} heads, {} kv heads)", p.num_heads, p.num_kv_heads)));
+            out.push(reason(
+                Code::Gqa,
+                format!(
+                    "GQA/MQA ({} heads, {} kv heads)",
+                    p.num_heads, p.num_kv_heads
+                ),
+            ));
         }
         if te && p.num_heads != 16 && p.num_heads != 32 {
-            out.push(reason(Code::NumHeads, format!("{} heads (TE takes 16 or 32)", p.num_heads)));
+            out.push(reason(
+                Code::NumHeads,
+                format!("{} heads (TE takes 16 or 32)", p.num_heads),
+            ));
         }
         if te && !(p.mask == Mask::NoMask || p.mask.is_padding_class()) {
-            out.push(reason(Code::Mask, format!("mask {} is not no_mask or padding-class", p.mask)));
+            out.push(reason(
+                Code::Mask,
+                format!("mask {} is not no_mask or padding-class", p.mask),
+            ));
         }
         if !te && p.window != Window::NONE {
-            out.push(reason(Code::Window, format!("window ({}, {})", p.window.left, p.window.right)));
+            out.push(reason(
+                Code::Window,
+                format!("window ({}, {})", p.window.left, p.window.right),
+            ));
         }
         StaticDecision { reasons: out }
     }
@@ -111,7 +144,10 @@ impl Dispatcher {
         let (lo, q, kv) = match r.bshd {
             Some((sq, skv)) => {
                 if sq != skv {
-                    out.push(reason(Code::Layout, format!("bshd with s_q {sq} != s_kv {skv}")));
+                    out.push(reason(
+                        Code::Layout,
+                        format!("bshd with s_q {sq} != s_kv {skv}"),
+                    ));
                 }
                 (if te { 2 } else { 1 }, sq, skv)
             }
@@ -119,14 +155,23 @@ impl Dispatcher {
             None => (1, r.max_len_q, r.max_len_kv),
         };
         if q < lo || q > limit {
-            out.push(reason(Code::SeqlenQ, format!("q extent {q} outside [{lo}, {limit}]")));
+            out.push(reason(
+                Code::SeqlenQ,
+                format!("q extent {q} outside [{lo}, {limit}]"),
+            ));
         }
         if kv < lo || kv > limit {
-            out.push(reason(Code::SeqlenKv, format!("kv extent {kv} outside [{lo}, {limit}]")));
+            out.push(reason(
+                Code::SeqlenKv,
+                format!("kv extent {kv} outside [{lo}, {limit}]"),
+            ));
         }
         let empty = r.slots == 0 || (!te && r.all_q_empty);
         if empty {
-            out.push(reason(Code::EmptyBatch, format!("{} slots, no query rows", r.slots)));
+            out.push(reason(
+                Code::EmptyBatch,
+                format!("{} slots, no query rows", r.slots),
+            ));
         }
         Decision::from_reasons(self.profile, out)
     }

@@ -51,9 +51,10 @@ pub static NATIVE: [Rule; 14] = [
         code: Code::Arch,
         text: "the backend has a small-seq kernel for the device",
         check: Check::Static(|f| {
-            fail(f.backend_has_kernel && NATIVE_ARCHES.contains(&f.arch.name()), || {
-                format!("no small-seq kernel for arch {}", f.arch)
-            })
+            fail(
+                f.backend_has_kernel && NATIVE_ARCHES.contains(&f.arch.name()),
+                || format!("no small-seq kernel for arch {}", f.arch),
+            )
         }),
     },
     Rule {
@@ -69,14 +70,18 @@ pub static NATIVE: [Rule; 14] = [
         code: Code::Dropout,
         text: "dropout 0",
         check: Check::Static(|f| {
-            fail(f.config.dropout == 0.0, || format!("dropout = {}", f.config.dropout))
+            fail(f.config.dropout == 0.0, || {
+                format!("dropout = {}", f.config.dropout)
+            })
         }),
     },
     Rule {
         code: Code::Bias,
         text: "bias none",
         check: Check::Static(|f| {
-            fail(f.config.bias == Bias::None, || format!("bias = {}", f.config.bias))
+            fail(f.config.bias == Bias::None, || {
+                format!("bias = {}", f.config.bias)
+            })
         }),
     },
     Rule {
@@ -86,7 +91,12 @@ pub static NATIVE: [Rule; 14] = [
             let p = &f.config.params;
             fail(
                 p.head_dim_qk == p.head_dim_v && [64, 128, 256].contains(&p.head_dim_qk),
-                || format!("head dims qk = {}, v = {} (need equal, in 64/128/256)", p.head_dim_qk, p.head_dim_v),
+                || {
+                    format!(
+                        "head dims qk = {}, v = {} (need equal, in 64/128/256)",
+                        p.head_dim_qk, p.head_dim_v
+                    )
+                },
             )
         }),
     },
@@ -96,16 +106,17 @@ pub static NATIVE: [Rule; 14] = [
         check: Check::Static(|f| {
             let p = &f.config.params;
             fail(p.num_heads == p.num_kv_heads, || {
-                format!("num_heads = {} != num_gqa_groups = {}", p.num_heads, p.num_kv_heads)
+                format!(
+                    "num_heads = {} != num_gqa_groups = {}",
+                    p.num_heads, p.num_kv_heads
+                )
             })
         }),
     },
     Rule {
         code: Code::NumHeads,
         text: "num_heads >= 1",
-        check: Check::Static(|f| {
-            fail(f.config.params.num_heads >= 1, || "num_heads = 0".into())
-        }),
+        check: Check::Static(|f| fail(f.config.params.num_heads >= 1, || "num_heads = 0".into())),
     },
     Rule {
         code: Code::Mask,
@@ -142,7 +153,9 @@ pub static NATIVE: [Rule; 14] = [
                 Some((sq, _)) => sq,
                 None => r.max_len_q,
             };
-            fail((1..=17).contains(&m), || format!("max q length {m} not in [1, 17]"))
+            fail((1..=17).contains(&m), || {
+                format!("max q length {m} not in [1, 17]")
+            })
         }),
     },
     Rule {
@@ -153,7 +166,9 @@ pub static NATIVE: [Rule; 14] = [
                 Some((_, skv)) => skv,
                 None => r.max_len_kv,
             };
-            fail((1..=17).contains(&m), || format!("max kv length {m} not in [1, 17]"))
+            fail((1..=17).contains(&m), || {
+                format!("max kv length {m} not in [1, 17]")
+            })
         }),
     },
     Rule {
@@ -189,21 +204,27 @@ pub static TE625: [Rule; 14] = [
         code: Code::Dtype,
         text: "dtype bf16",
         check: Check::Static(|f| {
-            fail(f.config.dtype == Dtype::Bf16, || format!("dtype {}", f.config.dtype))
+            fail(f.config.dtype == Dtype::Bf16, || {
+                format!("dtype {}", f.config.dtype)
+            })
         }),
     },
     Rule {
         code: Code::Dropout,
         text: "dropout 0",
         check: Check::Static(|f| {
-            fail(f.config.dropout == 0.0, || format!("dropout = {}", f.config.dropout))
+            fail(f.config.dropout == 0.0, || {
+                format!("dropout = {}", f.config.dropout)
+            })
         }),
     },
     Rule {
         code: Code::Bias,
         text: "bias none",
         check: Check::Static(|f| {
-            fail(f.config.bias == Bias::None, || format!("bias = {}", f.config.bias))
+            fail(f.config.bias == Bias::None, || {
+                format!("bias = {}", f.config.bias)
+            })
         }),
     },
     Rule {
@@ -223,7 +244,10 @@ pub static TE625: [Rule; 14] = [
         check: Check::Static(|f| {
             let p = &f.config.params;
             fail(p.num_heads == p.num_kv_heads, || {
-                format!("num_heads = {} != num_gqa_groups = {}", p.num_heads, p.num_kv_heads)
+                format!(
+                    "num_heads = {} != num_gqa_groups = {}",
+                    p.num_heads, p.num_kv_heads
+                )
             })
         }),
     },
@@ -240,7 +264,9 @@ pub static TE625: [Rule; 14] = [
         text: "mask in {no_mask, padding, padding_causal, padding_causal_bottom_right}",
         check: Check::Static(|f| {
             let m = f.config.params.mask;
-            fail(m == Mask::NoMask || m.is_padding_class(), || format!("mask {m}"))
+            fail(m == Mask::NoMask || m.is_padding_class(), || {
+                format!("mask {m}")
+            })
         }),
     },
     Rule {
@@ -260,7 +286,9 @@ pub static TE625: [Rule; 14] = [
         code: Code::SeqlenQ,
         text: "THD: max padded q span in [1, 17]; BSHD: s_q in [2, 17]",
         check: Check::Runtime(|r| match r.bshd {
-            Some((sq, _)) => fail((2..=17).contains(&sq), || format!("bshd s_q = {sq} not in [2, 17]")),
+            Some((sq, _)) => fail((2..=17).contains(&sq), || {
+                format!("bshd s_q = {sq} not in [2, 17]")
+            }),
             None => fail((1..=17).contains(&r.max_span_q), || {
                 format!("max padded q span {} not in [1, 17]", r.max_span_q)
             }),
@@ -270,7 +298,9 @@ pub static TE625: [Rule; 14] = [
         code: Code::SeqlenKv,
         text: "THD: max padded kv span in [1, 17]; BSHD: s_kv in [2, 17]",
         check: Check::Runtime(|r| match r.bshd {
-            Some((_, skv)) => fail((2..=17).contains(&skv), || format!("bshd s_kv = {skv} not in [2, 17]")),
+            Some((_, skv)) => fail((2..=17).contains(&skv), || {
+                format!("bshd s_kv = {skv} not in [2, 17]")
+            }),
             None => fail((1..=17).contains(&r.max_span_kv), || {
                 format!("max padded kv span {} not in [1, 17]", r.max_span_kv)
             }),

@@ -1,6 +1,6 @@
 //! The fallback path on the CPU: flash-style online softmax over key blocks of 64 in f32 for
-//! any lengths, GQA/MQA, every mask and window and every dtype. Backward forms
-//! `D = rowsum(dO ∘ O)` from the forward output, as flash kernels do, and sums dK/dV over a
+//! any lengths, GQA/MQA, every mask and window and every dtype. Backward recomputes P from
+//! the LSE in two passes over the keys (D = Σ P·dP first, then dS), and sums dK/dV over a
 //! GQA group deterministically through per-query-head accumulators in the workspace.
 
 use super::{dot, CpuBackend, SlotGeom};
@@ -23,7 +23,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
     let (heads, dv) = (p.num_heads, p.head_dim_v);
     let dt = a.config.dtype;
     let scale = be.scale(p);
-    let slots: Vec<SlotGeom> = (0..a.layout.slots()).map(|i| be.slot(a.layout, i)).collect();
+    let slots: Vec<SlotGeom> = (0..a.layout.slots())
+        .map(|i| be.slot(a.layout, i))
+        .collect();
     let results: Vec<SlotFwd> = slots
         .par_iter()
         .map(|g| {
@@ -47,8 +49,16 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                             continue;
                         }
                         let bmax = s.iter().fold(f32::NEG_INFINITY, |x, &(_, y)| x.max(y));
-                        let m_new = if be.has(Mutant::NoMaxSubtraction) { 0.0 } else { m.max(bmax) };
-                        let alpha = if m == f32::NEG_INFINITY { 0.0 } else { (m - m_new).exp() };
+                        let m_new = if be.has(Mutant::NoMaxSubtraction) {
+                            0.0
+                        } else {
+                            m.max(bmax)
+                        };
+                        let alpha = if m == f32::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (m - m_new).exp()
+                        };
                         l *= alpha;
                         acc.iter_mut().for_each(|x| *x *= alpha);
                         for (c, sc) in s {
@@ -102,9 +112,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     let dt = f.config.dtype;
     let tq = f.layout.q.tokens;
     let scale = be.scale(p);
-    let qscale = if be.has(Mutant::DqScaleMissing) { 1.0 } else { scale };
+    let qscale = if be.has(Mutant::DqScaleMissing) {
+        1.0
+    } else {
+        scale
+    };
     let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
-    let slots: Vec<SlotGeom> = (0..f.layout.slots()).map(|i| be.slot(f.layout, i)).collect();
+    let slots: Vec<SlotGeom> = (0..f.layout.slots())
+        .map(|i| be.slot(f.layout, i))
+        .collect();
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .map(|g| {
@@ -120,14 +136,13 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let t = g.oq + i;
                     let q = be.load(dt, &f.q, t, h);
                     let d_o = be.load(dt, &a.d_o, t, h);
-                    let o: Vec<f32> = a.o.slice(ndarray::s![t, h, ..]).to_vec();
-                    let delta = dot(&d_o, &o);
-                    r.delta[i * heads + h] = delta;
                     let lse = lse_flat[be.lse_index(t, h, tq, heads)];
                     if lse == f32::NEG_INFINITY {
                         continue;
                     }
-                    let mut dq = vec![0f32; d];
+                    // First pass: P and dP per visible key, and D = Σ P·dP in f32 (rowsum(dO∘O)
+                    // from the bf16-rounded O would cost the gradients several bits).
+                    let mut keys = Vec::new();
                     for c in 0..g.lk {
                         if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
                             continue;
@@ -135,22 +150,42 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let k = be.load(dt, &f.k, g.ok + c, hk);
                         let v = be.load(dt, &f.v, g.ok + c, hk);
                         let pr = (dot(&q, &k) * scale - lse).exp();
-                        let ds = pr * (dot(&d_o, &v) - delta);
+                        let dp = dot(&d_o, &v);
+                        keys.push((c, k, pr, dp));
+                    }
+                    let delta: f32 = keys.iter().map(|(_, _, pr, dp)| pr * dp).sum();
+                    r.delta[i * heads + h] = delta;
+                    let mut dq = vec![0f32; d];
+                    for (c, k, pr, dp) in keys {
+                        let ds = pr * (dp - delta);
                         dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
                         let at = (c * heads + h) * d;
-                        r.dk[at..at + d].iter_mut().zip(&q).for_each(|(x, qq)| *x += scale * ds * qq);
+                        r.dk[at..at + d]
+                            .iter_mut()
+                            .zip(&q)
+                            .for_each(|(x, qq)| *x += scale * ds * qq);
                         let at = (c * heads + h) * dvd;
-                        r.dv[at..at + dvd].iter_mut().zip(&d_o).for_each(|(x, o)| *x += pr * o);
+                        r.dv[at..at + dvd]
+                            .iter_mut()
+                            .zip(&d_o)
+                            .for_each(|(x, o)| *x += pr * o);
                     }
                     let at = (i * heads + h) * d;
-                    r.dq[at..at + d].iter_mut().zip(dq).for_each(|(y, x)| *y = dt.round(x * qscale));
+                    r.dq[at..at + d]
+                        .iter_mut()
+                        .zip(dq)
+                        .for_each(|(y, x)| *y = dt.round(x * qscale));
                 }
             }
             r
         })
         .collect();
     let region = |name| f.plan.region(name).map(|r| r.offset);
-    let (delta_at, dk_at, dv_at) = (region(names::DELTA), region(names::DK_ACC), region(names::DV_ACC));
+    let (delta_at, dk_at, dv_at) = (
+        region(names::DELTA),
+        region(names::DK_ACC),
+        region(names::DV_ACC),
+    );
     let g_size = p.group_size();
     for (g, r) in slots.iter().zip(&results) {
         for t in 0..g.lq {
@@ -159,7 +194,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             }
             if let Some(base) = delta_at {
                 for h in 0..heads {
-                    out.workspace.put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
+                    out.workspace
+                        .put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
                 }
             }
         }
@@ -173,10 +209,16 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             if let (Some(dk_base), Some(dv_base)) = (dk_at, dv_at) {
                 for h in 0..heads {
                     for j in 0..d {
-                        out.workspace.put(dk_base + (tk * heads + h) * d + j, r.dk[(c * heads + h) * d + j]);
+                        out.workspace.put(
+                            dk_base + (tk * heads + h) * d + j,
+                            r.dk[(c * heads + h) * d + j],
+                        );
                     }
                     for j in 0..dvd {
-                        out.workspace.put(dv_base + (tk * heads + h) * dvd + j, r.dv[(c * heads + h) * dvd + j]);
+                        out.workspace.put(
+                            dv_base + (tk * heads + h) * dvd + j,
+                            r.dv[(c * heads + h) * dvd + j],
+                        );
                     }
                 }
             }

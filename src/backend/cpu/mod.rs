@@ -143,9 +143,9 @@ impl CpuBackend {
     /// Index of `lse[t, h]` as the backward reads it (`Tq` rows, `H` heads).
     fn lse_index(&self, t: usize, h: usize, tq: usize, heads: usize) -> usize {
         if self.has(Mutant::LsePermuted) {
-            // TE's pad_remap_lse: aux[t·H + h] = W[h·Tq + t]; read back as if head-major.
-            let flat = h * tq + t;
-            (flat % tq) * heads + flat / tq
+            // TE's pad_remap_lse: aux[t·H + h] = W[h·Tq + t], a head-major read of the
+            // token-major buffer.
+            h * tq + t
         } else {
             t * heads + h
         }

@@ -38,7 +38,13 @@ struct Tile {
     l: Vec<f32>,
 }
 
-fn scores(be: &CpuBackend, a: &FwdArgs, g: &SlotGeom, h: usize, hk: usize) -> Vec<Vec<Option<f32>>> {
+fn scores(
+    be: &CpuBackend,
+    a: &FwdArgs,
+    g: &SlotGeom,
+    h: usize,
+    hk: usize,
+) -> Vec<Vec<Option<f32>>> {
     let p = &a.config.params;
     let dt = a.config.dtype;
     let scale = be.scale(p);
@@ -60,7 +66,10 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     let mut m = Vec::with_capacity(s.len());
     let mut l = Vec::with_capacity(s.len());
     for row in &s {
-        let mx = row.iter().flatten().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mx = row
+            .iter()
+            .flatten()
+            .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let mx = if be.has(Mutant::NoMaxSubtraction) && mx > f32::NEG_INFINITY {
             0.0
         } else {
@@ -94,7 +103,11 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         return Ok(());
     }
     let slots: Vec<SlotGeom> = (0..b).map(|i| be.slot(a.layout, i)).collect();
-    if let Some((i, g)) = slots.iter().enumerate().find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES) {
+    if let Some((i, g)) = slots
+        .iter()
+        .enumerate()
+        .find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES)
+    {
         return Err(capacity_error(i, g));
     }
     let results: Vec<SlotFwd> = slots
@@ -106,7 +119,10 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                 let hk = be.kv_head(p, h);
                 let vals: Vec<Vec<f32>> = (0..g.lk)
                     .map(|c| {
-                        let row = if be.has(Mutant::NeighbourSlotRead) && c + 1 == g.lk && g.next_ok < a.v.shape()[0] {
+                        let row = if be.has(Mutant::NeighbourSlotRead)
+                            && c + 1 == g.lk
+                            && g.next_ok < a.v.shape()[0]
+                        {
                             g.next_ok
                         } else {
                             g.ok + c
@@ -131,7 +147,11 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     for (c, s) in t.s[r].iter().enumerate() {
                         let Some(s) = s else { continue };
                         let pr = (s - t.m[r]).exp() * rcp;
-                        let pr = if be.has(Mutant::PNotRounded) { pr } else { dt.round(pr) };
+                        let pr = if be.has(Mutant::PNotRounded) {
+                            pr
+                        } else {
+                            dt.round(pr)
+                        };
                         acc.iter_mut().zip(&vals[c]).for_each(|(x, v)| *x += pr * v);
                     }
                     orow.iter_mut().zip(acc).for_each(|(y, x)| *y = dt.round(x));
@@ -173,11 +193,20 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     if p.num_heads != p.num_kv_heads {
         return Err(Error::Backend {
             backend: be.name().into(),
-            detail: format!("small-seq backward needs H == Hkv, got {} and {}", p.num_heads, p.num_kv_heads),
+            detail: format!(
+                "small-seq backward needs H == Hkv, got {} and {}",
+                p.num_heads, p.num_kv_heads
+            ),
         });
     }
-    let slots: Vec<SlotGeom> = (0..f.layout.slots()).map(|i| be.slot(f.layout, i)).collect();
-    if let Some((i, g)) = slots.iter().enumerate().find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES) {
+    let slots: Vec<SlotGeom> = (0..f.layout.slots())
+        .map(|i| be.slot(f.layout, i))
+        .collect();
+    if let Some((i, g)) = slots
+        .iter()
+        .enumerate()
+        .find(|(_, g)| g.lq > TILE * TILES || g.lk > TILE * TILES)
+    {
         return Err(capacity_error(i, g));
     }
     let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
@@ -195,12 +224,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                 let q: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &f.q, g.oq + i, h)).collect();
                 let k: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.k, g.ok + c, hk)).collect();
                 let v: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.v, g.ok + c, hk)).collect();
-                let d_o: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &a.d_o, g.oq + i, h)).collect();
+                let d_o: Vec<Vec<f32>> = (0..g.lq)
+                    .map(|i| be.load(dt, &a.d_o, g.oq + i, h))
+                    .collect();
                 for i in 0..g.lq {
                     let lse = lse_flat[be.lse_index(g.oq + i, h, tq, heads)];
                     let pr: Vec<f32> = (0..g.lk)
                         .map(|c| {
-                            let vis = be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk);
+                            let vis =
+                                be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk);
                             if !vis || lse == f32::NEG_INFINITY {
                                 return 0.0;
                             }
@@ -210,7 +242,11 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let dp: Vec<f32> = (0..g.lk).map(|c| dot(&d_o[i], &v[c])).collect();
                     let delta = pr.iter().zip(&dp).map(|(x, y)| x * y).sum::<f32>();
                     r.delta[i * heads + h] = delta;
-                    let qscale = if be.has(Mutant::DqScaleMissing) { 1.0 } else { scale };
+                    let qscale = if be.has(Mutant::DqScaleMissing) {
+                        1.0
+                    } else {
+                        scale
+                    };
                     let mut dq = vec![0f32; d];
                     for c in 0..g.lk {
                         let ds = dt.round(pr[c] * (dp[c] - delta));
@@ -220,11 +256,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         if c < P_STORE_COLS {
                             let pv = dt.round(pr[c]);
                             let dv = &mut r.dv[(c * heads + h) * dvd..(c * heads + h + 1) * dvd];
-                            dv.iter_mut().zip(&d_o[i]).for_each(|(x, o)| *x += pv * dt.round(*o));
+                            dv.iter_mut()
+                                .zip(&d_o[i])
+                                .for_each(|(x, o)| *x += pv * dt.round(*o));
                         }
                     }
                     let dst = &mut r.dq[(i * heads + h) * d..(i * heads + h + 1) * d];
-                    dst.iter_mut().zip(dq).for_each(|(y, x)| *y = dt.round(x * qscale));
+                    dst.iter_mut()
+                        .zip(dq)
+                        .for_each(|(y, x)| *y = dt.round(x * qscale));
                 }
             }
             r.dk.iter_mut().for_each(|x| *x = dt.round(*x * scale));
@@ -240,7 +280,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             }
             if let Some(base) = delta_at {
                 for h in 0..heads {
-                    out.workspace.put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
+                    out.workspace
+                        .put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
                 }
             }
         }
@@ -251,7 +292,10 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             for (j, x) in r.dk[c * heads * d..(c + 1) * heads * d].iter().enumerate() {
                 out.dk.put((g.ok + c) * heads * d + j, *x);
             }
-            for (j, x) in r.dv[c * heads * dvd..(c + 1) * heads * dvd].iter().enumerate() {
+            for (j, x) in r.dv[c * heads * dvd..(c + 1) * heads * dvd]
+                .iter()
+                .enumerate()
+            {
                 out.dv.put((g.ok + c) * heads * dvd + j, *x);
             }
         }

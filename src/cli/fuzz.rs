@@ -1,0 +1,166 @@
+//! `smallseq fuzz`: the campaign.
+
+use super::parse_duration;
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use smallseq::backend;
+use smallseq::dispatch::{EnvView, Profile};
+use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report};
+use smallseq::harness::props::Checker;
+use smallseq::wrapper::RunOptions;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Fuzz a backend against the reference and every property.
+#[derive(clap::Args, Debug)]
+pub struct FuzzArgs {
+    /// Backend to test: cpu, cuda, hip, te625-model.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Dispatch profile: native or te625.
+    #[arg(long, default_value = "native")]
+    pub profile: Profile,
+    /// Campaign seed (printed; default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Number of cases (overrides --time).
+    #[arg(long)]
+    pub cases: Option<u64>,
+    /// Time budget, e.g. 60s, 10m.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub time: Duration,
+    /// Output directory for report.json, junit.xml and capsules.
+    #[arg(long, default_value = "smallseq-out")]
+    pub out: PathBuf,
+    /// Seconds spent shrinking each failure (0 disables shrinking).
+    #[arg(long, value_parser = parse_duration, default_value = "20s")]
+    pub shrink_time: Duration,
+}
+
+pub fn seed_or_clock(seed: Option<u64>) -> u64 {
+    seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    })
+}
+
+pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
+    let be = match backend::open(&args.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("smallseq: {e}");
+            return Ok(super::EXIT_USAGE);
+        }
+    };
+    let seed = seed_or_clock(args.seed);
+    let budget = match args.cases {
+        Some(n) => Budget::Cases(n),
+        None => Budget::Time(args.time),
+    };
+    eprintln!(
+        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget:?}, out {}",
+        be.name(),
+        be.arch(),
+        args.profile,
+        args.out.display()
+    );
+    let campaign = Campaign {
+        checker: Checker {
+            backend: be.as_ref(),
+            opts: RunOptions {
+                profile: args.profile,
+                env: EnvView::from_process(),
+                ..RunOptions::default()
+            },
+        },
+        seed,
+        budget,
+        out: args.out.clone(),
+        shrink_budget: args.shrink_time,
+        stop_on_failure: false,
+    };
+    let report = campaign.run(&stop, &mut progress_printer())?;
+    write_reports(&args.out, &report)?;
+    summarize(&report, &args.out);
+    Ok(if report.failed() { 1 } else { 0 })
+}
+
+/// A progress bar on a terminal, a plain line every 10 s otherwise; failures always printed.
+pub fn progress_printer() -> impl FnMut(Progress) {
+    let tty = std::io::stderr().is_terminal();
+    let bar = tty.then(|| {
+        let b = ProgressBar::new(1000);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos:>4}/1000 {msg}").expect("static template"),
+        );
+        b
+    });
+    let mut last = Instant::now();
+    let mut seen_failures = 0;
+    move |p: Progress| {
+        let r = p.report;
+        while seen_failures < r.failures.len() {
+            let f = &r.failures[seen_failures];
+            let line = format!(
+                "FAIL case {} [{}] {}\n  capsule: {}\n  repro:   {}",
+                f.case, f.property, f.detail, f.capsule, f.repro
+            );
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+            seen_failures += 1;
+        }
+        let msg = format!("{} cases, {} failures", r.cases, r.failures.len());
+        match &bar {
+            Some(b) => {
+                b.set_position((p.fraction.unwrap_or(0.0) * 1000.0) as u64);
+                b.set_message(msg);
+            }
+            None if last.elapsed() >= Duration::from_secs(10) => {
+                eprintln!("progress: {msg}");
+                last = Instant::now();
+            }
+            None => {}
+        }
+    }
+}
+
+fn summarize(r: &Report, out: &std::path::Path) {
+    println!(
+        "{} cases in {:.1}s ({:.1} cases/s), seed {}, backend {}, profile {}{}",
+        r.cases,
+        r.elapsed_s,
+        r.cases_per_s,
+        r.seed,
+        r.backend,
+        r.profile,
+        if r.interrupted { " (interrupted)" } else { "" }
+    );
+    for (name, c) in &r.properties {
+        println!(
+            "  {name:<22} pass {:>6}  fail {:>4}  skip {:>6}",
+            c.pass, c.fail, c.skip
+        );
+    }
+    let missed: Vec<_> = r
+        .coverage
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if !missed.is_empty() {
+        println!("  classes not hit: {}", missed.join(", "));
+    }
+    for f in &r.failures {
+        println!(
+            "FAIL case {} [{}]: {}\n  repro: {}",
+            f.case, f.property, f.detail, f.repro
+        );
+    }
+    println!("report: {}", out.join("report.json").display());
+}

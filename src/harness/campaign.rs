@@ -1,0 +1,320 @@
+//! The fuzz campaign: draw cases, check every property, write capsules for failures (then
+//! shrink them), and keep the counts that go into `report.json` and `junit.xml`.
+
+use super::capsule;
+use super::classes::{self, classify};
+use super::gen::{build, draw_geometry};
+use super::props::{Checker, Outcome, Prop};
+use super::rng::Rng;
+use super::shrink::shrink;
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// When to stop.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    Cases(u64),
+    Time(Duration),
+}
+
+/// Pass/fail/skip counts of one property.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    pub pass: u64,
+    pub fail: u64,
+    pub skip: u64,
+}
+
+/// Percentiles of a margin distribution.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// One failure in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailureEntry {
+    pub case: u64,
+    pub property: String,
+    pub detail: String,
+    pub capsule: String,
+    pub shrunk_capsule: Option<String>,
+    /// Slots and max tokens per side of the shrunk case.
+    pub shrunk_size: Option<(usize, usize)>,
+    pub repro: String,
+}
+
+/// `report.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub cases: u64,
+    pub seed: u64,
+    pub backend: String,
+    pub profile: String,
+    pub elapsed_s: f64,
+    pub cases_per_s: f64,
+    pub properties: BTreeMap<String, Counts>,
+    pub skip_reasons: BTreeMap<String, u64>,
+    pub coverage: BTreeMap<String, u64>,
+    pub paths: BTreeMap<String, u64>,
+    pub margins: BTreeMap<String, Percentiles>,
+    pub failures: Vec<FailureEntry>,
+    pub interrupted: bool,
+}
+
+impl Report {
+    pub fn failed(&self) -> bool {
+        !self.failures.is_empty()
+    }
+}
+
+/// Campaign settings.
+pub struct Campaign<'a> {
+    pub checker: Checker<'a>,
+    pub seed: u64,
+    pub budget: Budget,
+    pub out: PathBuf,
+    /// Time allowed to shrink each failure.
+    pub shrink_budget: Duration,
+    /// Stop at the first failing case (mutation runs).
+    pub stop_on_failure: bool,
+}
+
+/// The seed of case `i` of a campaign.
+pub fn case_seed(seed: u64, i: u64) -> u64 {
+    Rng::new(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64()
+}
+
+/// Progress callback data.
+pub struct Progress<'r> {
+    pub report: &'r Report,
+    pub fraction: Option<f64>,
+}
+
+impl Campaign<'_> {
+    /// Runs until the budget is spent, `stop` is set, or (optionally) a failure.
+    ///
+    /// # Errors
+    /// Infrastructure errors (cannot write the output directory).
+    pub fn run(&self, stop: &AtomicBool, progress: &mut dyn FnMut(Progress)) -> Result<Report> {
+        let capsules = self.out.join("capsules");
+        std::fs::create_dir_all(&capsules).map_err(|source| Error::Io {
+            path: capsules.display().to_string(),
+            source,
+        })?;
+        let be = self.checker.backend;
+        let mut rep = Report {
+            cases: 0,
+            seed: self.seed,
+            backend: be.name().into(),
+            profile: self.checker.opts.profile.name().into(),
+            elapsed_s: 0.0,
+            cases_per_s: 0.0,
+            properties: Prop::ALL
+                .iter()
+                .map(|p| (p.name().to_string(), Counts::default()))
+                .collect(),
+            skip_reasons: BTreeMap::new(),
+            coverage: classes::ALL.iter().map(|c| (c.to_string(), 0)).collect(),
+            paths: BTreeMap::new(),
+            margins: BTreeMap::new(),
+            failures: Vec::new(),
+            interrupted: false,
+        };
+        let mut margins: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let start = Instant::now();
+        let mut i = 0u64;
+        loop {
+            let fraction = match self.budget {
+                Budget::Cases(n) if i >= n => break,
+                Budget::Time(t) if start.elapsed() >= t => break,
+                Budget::Cases(n) => i as f64 / n as f64,
+                Budget::Time(t) => start.elapsed().as_secs_f64() / t.as_secs_f64(),
+            };
+            if stop.load(Ordering::SeqCst) {
+                rep.interrupted = true;
+                break;
+            }
+            let cs = case_seed(self.seed, i);
+            let g = draw_geometry(&mut Rng::new(cs));
+            let case = build(&g, cs ^ 0xda7a)?;
+            let run = self.checker.check(&case, cs)?;
+            for c in classify(&case, g.segment_split, g.poison) {
+                *rep.coverage.entry(c.into()).or_default() += 1;
+            }
+            let path = run.path_fwd.map_or("none", |p| p.name());
+            *rep.paths.entry(path.into()).or_default() += 1;
+            for (p, o) in &run.outcomes {
+                let c = rep.properties.entry(p.name().into()).or_default();
+                match o {
+                    Outcome::Pass => c.pass += 1,
+                    Outcome::Fail(_) => c.fail += 1,
+                    Outcome::Skip { reason } => {
+                        c.skip += 1;
+                        *rep.skip_reasons
+                            .entry(format!("{p}: {}", generic(reason)))
+                            .or_default() += 1;
+                    }
+                }
+            }
+            for j in &run.judgements {
+                margins.entry(j.tensor.clone()).or_default().push(j.margin);
+            }
+            rep.cases = i + 1;
+            let failures = run.failures();
+            if let Some(first) = failures.first() {
+                let name = format!("case-{i:06}-{}.safetensors", first.prop);
+                let cap = capsules.join(&name);
+                // The capsule is on disk before anything reports the failure.
+                capsule::write(&cap, &case, &run, be.name(), &rep.profile)?;
+                let mut entry = FailureEntry {
+                    case: i,
+                    property: first.prop.name().into(),
+                    detail: first.detail.clone(),
+                    capsule: cap.display().to_string(),
+                    shrunk_capsule: None,
+                    shrunk_size: None,
+                    repro: repro_cmd(&cap, be.name(), &rep.profile),
+                };
+                rep.failures.push(entry.clone());
+                progress(Progress {
+                    report: &rep,
+                    fraction: Some(fraction),
+                });
+                if !self.shrink_budget.is_zero() {
+                    let (small, _) = shrink(&self.checker, &case, first.prop, self.shrink_budget);
+                    if let Ok(srun) = self.checker.check(&small, 0) {
+                        let scap =
+                            capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));
+                        capsule::write(&scap, &small, &srun, be.name(), &rep.profile)?;
+                        let l = &small.layout;
+                        let max_tok = (0..l.slots())
+                            .map(|s| l.q.len(s).max(l.kv.len(s)))
+                            .max()
+                            .unwrap_or(0);
+                        entry.shrunk_capsule = Some(scap.display().to_string());
+                        entry.shrunk_size = Some((l.slots(), max_tok));
+                        entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
+                        *rep.failures.last_mut().expect("just pushed") = entry;
+                    }
+                }
+                if self.stop_on_failure {
+                    break;
+                }
+            }
+            i += 1;
+            rep.elapsed_s = start.elapsed().as_secs_f64();
+            progress(Progress {
+                report: &rep,
+                fraction: Some(fraction),
+            });
+        }
+        rep.elapsed_s = start.elapsed().as_secs_f64();
+        rep.cases_per_s = rep.cases as f64 / rep.elapsed_s.max(1e-9);
+        rep.margins = margins
+            .into_iter()
+            .map(|(k, v)| (k, percentiles(v)))
+            .collect();
+        Ok(rep)
+    }
+}
+
+/// Strips case-specific numbers from a skip reason so reasons aggregate.
+fn generic(reason: &str) -> String {
+    reason.split(':').next().unwrap_or(reason).to_string()
+}
+
+fn percentiles(mut v: Vec<f64>) -> Percentiles {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Percentiles {
+        n: v.len(),
+        p50: at(0.5),
+        p90: at(0.9),
+        p99: at(0.99),
+        max: v.last().copied().unwrap_or(0.0),
+    }
+}
+
+/// The one-line command that reproduces a capsule.
+pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
+    let mut cmd = format!("smallseq repro {}", capsule.display());
+    if backend != "cpu" {
+        cmd.push_str(&format!(" --backend {backend}"));
+    } else {
+        cmd.push_str(" --backend cpu");
+    }
+    if profile != "native" {
+        cmd.push_str(&format!(" --profile {profile}"));
+    }
+    cmd
+}
+
+/// Writes `report.json` and `junit.xml` into `dir`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
+    let io = |p: &Path| {
+        let p = p.display().to_string();
+        move |source| Error::Io { path: p, source }
+    };
+    let json = serde_json::to_string_pretty(rep).expect("report serialises");
+    let rp = dir.join("report.json");
+    std::fs::write(&rp, json).map_err(io(&rp))?;
+    let jp = dir.join("junit.xml");
+    std::fs::write(&jp, junit(rep)).map_err(io(&jp))
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// One test case per property; each failure becomes a `<failure>` with its repro command.
+pub fn junit(rep: &Report) -> String {
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let fails = rep.properties.values().filter(|c| c.fail > 0).count();
+    x.push_str(&format!(
+        "<testsuite name=\"smallseq-fuzz-{}\" tests=\"{}\" failures=\"{}\" time=\"{:.3}\">\n",
+        xml_escape(&rep.backend),
+        rep.properties.len(),
+        fails,
+        rep.elapsed_s
+    ));
+    for (name, c) in &rep.properties {
+        x.push_str(&format!(
+            "  <testcase classname=\"smallseq.{}\" name=\"{}\">\n    <system-out>pass {} fail {} skip {}</system-out>\n",
+            xml_escape(&rep.backend),
+            name,
+            c.pass,
+            c.fail,
+            c.skip
+        ));
+        for f in rep.failures.iter().filter(|f| &f.property == name) {
+            x.push_str(&format!(
+                "    <failure message=\"case {}: {}\">{}</failure>\n",
+                f.case,
+                xml_escape(&f.detail),
+                xml_escape(&f.repro)
+            ));
+        }
+        x.push_str("  </testcase>\n");
+    }
+    x.push_str("</testsuite>\n");
+    x
+}

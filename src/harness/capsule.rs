@@ -1,0 +1,55 @@
+//! Failure capsules: the case, the backend's outputs and the verdict, in one case file,
+//! written atomically before the failure is reported.
+
+use super::props::{CaseRun, Failure};
+use super::tolerance::Judgement;
+use crate::case::Case;
+use crate::case_file::{write_case, OutputPrecision};
+use crate::error::Result;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The `smallseq.verdict` JSON.
+pub fn verdict_json(failures: &[&Failure], judgements: &[Judgement]) -> String {
+    let margins: BTreeMap<&str, f64> = judgements
+        .iter()
+        .map(|j| (j.tensor.as_str(), j.margin))
+        .collect();
+    let first = failures.first();
+    serde_json::json!({
+        "property": first.map(|f| f.prop.name()),
+        "detail": first.map(|f| f.detail.clone()),
+        "worst": first.and_then(|f| f.worst.clone()),
+        "failures": failures.iter().map(|f| serde_json::json!({"property": f.prop.name(), "detail": f.detail, "margin": finite(f.margin)})).collect::<Vec<_>>(),
+        "margins": margins.into_iter().map(|(k, v)| (k.to_string(), finite(v))).collect::<BTreeMap<_, _>>(),
+    })
+    .to_string()
+}
+
+/// JSON has no infinity; write it as a large sentinel string-free number.
+fn finite(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        serde_json::json!(x)
+    } else {
+        serde_json::json!("inf")
+    }
+}
+
+/// Writes a capsule for `case` with the outputs and verdict of `run`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write(path: &Path, case: &Case, run: &CaseRun, backend: &str, profile: &str) -> Result<()> {
+    let mut c = case.clone();
+    c.outputs = run.outputs.clone();
+    c.meta.insert("smallseq.backend".into(), backend.into());
+    c.meta.insert("smallseq.profile".into(), profile.into());
+    if let Some(p) = run.path_fwd {
+        c.meta.insert("smallseq.path".into(), p.name().into());
+    }
+    c.meta.insert(
+        "smallseq.verdict".into(),
+        verdict_json(&run.failures(), &run.judgements),
+    );
+    write_case(&c, path, OutputPrecision::Device)
+}

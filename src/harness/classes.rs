@@ -1,0 +1,74 @@
+//! Coverage classes: the places bugs live, tagged per case and counted in reports.
+
+use super::gen::has_dont_care;
+use crate::case::Case;
+use smallseq_reference::{Dtype, Window};
+
+/// Every class name, in report order.
+pub const ALL: [&str; 17] = [
+    "batch0",
+    "empty_slot",
+    "trailing_unused",
+    "segment_split",
+    "pad_between",
+    "len16",
+    "len17",
+    "len18",
+    "span18_len_le17",
+    "cross_q1",
+    "q_gt_kv",
+    "gqa_mismatch",
+    "unsupported_dim",
+    "unsupported_dtype",
+    "causal",
+    "window",
+    "poison",
+];
+
+/// The classes a case hits. `segment_split` and `poison` come from how it was generated.
+pub fn classify(case: &Case, segment_split: bool, poisoned: bool) -> Vec<&'static str> {
+    let l = &case.layout;
+    let p = &case.config.params;
+    let b = l.slots();
+    let lens: Vec<(usize, usize)> = (0..b).map(|i| (l.q.len(i), l.kv.len(i))).collect();
+    let trailing = b > 0 && lens.last() == Some(&(0, 0));
+    let mut c = Vec::new();
+    let mut tag = |name: &'static str, hit: bool| {
+        if hit {
+            c.push(name);
+        }
+    };
+    tag("batch0", b == 0);
+    let body = if trailing {
+        &lens[..lens.iter().rposition(|x| *x != (0, 0)).map_or(0, |i| i + 1)]
+    } else {
+        &lens[..]
+    };
+    tag("empty_slot", body.iter().any(|&(q, k)| q == 0 || k == 0));
+    tag("trailing_unused", trailing);
+    tag("segment_split", segment_split);
+    tag(
+        "pad_between",
+        (0..b).any(|i| l.q.span(i) > l.q.len(i) || l.kv.span(i) > l.kv.len(i)),
+    );
+    for (name, n) in [("len16", 16), ("len17", 17), ("len18", 18)] {
+        tag(name, lens.iter().any(|&(q, k)| q == n || k == n));
+    }
+    tag(
+        "span18_len_le17",
+        (l.q.max_span() >= 18 && l.q.max_len() <= 17)
+            || (l.kv.max_span() >= 18 && l.kv.max_len() <= 17),
+    );
+    tag("cross_q1", lens.iter().any(|&(q, k)| q == 1 && k > 1));
+    tag("q_gt_kv", lens.iter().any(|&(q, k)| k > 0 && q > k));
+    tag("gqa_mismatch", p.num_heads != p.num_kv_heads);
+    tag(
+        "unsupported_dim",
+        p.head_dim_qk != p.head_dim_v || ![64, 128, 256].contains(&p.head_dim_qk),
+    );
+    tag("unsupported_dtype", case.config.dtype == Dtype::F32);
+    tag("causal", p.mask.causal().is_some());
+    tag("window", p.window != Window::NONE);
+    tag("poison", poisoned && has_dont_care(case));
+    c
+}

@@ -1,0 +1,396 @@
+//! The case model: a geometry (drawn from any [`Draw`]) plus a separate data seed. Weighted
+//! towards the places bugs live: slot boundaries 16/17/18, empty and trailing slots, padded
+//! spans, GQA, causal masks, windows, unsupported dims and dtypes, poison in don't-care tokens.
+
+use super::rng::{Draw, Rng};
+use crate::case::{bshd_layout, Case};
+use crate::config::{AttnConfig, Bias, LayoutKind};
+use crate::error::Result;
+use crate::segments::SegmentIds;
+use ndarray::Array3;
+use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
+
+/// How input values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDist {
+    /// Standard normal.
+    Randn,
+    /// Sparse small integers (exact in every dtype).
+    SmallInts,
+    /// Mostly small values with a few large spikes (peaked softmax).
+    Spiky,
+    /// Near-tie logits (tiny q), so P is close to uniform.
+    NearTie,
+    /// Large magnitudes (tests max-subtraction and overflow handling).
+    Large,
+}
+
+impl DataDist {
+    pub const ALL: [DataDist; 5] = [
+        DataDist::Randn,
+        DataDist::SmallInts,
+        DataDist::Spiky,
+        DataDist::NearTie,
+        DataDist::Large,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DataDist::Randn => "randn",
+            DataDist::SmallInts => "small_ints",
+            DataDist::Spiky => "spiky",
+            DataDist::NearTie => "near_tie",
+            DataDist::Large => "large",
+        }
+    }
+}
+
+/// Everything but the tensor values.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub config: AttnConfig,
+    pub layout: Layout,
+    pub backward: bool,
+    pub dist: DataDist,
+    /// Fill don't-care input tokens with NaN, ±Inf and huge values.
+    pub poison: bool,
+    /// Built from JAX-style segment ids (several segments per row, padding inside).
+    pub segment_split: bool,
+}
+
+/// Upper bound on tokens per side, to keep CPU cases fast.
+const MAX_TOKENS: usize = 1024;
+
+fn draw_len<D: Draw>(d: &mut D) -> usize {
+    d.weighted(&[
+        (30, LenKind::Uniform),
+        (30, LenKind::Boundary),
+        (6, LenKind::Long),
+        (6, LenKind::Zero),
+    ])
+    .draw(d)
+}
+
+#[derive(Clone, Copy)]
+enum LenKind {
+    Uniform,
+    Boundary,
+    Long,
+    Zero,
+}
+
+impl LenKind {
+    fn draw<D: Draw>(self, d: &mut D) -> usize {
+        match self {
+            LenKind::Uniform => d.range(1, 17),
+            LenKind::Boundary => d.pick(&[1, 2, 15, 16, 17, 18, 17, 16]),
+            LenKind::Long => d.range(18, 80),
+            LenKind::Zero => 0,
+        }
+    }
+}
+
+/// Draws a geometry.
+pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
+    // A third of the cases are shaped for the small-seq path, so its properties
+    // (fallback equivalence above all) run often; the rest roam the whole input space.
+    let eligible = d.percent(35);
+    let dtype = if eligible {
+        d.pick(&[Dtype::Bf16, Dtype::F16])
+    } else {
+        d.weighted(&[(45, Dtype::Bf16), (40, Dtype::F16), (15, Dtype::F32)])
+    };
+    let kv_heads = d.weighted(&[(40, 1), (30, 2), (15, 3), (15, 4)]);
+    let group = if !eligible && d.percent(25) {
+        d.pick(&[2, 3, 4])
+    } else {
+        1
+    };
+    let heads = kv_heads * group;
+    let head_dim = if eligible {
+        d.pick(&[64, 128, 256])
+    } else {
+        d.weighted(&[
+            (30, 64),
+            (30, 128),
+            (15, 256),
+            (10, 32),
+            (8, 192),
+            (2, 512),
+            (5, 16),
+        ])
+    };
+    let head_dim_v = if !eligible && d.percent(5) {
+        d.pick(&[32, 64, 128])
+    } else {
+        head_dim
+    };
+    let mask = d.pick(&Mask::ALL);
+    let window = if !eligible && d.percent(20) {
+        Window {
+            left: d.range(0, 6) as i64 - 1,
+            right: d.range(0, 6) as i64 - 1,
+        }
+    } else {
+        Window::NONE
+    };
+    let scale = match d.below(10) {
+        0 => 1.0,
+        1 => 0.01,
+        2 => 3.0,
+        _ => 1.0 / (head_dim as f64).sqrt(),
+    };
+    let bias = if d.percent(2) {
+        Bias::Other("post_scale_bias".into())
+    } else {
+        Bias::None
+    };
+    let dropout = if d.percent(2) { 0.1 } else { 0.0 };
+    let mut layout_kind = if d.percent(8) {
+        LayoutKind::Bshd
+    } else {
+        LayoutKind::Thd
+    };
+    let mut segment_split = false;
+    let layout = match layout_kind {
+        LayoutKind::Bshd => {
+            let s = d.pick(&[1, 2, 8, 16, 17, 18]);
+            let s_kv = if d.percent(80) { s } else { d.range(1, 18) };
+            bshd_layout(d.range(0, 6), s, s_kv)
+        }
+        LayoutKind::Thd if d.percent(12) => {
+            segment_split = true;
+            segment_layout(d).unwrap_or_else(|| {
+                layout_kind = LayoutKind::Thd;
+                thd_layout(d)
+            })
+        }
+        LayoutKind::Thd => thd_layout(d),
+    };
+    let config = AttnConfig {
+        dtype,
+        params: AttnParams {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim_qk: head_dim,
+            head_dim_v,
+            mask,
+            window,
+            scale,
+        },
+        bias,
+        dropout,
+        layout: layout_kind,
+    };
+    Geometry {
+        config,
+        layout,
+        backward: d.percent(85),
+        dist: d.pick(&DataDist::ALL),
+        poison: d.percent(70),
+        segment_split,
+    }
+}
+
+fn thd_layout<D: Draw>(d: &mut D) -> Layout {
+    let b = match d.weighted(&[(4, 0u8), (40, 1), (45, 2), (11, 3)]) {
+        0 => 0,
+        1 => d.range(1, 4),
+        2 => d.range(5, 16),
+        _ => d.range(17, 40),
+    };
+    let padded = d.percent(45);
+    let trailing = if d.percent(15) {
+        d.range(1, 3).min(b)
+    } else {
+        0
+    };
+    let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
+    for i in 0..b {
+        let unused = i >= b - trailing;
+        let mut lens = [draw_len(d), draw_len(d)];
+        if d.percent(10) {
+            lens[0] = lens[0].min(1); // cross-attention with one query
+        }
+        if unused {
+            lens = [0, 0];
+        }
+        for (side, len) in sides.iter_mut().zip(lens) {
+            let gap = if padded && !unused {
+                match d.weighted(&[(50, 0u8), (30, 1), (20, 2)]) {
+                    0 => 0,
+                    1 => d.range(1, 3),
+                    _ => 18usize.saturating_sub(len),
+                }
+            } else {
+                0
+            };
+            let (cu, off) = side;
+            cu.push(cu.last().unwrap() + len as i32);
+            off.push(off.last().unwrap() + (len + gap) as i32);
+        }
+    }
+    let side = |(cu, off): (Vec<i32>, Vec<i32>), slack: usize| {
+        let tokens = *off.last().unwrap() as usize + slack;
+        Side {
+            cu,
+            padded: padded.then_some(off),
+            tokens,
+        }
+    };
+    let [q, kv] = sides;
+    let slack_q = if d.percent(40) { d.range(1, 4) } else { 0 };
+    let slack_kv = if d.percent(40) { d.range(1, 4) } else { 0 };
+    let layout = Layout {
+        q: side(q, slack_q),
+        kv: side(kv, slack_kv),
+    };
+    if layout.q.tokens > MAX_TOKENS || layout.kv.tokens > MAX_TOKENS {
+        return Layout::packed(&[(3, 5), (17, 17)]);
+    }
+    layout
+}
+
+/// A layout from JAX-style segment ids: several segments per row, padding inside.
+fn segment_layout<D: Draw>(d: &mut D) -> Option<Layout> {
+    let batch = d.range(1, 4);
+    let seq = d.range(2, 17);
+    let max_segments = d.range(1, 4);
+    let row_ids = |d: &mut D| -> Vec<i32> {
+        let mut ids = Vec::with_capacity(seq);
+        let mut id = 0;
+        while ids.len() < seq {
+            let run = d.range(1, 5).min(seq - ids.len());
+            let pad = d.percent(30);
+            if !pad {
+                id += 1;
+            }
+            ids.extend(std::iter::repeat_n(if pad { 0 } else { id }, run));
+        }
+        ids
+    };
+    let mut ids_q = Vec::new();
+    let mut ids_kv = Vec::new();
+    for _ in 0..batch {
+        ids_q.extend(row_ids(d));
+        ids_kv.extend(row_ids(d));
+    }
+    let n = batch * seq;
+    SegmentIds {
+        batch,
+        seq_q: seq,
+        seq_kv: seq,
+        ids_q,
+        ids_kv,
+        pos_q: vec![0; n],
+        pos_kv: vec![0; n],
+    }
+    .to_layout(max_segments)
+    .ok()
+}
+
+/// Fills the tensors of a geometry from a data seed.
+///
+/// # Errors
+/// Only if the geometry itself is invalid.
+pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
+    let mut rng = Rng::new(data_seed);
+    let p = &g.config.params;
+    let (tq, tk) = (g.layout.q.tokens, g.layout.kv.tokens);
+    let dt = g.config.dtype;
+    let fill = |shape: [usize; 3], role: Role, rng: &mut Rng| -> Array3<f32> {
+        Array3::from_shape_simple_fn(shape, || dt.round(sample(g.dist, role, rng) as f32))
+    };
+    let q = fill([tq, p.num_heads, p.head_dim_qk], Role::Q, &mut rng);
+    let k = fill([tk, p.num_kv_heads, p.head_dim_qk], Role::K, &mut rng);
+    let v = fill([tk, p.num_kv_heads, p.head_dim_v], Role::V, &mut rng);
+    let d_o = g
+        .backward
+        .then(|| fill([tq, p.num_heads, p.head_dim_v], Role::DO, &mut rng));
+    let mut case = Case::new(g.config.clone(), g.layout.clone(), q, k, v, d_o)?;
+    if g.poison {
+        poison(&mut case, &mut rng.fork(7));
+    }
+    case.meta
+        .insert("smallseq.seed".into(), data_seed.to_string());
+    case.meta
+        .insert("smallseq.dist".into(), g.dist.name().into());
+    Ok(case)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Q,
+    K,
+    V,
+    DO,
+}
+
+fn sample(dist: DataDist, role: Role, rng: &mut Rng) -> f64 {
+    match dist {
+        DataDist::Randn => rng.normal(),
+        DataDist::SmallInts => {
+            if rng.unit() < 0.6 {
+                0.0
+            } else {
+                (rng.below(5) as f64) - 2.0
+            }
+        }
+        DataDist::Spiky => {
+            if role == Role::Q && rng.unit() < 0.05 {
+                rng.normal() * 12.0
+            } else {
+                rng.normal() * 0.5
+            }
+        }
+        DataDist::NearTie => match role {
+            Role::Q => rng.normal() * 1e-3,
+            _ => rng.normal(),
+        },
+        DataDist::Large => match role {
+            Role::Q | Role::K => rng.normal() * 40.0,
+            _ => rng.normal() * 100.0,
+        },
+    }
+}
+
+/// Don't-care rows of each input, as (tensor, token) pairs.
+pub fn dont_care_rows(case: &Case) -> (Vec<usize>, Vec<usize>) {
+    let pick = |valid: Vec<bool>| {
+        valid
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !**v)
+            .map(|(t, _)| t)
+            .collect()
+    };
+    (
+        pick(case.layout.q.valid_tokens()),
+        pick(case.layout.kv.valid_tokens()),
+    )
+}
+
+/// Overwrites every don't-care input row with NaN, ±Inf or huge values.
+pub fn poison(case: &mut Case, rng: &mut Rng) {
+    let (rq, rk) = dont_care_rows(case);
+    let max = case.config.dtype.max_finite();
+    let values = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, max, -max];
+    let put = |t: &mut Array3<f32>, rows: &[usize], rng: &mut Rng| {
+        for &r in rows {
+            t.slice_mut(ndarray::s![r, .., ..])
+                .map_inplace(|x| *x = values[rng.below(values.len() as u64) as usize]);
+        }
+    };
+    put(&mut case.q, &rq, rng);
+    put(&mut case.k, &rk, rng);
+    put(&mut case.v, &rk, rng);
+    if let Some(d) = case.d_o.as_mut() {
+        put(d, &rq, rng);
+    }
+}
+
+/// Whether any don't-care row exists.
+pub fn has_dont_care(case: &Case) -> bool {
+    let (a, b) = dont_care_rows(case);
+    !a.is_empty() || !b.is_empty()
+}

@@ -1,0 +1,12 @@
+//! The harness: case generation, properties, tolerances, capsules, shrinking and reports.
+
+pub mod campaign;
+pub mod capsule;
+pub mod classes;
+pub mod gen;
+pub mod props;
+pub mod repro;
+pub mod rng;
+pub mod shrink;
+pub mod tolerance;
+pub mod transform;

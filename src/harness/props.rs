@@ -1,0 +1,747 @@
+//! The properties, each named, each returning pass, fail (with the worst element) or skip
+//! (with a reason).
+
+use super::gen::{dont_care_rows, poison};
+use super::rng::Rng;
+use super::tolerance::{judge_all, Judgement, Worst};
+use super::transform::{repeat_kv, select_slots};
+use crate::backend::Backend;
+use crate::case::{Case, Outputs};
+use crate::dispatch::{surface, Path, RuntimeFacts, StaticFacts};
+use crate::error::{Error, Result};
+use crate::wrapper::{self, BwdResult, FwdResult, RunOptions};
+use serde::Serialize;
+use smallseq_reference::{emulate, forward_backward, Dtype};
+use std::fmt;
+
+/// The named properties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prop {
+    Eligibility,
+    FallbackEquivalence,
+    NumericAgreement,
+    DontCare,
+    Workspace,
+    Determinism,
+    Metamorphic,
+}
+
+impl Prop {
+    pub const ALL: [Prop; 7] = [
+        Prop::Eligibility,
+        Prop::FallbackEquivalence,
+        Prop::NumericAgreement,
+        Prop::DontCare,
+        Prop::Workspace,
+        Prop::Determinism,
+        Prop::Metamorphic,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Prop::Eligibility => "eligibility",
+            Prop::FallbackEquivalence => "fallback_equivalence",
+            Prop::NumericAgreement => "numeric_agreement",
+            Prop::DontCare => "dont_care",
+            Prop::Workspace => "workspace",
+            Prop::Determinism => "determinism",
+            Prop::Metamorphic => "metamorphic",
+        }
+    }
+}
+
+impl fmt::Display for Prop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed property.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    pub prop: Prop,
+    pub detail: String,
+    pub worst: Option<Worst>,
+    /// err / threshold for numeric failures; infinite for exact properties.
+    pub margin: f64,
+}
+
+/// The outcome of one property on one case.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Pass,
+    Fail(Failure),
+    Skip { reason: String },
+}
+
+fn fail(prop: Prop, detail: impl Into<String>) -> Outcome {
+    Outcome::Fail(Failure {
+        prop,
+        detail: detail.into(),
+        worst: None,
+        margin: f64::INFINITY,
+    })
+}
+
+fn skip(reason: impl Into<String>) -> Outcome {
+    Outcome::Skip {
+        reason: reason.into(),
+    }
+}
+
+/// Everything learnt from one case.
+#[derive(Clone, Debug)]
+pub struct CaseRun {
+    pub outcomes: Vec<(Prop, Outcome)>,
+    pub judgements: Vec<Judgement>,
+    /// The backend's outputs from the main run.
+    pub outputs: Outputs,
+    pub path_fwd: Option<Path>,
+    pub path_bwd: Option<Path>,
+}
+
+impl CaseRun {
+    pub fn failures(&self) -> Vec<&Failure> {
+        self.outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Outcome::Fail(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// One forward (+ backward) run.
+pub struct Pair {
+    pub fwd: FwdResult,
+    pub bwd: Option<BwdResult>,
+}
+
+impl Pair {
+    pub fn outputs(&self) -> Outputs {
+        Outputs {
+            o: Some(self.fwd.o.mapv(f64::from)),
+            lse: Some(self.fwd.lse.mapv(f64::from)),
+            dq: self.bwd.as_ref().map(|b| b.dq.mapv(f64::from)),
+            dk: self.bwd.as_ref().map(|b| b.dk.mapv(f64::from)),
+            dv: self.bwd.as_ref().map(|b| b.dv.mapv(f64::from)),
+        }
+    }
+}
+
+/// Runs forward, then backward from that forward's outputs when the case has `d_o`.
+///
+/// # Errors
+/// Anything the wrappers return.
+pub fn run_pair(be: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<Pair> {
+    let fwd = wrapper::fwd(be, case, opts)?;
+    let bwd = match case.d_o {
+        Some(_) => Some(wrapper::bwd(be, case, &fwd.o, &fwd.lse, opts)?),
+        None => None,
+    };
+    Ok(Pair { fwd, bwd })
+}
+
+/// The f64 reference and the emulation of a case, as outputs.
+pub fn oracle(case: &Case) -> Result<(Outputs, Outputs)> {
+    let problem = case.problem()?;
+    let (f, g) = forward_backward(&problem);
+    let reference = Outputs {
+        o: Some(f.o),
+        lse: Some(f.lse),
+        dq: g.as_ref().map(|g| g.dq.clone()),
+        dk: g.as_ref().map(|g| g.dk.clone()),
+        dv: g.map(|g| g.dv),
+    };
+    let (ef, eg) = emulate::forward_backward(&problem, case.config.dtype);
+    let emulated = Outputs {
+        o: Some(ef.o.mapv(f64::from)),
+        lse: Some(ef.lse.mapv(f64::from)),
+        dq: eg.as_ref().map(|g| g.dq.mapv(f64::from)),
+        dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
+        dv: eg.map(|g| g.dv.mapv(f64::from)),
+    };
+    Ok((reference, emulated))
+}
+
+/// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
+pub fn numeric(
+    case: &Case,
+    actual: &Outputs,
+    reference: &Outputs,
+    emulated: &Outputs,
+) -> (Outcome, Vec<Judgement>) {
+    let js = judge_all(actual, reference, emulated, &case.layout, case.config.dtype);
+    let worst = js
+        .iter()
+        .filter(|j| !j.passed())
+        .max_by(|a, b| a.margin.total_cmp(&b.margin));
+    let outcome = match worst {
+        None => Outcome::Pass,
+        Some(j) => Outcome::Fail(Failure {
+            prop: Prop::NumericAgreement,
+            detail: format!(
+                "{}: max error {:.3e} > threshold {:.3e} (emulation error {:.3e})",
+                j.tensor, j.err, j.threshold, j.emu_err
+            ),
+            worst: j.worst.clone(),
+            margin: j.margin,
+        }),
+    };
+    (outcome, js)
+}
+
+/// Don't-care outputs must be exactly 0 (lse -inf), and valid outputs NaN-free where the
+/// reference is.
+pub fn dont_care_outputs(case: &Case, actual: &Outputs) -> Option<String> {
+    let vq = case.layout.q.valid_tokens();
+    let vk = case.layout.kv.valid_tokens();
+    let check3 = |name: &str, t: &Option<ndarray::Array3<f64>>, valid: &[bool]| -> Option<String> {
+        let t = t.as_ref()?;
+        t.indexed_iter().find_map(|((tok, h, d), &x)| {
+            (!valid[tok] && x.to_bits() != 0f64.to_bits()).then(|| {
+                format!("{name}[{tok}, {h}, {d}] = {x} on a don't-care token (expected 0)")
+            })
+        })
+    };
+    check3("o", &actual.o, &vq)
+        .or_else(|| {
+            actual.lse.as_ref().and_then(|t| {
+                t.indexed_iter().find_map(|((tok, h), &x)| {
+                    (!vq[tok] && x != f64::NEG_INFINITY).then(|| {
+                        format!("lse[{tok}, {h}] = {x} on a don't-care token (expected -inf)")
+                    })
+                })
+            })
+        })
+        .or_else(|| check3("dq", &actual.dq, &vq))
+        .or_else(|| check3("dk", &actual.dk, &vk))
+        .or_else(|| check3("dv", &actual.dv, &vk))
+}
+
+/// First element where two output sets differ bitwise, restricted to `rows` pairs.
+fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
+    let pairs3 = [
+        ("o", &a.o, &b.o),
+        ("dq", &a.dq, &b.dq),
+        ("dk", &a.dk, &b.dk),
+        ("dv", &a.dv, &b.dv),
+    ];
+    for (name, x, y) in pairs3 {
+        if let (Some(x), Some(y)) = (x, y) {
+            if let Some(((t, h, d), v)) = x
+                .indexed_iter()
+                .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+            {
+                return Some(format!("{name}[{t}, {h}, {d}]: {v} vs {}", y[(t, h, d)]));
+            }
+        }
+    }
+    if let (Some(x), Some(y)) = (&a.lse, &b.lse) {
+        if let Some(((t, h), v)) = x
+            .indexed_iter()
+            .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+        {
+            return Some(format!("lse[{t}, {h}]: {v} vs {}", y[(t, h)]));
+        }
+    }
+    None
+}
+
+/// Runs the property suite on one case.
+pub struct Checker<'a> {
+    pub backend: &'a dyn Backend,
+    pub opts: RunOptions,
+}
+
+impl Checker<'_> {
+    /// Every property on `case`. `salt` varies the metamorphic relation and re-poisoning.
+    ///
+    /// # Errors
+    /// Only infrastructure errors (an invalid case); backend failures on a case are recorded
+    /// as property failures.
+    pub fn check(&self, case: &Case, salt: u64) -> Result<CaseRun> {
+        let be = self.backend;
+        let mut outcomes = vec![(Prop::Eligibility, self.eligibility(case))];
+        if let Some(why) = case.config.unsupported_reason() {
+            let o = match wrapper::fwd(be, case, &self.opts) {
+                Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
+                Err(e) => fail(
+                    Prop::NumericAgreement,
+                    format!("expected an unsupported error, got: {e}"),
+                ),
+                Ok(_) => fail(
+                    Prop::NumericAgreement,
+                    format!("{why}, yet the backend ran it"),
+                ),
+            };
+            for p in Prop::ALL.into_iter().skip(1) {
+                let o = if p == Prop::NumericAgreement {
+                    o.clone()
+                } else {
+                    skip(format!("unsupported: {why}"))
+                };
+                outcomes.push((p, o));
+            }
+            return Ok(CaseRun {
+                outcomes,
+                judgements: Vec::new(),
+                outputs: Outputs::default(),
+                path_fwd: None,
+                path_bwd: None,
+            });
+        }
+        let base = match run_pair(be, case, &self.opts) {
+            Ok(p) => p,
+            Err(e) => {
+                outcomes.push((
+                    Prop::NumericAgreement,
+                    fail(Prop::NumericAgreement, format!("backend error: {e}")),
+                ));
+                return Ok(CaseRun {
+                    outcomes,
+                    judgements: Vec::new(),
+                    outputs: Outputs::default(),
+                    path_fwd: None,
+                    path_bwd: None,
+                });
+            }
+        };
+        let actual = base.outputs();
+        let (reference, emulated) = oracle(case)?;
+        let (num, judgements) = numeric(case, &actual, &reference, &emulated);
+        outcomes.push((Prop::NumericAgreement, num));
+        outcomes.push((Prop::Workspace, self.workspace(&base)));
+        outcomes.push((Prop::DontCare, self.dont_care(case, &actual, salt)));
+        outcomes.push((Prop::Determinism, self.determinism(case, &actual)));
+        outcomes.push((
+            Prop::FallbackEquivalence,
+            self.fallback_equivalence(case, &base, &actual, &reference, &emulated, &judgements),
+        ));
+        outcomes.push((
+            Prop::Metamorphic,
+            self.metamorphic(case, &base, &actual, &judgements, salt),
+        ));
+        Ok(CaseRun {
+            outcomes,
+            judgements,
+            path_fwd: base.fwd.path,
+            path_bwd: base.bwd.as_ref().and_then(|b| b.path),
+            outputs: actual,
+        })
+    }
+
+    fn eligibility(&self, case: &Case) -> Outcome {
+        let be = self.backend;
+        let got = wrapper::decide(be, case, &self.opts);
+        let arch = be.arch();
+        let facts = StaticFacts {
+            config: &case.config,
+            env: &self.opts.env,
+            arch: &arch,
+            backend_has_kernel: be.has_small_seq(),
+        };
+        let rt = RuntimeFacts::new(case.config.layout, &case.layout);
+        let want = surface::evaluate(self.opts.profile, &facts, Some(&rt));
+        let mut want_codes: Vec<_> = want.iter().map(|r| r.code.name()).collect();
+        want_codes.sort_unstable();
+        let mut got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
+        got_codes.sort_unstable();
+        let want_path = if want.is_empty() {
+            Path::SmallSeq
+        } else {
+            Path::Fallback
+        };
+        if got.path != want_path || got_codes != want_codes {
+            return fail(
+                Prop::Eligibility,
+                format!(
+                    "dispatcher chose {} {:?}, the {} surface says {} {:?}",
+                    got.path, got_codes, self.opts.profile, want_path, want_codes
+                ),
+            );
+        }
+        Outcome::Pass
+    }
+
+    fn workspace(&self, base: &Pair) -> Outcome {
+        let mut reports = vec![("forward", &base.fwd.workspace)];
+        if let Some(b) = &base.bwd {
+            reports.push(("backward", &b.workspace));
+        }
+        for (dir, w) in reports {
+            if !w.corrupted.is_empty() {
+                return fail(
+                    Prop::Workspace,
+                    format!(
+                        "{dir}: guard band overwritten at {}",
+                        w.corrupted.join(", ")
+                    ),
+                );
+            }
+            if w.used > w.planned || w.planned > w.bound {
+                return fail(
+                    Prop::Workspace,
+                    format!(
+                        "{dir}: used {} planned {} trace-time bound {} (elements)",
+                        w.used, w.planned, w.bound
+                    ),
+                );
+            }
+        }
+        Outcome::Pass
+    }
+
+    fn dont_care(&self, case: &Case, actual: &Outputs, salt: u64) -> Outcome {
+        let (rq, rk) = dont_care_rows(case);
+        if let Some(msg) = dont_care_outputs(case, actual) {
+            return fail(Prop::DontCare, msg);
+        }
+        if rq.is_empty() && rk.is_empty() {
+            return skip("no don't-care tokens");
+        }
+        let mut repoisoned = case.clone();
+        poison(&mut repoisoned, &mut Rng::new(salt ^ 0xd0_c0de));
+        match run_pair(self.backend, &repoisoned, &self.opts) {
+            Err(e) => fail(Prop::DontCare, format!("re-poisoned run failed: {e}")),
+            Ok(p) => {
+                let mut other = p.outputs();
+                // Only valid outputs must be unchanged; don't-care outputs were checked above.
+                mask_dont_care(case, &mut other, actual);
+                match bitwise_diff(actual, &other) {
+                    None => Outcome::Pass,
+                    Some(d) => fail(
+                        Prop::DontCare,
+                        format!("valid output changed when don't-care inputs changed: {d}"),
+                    ),
+                }
+            }
+        }
+    }
+
+    fn determinism(&self, case: &Case, actual: &Outputs) -> Outcome {
+        let opts = RunOptions {
+            fill: f32::NAN,
+            ..self.opts.clone()
+        };
+        match run_pair(self.backend, case, &opts) {
+            Err(e) => fail(Prop::Determinism, format!("rerun failed: {e}")),
+            Ok(p) => match bitwise_diff(actual, &p.outputs()) {
+                None => Outcome::Pass,
+                Some(d) => fail(
+                    Prop::Determinism,
+                    format!("rerun into poisoned outputs differs: {d}"),
+                ),
+            },
+        }
+    }
+
+    fn fallback_equivalence(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+        reference: &Outputs,
+        emulated: &Outputs,
+        judgements: &[Judgement],
+    ) -> Outcome {
+        if base.fwd.path != Some(Path::SmallSeq) {
+            return skip("not eligible for small-seq");
+        }
+        let opts = RunOptions {
+            force: Some(Path::Fallback),
+            ..self.opts.clone()
+        };
+        let fb = match run_pair(self.backend, case, &opts) {
+            Ok(p) => p,
+            Err(e) => {
+                return fail(
+                    Prop::FallbackEquivalence,
+                    format!("fallback run failed: {e}"),
+                )
+            }
+        };
+        let fb_out = fb.outputs();
+        let (_, fb_js) = numeric(case, &fb_out, reference, emulated);
+        for (a, b) in judgements.iter().zip(&fb_js) {
+            let between = judge_all(actual, &fb_out, emulated, &case.layout, case.config.dtype)
+                .into_iter()
+                .find(|j| j.tensor == a.tensor)
+                .map_or(0.0, |j| j.err);
+            let limit = a.threshold + b.threshold;
+            if between > limit {
+                return Outcome::Fail(Failure {
+                    prop: Prop::FallbackEquivalence,
+                    detail: format!(
+                        "{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}",
+                        a.tensor
+                    ),
+                    worst: None,
+                    margin: between / limit,
+                });
+            }
+        }
+        // Forward and backward on different paths must still agree: backward on the
+        // fallback from the small-seq forward's LSE.
+        if case.d_o.is_some() {
+            match wrapper::bwd(self.backend, case, &base.fwd.o, &base.fwd.lse, &opts) {
+                Err(e) => {
+                    return fail(
+                        Prop::FallbackEquivalence,
+                        format!("mixed-path backward failed: {e}"),
+                    )
+                }
+                Ok(b) => {
+                    let mixed = Outputs {
+                        dq: Some(b.dq.mapv(f64::from)),
+                        dk: Some(b.dk.mapv(f64::from)),
+                        dv: Some(b.dv.mapv(f64::from)),
+                        ..Outputs::default()
+                    };
+                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, reference, emulated) {
+                        f.prop = Prop::FallbackEquivalence;
+                        f.detail = format!("small-seq forward + fallback backward: {}", f.detail);
+                        return Outcome::Fail(f);
+                    }
+                }
+            }
+        }
+        Outcome::Pass
+    }
+
+    fn metamorphic(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+        js: &[Judgement],
+        salt: u64,
+    ) -> Outcome {
+        let b = case.layout.slots();
+        let gqa = case.config.params.num_heads != case.config.params.num_kv_heads;
+        let relations: Vec<&str> = [
+            (b >= 2).then_some("permute"),
+            (b >= 2).then_some("split"),
+            gqa.then_some("gqa"),
+            Some("scale"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let rel = relations[(salt % relations.len() as u64) as usize];
+        match rel {
+            "permute" => {
+                let order: Vec<usize> = (0..b).rev().collect();
+                self.slot_relation(case, base, actual, &[order], "reversing the slots")
+            }
+            "split" => {
+                let cut = b / 2;
+                self.slot_relation(
+                    case,
+                    base,
+                    actual,
+                    &[(0..cut).collect(), (cut..b).collect()],
+                    "splitting the batch in two launches",
+                )
+            }
+            "gqa" => self.gqa_relation(case, actual, js),
+            _ => self.scale_relation(case, actual),
+        }
+    }
+
+    /// Runs `parts` (slot subsets) as separate launches; their outputs must equal the
+    /// corresponding rows of the base run bitwise when the path is unchanged.
+    fn slot_relation(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+        parts: &[Vec<usize>],
+        what: &str,
+    ) -> Outcome {
+        for order in parts {
+            let (sub, rows_q, rows_k) = select_slots(case, order, true);
+            let p = match run_pair(self.backend, &sub, &self.opts) {
+                Ok(p) => p,
+                Err(e) => return fail(Prop::Metamorphic, format!("{what}: run failed: {e}")),
+            };
+            if p.fwd.path != base.fwd.path {
+                return skip(format!("{what} changed the path"));
+            }
+            let got = p.outputs();
+            let pick3 = |t: &Option<ndarray::Array3<f64>>, rows: &[usize]| {
+                t.as_ref().map(|t| t.select(ndarray::Axis(0), rows))
+            };
+            let want = Outputs {
+                o: pick3(&actual.o, &rows_q),
+                lse: actual
+                    .lse
+                    .as_ref()
+                    .map(|t| t.select(ndarray::Axis(0), &rows_q)),
+                dq: pick3(&actual.dq, &rows_q),
+                dk: pick3(&actual.dk, &rows_k),
+                dv: pick3(&actual.dv, &rows_k),
+            };
+            let mut got = got;
+            mask_dont_care(&sub, &mut got, &want);
+            if let Some(d) = bitwise_diff(&want, &got) {
+                return fail(
+                    Prop::Metamorphic,
+                    format!("{what} changed a valid output: {d}"),
+                );
+            }
+        }
+        Outcome::Pass
+    }
+
+    fn gqa_relation(&self, case: &Case, actual: &Outputs, js: &[Judgement]) -> Outcome {
+        let mha = repeat_kv(case);
+        let p = match run_pair(self.backend, &mha, &self.opts) {
+            Ok(p) => p,
+            Err(e) => return fail(Prop::Metamorphic, format!("MHA equivalent failed: {e}")),
+        };
+        let m = p.outputs();
+        let g = case.config.params.group_size();
+        let sum_group = |t: &Option<ndarray::Array3<f64>>| {
+            t.as_ref().map(|t| {
+                let (tk, h, d) = t.dim();
+                ndarray::Array3::from_shape_fn((tk, h / g, d), |(x, y, z)| {
+                    (0..g).map(|j| t[(x, y * g + j, z)]).sum()
+                })
+            })
+        };
+        let summed = Outputs {
+            o: m.o.clone(),
+            lse: m.lse.clone(),
+            dq: m.dq.clone(),
+            dk: sum_group(&m.dk),
+            dv: sum_group(&m.dv),
+        };
+        let diffs = judge_all(actual, &summed, actual, &case.layout, case.config.dtype);
+        for (d, j) in diffs.iter().zip(js) {
+            // Both sides are within tolerance of the reference; the group sum adds at most
+            // g roundings of the MHA side.
+            let limit = (1.0 + g as f64) * j.threshold;
+            if d.err > limit {
+                return Outcome::Fail(Failure {
+                    prop: Prop::Metamorphic,
+                    detail: format!(
+                        "GQA vs MHA with repeated K/V: {} differs by {:.3e} > {limit:.3e}",
+                        d.tensor, d.err
+                    ),
+                    worst: d.worst.clone(),
+                    margin: d.err / limit,
+                });
+            }
+        }
+        Outcome::Pass
+    }
+
+    fn scale_relation(&self, case: &Case, actual: &Outputs) -> Outcome {
+        let dt = case.config.dtype;
+        let limit = f64::from(dt.max_finite()) / 4.0;
+        let big = |t: &Option<ndarray::Array3<f64>>| {
+            t.as_ref()
+                .is_some_and(|t| t.iter().any(|x| x.abs() > limit))
+        };
+        if big(&actual.o) || big(&actual.dq) || big(&actual.dk) || big(&actual.dv) {
+            return skip("scaling by 2 could overflow");
+        }
+        let mut scaled = case.clone();
+        // Only valid rows are scaled: don't-care rows may hold the dtype's largest value.
+        let double_rows = |t: &mut ndarray::Array3<f32>, valid: &[bool]| {
+            for (r, _) in valid.iter().enumerate().filter(|(_, v)| **v) {
+                t.slice_mut(ndarray::s![r, .., ..])
+                    .mapv_inplace(|x| x * 2.0);
+            }
+        };
+        double_rows(&mut scaled.v, &case.layout.kv.valid_tokens());
+        let with_grad = dt != Dtype::F16;
+        if let Some(d) = scaled.d_o.as_mut() {
+            if with_grad {
+                double_rows(d, &case.layout.q.valid_tokens());
+            }
+        }
+        let p = match run_pair(self.backend, &scaled, &self.opts) {
+            Ok(p) => p,
+            Err(e) => return fail(Prop::Metamorphic, format!("scaled run failed: {e}")),
+        };
+        let got = p.outputs();
+        // Power-of-two scaling commutes with rounding except in the subnormal range, where
+        // the quantum is absolute: allow one quantum there.
+        // For bf16 and f32 the f32 intermediates only go subnormal far below any value that
+        // matters, so values under 2^-100 are not held to exactness.
+        let (tiny, quantum) = match dt {
+            Dtype::F16 => (2f64.powi(-13), 2f64.powi(-24)),
+            Dtype::Bf16 | Dtype::F32 => (2f64.powi(-100), 2f64.powi(-100)),
+        };
+        let check = |name: &str,
+                     a: &Option<ndarray::Array3<f64>>,
+                     b: &Option<ndarray::Array3<f64>>,
+                     f: f64|
+         -> Option<String> {
+            let (a, b) = (a.as_ref()?, b.as_ref()?);
+            a.indexed_iter().find_map(|((t, h, d), &x)| {
+                let y = b[(t, h, d)];
+                let want = x * f;
+                let ok = want.to_bits() == y.to_bits()
+                    || (want.abs() < tiny && (want - y).abs() <= 2.0 * quantum * f);
+                (!ok).then(|| {
+                    format!("{name}[{t}, {h}, {d}] = {y}, expected exactly {f} x {x} = {want}")
+                })
+            })
+        };
+        let lse_same = match (&actual.lse, &got.lse) {
+            (Some(a), Some(b)) => a
+                .iter()
+                .zip(b.iter())
+                .position(|(x, y)| x.to_bits() != y.to_bits()),
+            _ => None,
+        };
+        let mut msg = check("o", &actual.o, &got.o, 2.0);
+        if msg.is_none() {
+            msg = lse_same.map(|i| format!("lse element {i} changed when v was scaled"));
+        }
+        if with_grad && msg.is_none() {
+            // v and d_o both doubled: dP and D scale by 4, so dq and dk by 4; dv = P·dO by 2.
+            msg = check("dq", &actual.dq, &got.dq, 4.0)
+                .or_else(|| check("dk", &actual.dk, &got.dk, 4.0))
+                .or_else(|| check("dv", &actual.dv, &got.dv, 2.0));
+        }
+        match msg {
+            None => Outcome::Pass,
+            Some(m) => fail(Prop::Metamorphic, format!("scaling v (and d_o) by 2: {m}")),
+        }
+    }
+}
+
+/// Copies `reference`'s don't-care entries into `out`, so comparisons see only valid rows.
+fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
+    let vq = case.layout.q.valid_tokens();
+    let vk = case.layout.kv.valid_tokens();
+    let fix3 =
+        |o: &mut Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>, valid: &[bool]| {
+            if let (Some(o), Some(r)) = (o.as_mut(), r.as_ref()) {
+                for (t, v) in valid.iter().enumerate() {
+                    if !v && t < o.dim().0 && t < r.dim().0 {
+                        o.slice_mut(ndarray::s![t, .., ..])
+                            .assign(&r.slice(ndarray::s![t, .., ..]));
+                    }
+                }
+            }
+        };
+    fix3(&mut out.o, &reference.o, &vq);
+    fix3(&mut out.dq, &reference.dq, &vq);
+    fix3(&mut out.dk, &reference.dk, &vk);
+    fix3(&mut out.dv, &reference.dv, &vk);
+    if let (Some(o), Some(r)) = (out.lse.as_mut(), reference.lse.as_ref()) {
+        for (t, v) in vq.iter().enumerate() {
+            if !v && t < o.dim().0 && t < r.dim().0 {
+                o.row_mut(t).assign(&r.row(t));
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Replaying a capsule: re-judge its stored outputs on this machine, or run it again on a
+//! backend and say whether the new outputs are bitwise equal to the stored ones.
+
+use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
+use crate::case::Case;
+use crate::error::Result;
+
+/// What a replay found.
+#[derive(Clone, Debug, Default)]
+pub struct Diagnosis {
+    pub lines: Vec<String>,
+    pub failed: bool,
+}
+
+impl Diagnosis {
+    fn say(&mut self, line: String) {
+        self.lines.push(line);
+    }
+}
+
+/// Judges the outputs stored in `case` against the f64 reference, on every property the
+/// stored outputs allow (numeric agreement and don't-care outputs).
+///
+/// # Errors
+/// An invalid case.
+pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
+    let mut d = Diagnosis::default();
+    if case.outputs.is_empty() {
+        d.say("the case stores no outputs: nothing to judge (pass --backend to run it)".into());
+        return Ok(d);
+    }
+    if let Some(v) = case.meta.get("smallseq.verdict") {
+        d.say(format!("recorded verdict: {v}"));
+    }
+    let (reference, emulated) = oracle(case)?;
+    let (num, js) = numeric(case, &case.outputs, &reference, &emulated);
+    for j in &js {
+        d.say(format!(
+            "{:>4}: max error {:.3e}, threshold {:.3e}, margin {:.3} {}",
+            j.tensor,
+            j.err,
+            j.threshold,
+            j.margin,
+            if j.passed() { "ok" } else { "FAIL" }
+        ));
+    }
+    if let Outcome::Fail(f) = num {
+        d.failed = true;
+        d.say(format!("numeric_agreement FAILED: {}", f.detail));
+        if let Some(w) = f.worst {
+            let dim = w.dim.map_or(String::new(), |x| format!(", dim {x}"));
+            d.say(format!(
+                "worst element: tensor {}, token {}, head {}{dim}: value {} expected {}",
+                w.tensor, w.token, w.head, w.value, w.expected
+            ));
+        }
+    }
+    if let Some(msg) = dont_care_outputs(case, &case.outputs) {
+        d.failed = true;
+        d.say(format!("dont_care FAILED: {msg}"));
+    }
+    if !d.failed {
+        d.say("stored outputs pass every property they allow".into());
+    }
+    Ok(d)
+}
+
+/// Runs the case on `checker`'s backend: every property, and a bitwise comparison with the
+/// stored outputs when there are any.
+///
+/// # Errors
+/// An invalid case.
+pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
+    let mut d = Diagnosis::default();
+    let run = checker.check(case, 0)?;
+    for (p, o) in &run.outcomes {
+        match o {
+            Outcome::Pass => d.say(format!("{p}: pass")),
+            Outcome::Skip { reason } => d.say(format!("{p}: skip ({reason})")),
+            Outcome::Fail(f) => {
+                d.failed = true;
+                d.say(format!("{p}: FAIL: {}", f.detail));
+                if let Some(w) = &f.worst {
+                    let dim = w.dim.map_or(String::new(), |x| format!(", dim {x}"));
+                    d.say(format!(
+                        "  worst element: tensor {}, token {}, head {}{dim}: value {} expected {}",
+                        w.tensor, w.token, w.head, w.value, w.expected
+                    ));
+                }
+            }
+        }
+    }
+    if !case.outputs.is_empty() {
+        let same = run
+            .outputs
+            .bitwise_eq(&restrict(&run.outputs, &case.outputs));
+        d.say(format!(
+            "new outputs are {} to the stored ones",
+            if same {
+                "bitwise equal"
+            } else {
+                "NOT bitwise equal"
+            }
+        ));
+    }
+    Ok(d)
+}
+
+/// The stored outputs, limited to the tensors the rerun produced.
+fn restrict(new: &crate::case::Outputs, stored: &crate::case::Outputs) -> crate::case::Outputs {
+    crate::case::Outputs {
+        o: new.o.as_ref().and(stored.o.clone()),
+        lse: new.lse.as_ref().and(stored.lse.clone()),
+        dq: new.dq.as_ref().and(stored.dq.clone()),
+        dk: new.dk.as_ref().and(stored.dk.clone()),
+        dv: new.dv.as_ref().and(stored.dv.clone()),
+    }
+}

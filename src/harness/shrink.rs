@@ -1,0 +1,116 @@
+//! Shrinking a failing case: drop slots, shorten slots, reduce heads keeping H/Hkv, then
+//! simplify the data — accepting each step only while the same property still fails with
+//! margin >= 2 (exact properties fail with an infinite margin).
+
+use super::props::{Checker, Prop};
+use super::transform::{reduce_heads, select_slots, shorten_slot};
+use crate::case::Case;
+use std::time::{Duration, Instant};
+
+/// Minimum margin a shrunk case must keep.
+pub const MIN_MARGIN: f64 = 2.0;
+
+/// Whether `case` still fails `prop` clearly enough.
+fn still_fails(checker: &Checker, case: &Case, prop: Prop) -> bool {
+    if case.validate().is_err() {
+        return false;
+    }
+    checker.check(case, 0).is_ok_and(|run| {
+        run.failures()
+            .iter()
+            .any(|f| f.prop == prop && f.margin >= MIN_MARGIN)
+    })
+}
+
+/// Candidate simplifications of `case`, most aggressive first.
+fn candidates(case: &Case) -> Vec<Case> {
+    let mut out = Vec::new();
+    let b = case.layout.slots();
+    // Keep only one slot, then drop one slot at a time.
+    if b > 1 {
+        for i in 0..b {
+            out.push(select_slots(case, &[i], true).0);
+        }
+        for i in 0..b {
+            let order: Vec<usize> = (0..b).filter(|&j| j != i).collect();
+            out.push(select_slots(case, &order, true).0);
+        }
+    }
+    let p = &case.config.params;
+    let g = p.group_size();
+    for heads in [g, p.num_heads / 2] {
+        out.extend(reduce_heads(case, heads));
+    }
+    for i in 0..b {
+        out.extend(shorten_slot(case, i, true));
+        out.extend(shorten_slot(case, i, false));
+    }
+    // Data: round valid inputs to integers (exact in every dtype), then zero q.
+    let mut ints = case.clone();
+    let dt = case.config.dtype;
+    for t in [&mut ints.q, &mut ints.k, &mut ints.v] {
+        t.mapv_inplace(|x| {
+            if x.is_finite() {
+                dt.round(x.round())
+            } else {
+                x
+            }
+        });
+    }
+    if let Some(d) = ints.d_o.as_mut() {
+        d.mapv_inplace(|x| {
+            if x.is_finite() {
+                dt.round(x.round())
+            } else {
+                x
+            }
+        });
+    }
+    out.push(ints);
+    out
+}
+
+/// Shrinks `case` (which fails `prop`) within `budget`. Returns the smallest failing case
+/// found and the number of accepted steps.
+pub fn shrink(checker: &Checker, case: &Case, prop: Prop, budget: Duration) -> (Case, usize) {
+    let start = Instant::now();
+    let mut best = case.clone();
+    let mut steps = 0;
+    'outer: while start.elapsed() < budget {
+        for cand in candidates(&best) {
+            if start.elapsed() >= budget {
+                break 'outer;
+            }
+            if size(&cand) <= size(&best)
+                && cand_differs(&cand, &best)
+                && still_fails(checker, &cand, prop)
+            {
+                best = cand;
+                steps += 1;
+                continue 'outer;
+            }
+        }
+        break;
+    }
+    (best, steps)
+}
+
+/// (slots, tokens, heads, non-integer values): smaller is simpler.
+fn size(c: &Case) -> (usize, usize, usize, usize) {
+    let frac =
+        c.q.iter()
+            .chain(c.k.iter())
+            .chain(c.v.iter())
+            .filter(|x| x.fract() != 0.0)
+            .count();
+    (
+        c.layout.slots(),
+        c.layout.q.tokens + c.layout.kv.tokens,
+        c.config.params.num_heads,
+        frac,
+    )
+}
+
+fn cand_differs(a: &Case, b: &Case) -> bool {
+    size(a) != size(b)
+}

@@ -1,0 +1,220 @@
+//! The tolerance model: FlashAttention's rule, per tensor.
+//!
+//! `err = max |actual - reference|` over valid elements (NaN counts as infinite), and the case
+//! passes iff `err <= threshold` with
+//!
+//! ```text
+//! threshold = K * emu_err + FLOOR * u * magnitude
+//! ```
+//!
+//! where `emu_err` is the same error of the device-faithful emulation (the yardstick: what a
+//! correct kernel with these roundings gets), `u` the unit roundoff of the tensor's stored type
+//! (the input dtype for o/dq/dk/dv, f32 for lse), and `magnitude = max |reference|` over valid
+//! elements (at least 1 for lse), so the threshold never collapses to zero. `margin =
+//! err / threshold` is recorded for every tensor of every case.
+
+use crate::case::Outputs;
+use ndarray::{ArrayD, Dimension};
+use serde::Serialize;
+use smallseq_reference::{Dtype, Layout};
+
+/// Multiplier on the emulation's error.
+pub const K: f64 = 4.0;
+/// Noise floor, in units of `u * magnitude`.
+pub const FLOOR: f64 = 4.0;
+
+/// The element where a tensor's error is largest.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Worst {
+    pub tensor: String,
+    pub token: usize,
+    pub head: usize,
+    /// `None` for lse.
+    pub dim: Option<usize>,
+    pub value: f64,
+    pub expected: f64,
+}
+
+/// The verdict on one tensor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Judgement {
+    pub tensor: String,
+    pub err: f64,
+    pub emu_err: f64,
+    pub threshold: f64,
+    pub margin: f64,
+    pub worst: Option<Worst>,
+}
+
+impl Judgement {
+    pub fn passed(&self) -> bool {
+        self.margin <= 1.0
+    }
+}
+
+fn elem_err(a: f64, r: f64) -> f64 {
+    if a == r {
+        0.0 // equal infinities included
+    } else if a.is_nan() || r.is_nan() || a.is_infinite() || r.is_infinite() {
+        f64::INFINITY
+    } else {
+        (a - r).abs()
+    }
+}
+
+/// Max error over rows flagged valid, and where it is.
+fn max_err(
+    a: &ArrayD<f64>,
+    r: &ArrayD<f64>,
+    valid: &[bool],
+    max_finite: f64,
+) -> (f64, Option<(Vec<usize>, f64, f64)>) {
+    let mut best = (0.0, None);
+    for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
+        // A reference value the output dtype cannot hold may legitimately overflow.
+        if !valid[idx[0]] || (y.is_finite() && y.abs() >= max_finite) {
+            continue;
+        }
+        let e = elem_err(x, y);
+        if e > best.0 || (best.1.is_none() && e.is_nan()) {
+            best = (e, Some((idx.as_array_view().to_vec(), x, y)));
+        }
+    }
+    best
+}
+
+fn magnitude(r: &ArrayD<f64>, valid: &[bool]) -> f64 {
+    r.indexed_iter()
+        .filter(|(i, x)| valid[i[0]] && x.is_finite())
+        .fold(0.0f64, |m, (_, x)| m.max(x.abs()))
+}
+
+/// The per-tensor views needed to judge one output.
+pub struct Triple<'a> {
+    pub name: &'static str,
+    pub actual: ArrayD<f64>,
+    pub reference: ArrayD<f64>,
+    pub emulated: ArrayD<f64>,
+    pub valid: &'a [bool],
+    pub unit: f64,
+    pub min_magnitude: f64,
+    /// Largest finite value of the stored type.
+    pub max_finite: f64,
+}
+
+/// Judges one tensor.
+pub fn judge(t: &Triple) -> Judgement {
+    let (err, at) = max_err(&t.actual, &t.reference, t.valid, t.max_finite);
+    let (emu_err, _) = max_err(&t.emulated, &t.reference, t.valid, t.max_finite);
+    let mag = magnitude(&t.reference, t.valid)
+        .min(t.max_finite)
+        .max(t.min_magnitude);
+    let threshold = K * emu_err.min(f64::MAX) + FLOOR * t.unit * mag;
+    let threshold = if threshold > 0.0 {
+        threshold
+    } else {
+        f64::MIN_POSITIVE
+    };
+    let worst = at.map(|(idx, value, expected)| Worst {
+        tensor: t.name.into(),
+        token: idx[0],
+        head: idx[1],
+        dim: idx.get(2).copied(),
+        value,
+        expected,
+    });
+    Judgement {
+        tensor: t.name.into(),
+        err,
+        emu_err,
+        threshold,
+        margin: if err == 0.0 { 0.0 } else { err / threshold },
+        worst,
+    }
+}
+
+/// Judges every output present in `actual` against reference and emulation (both given as
+/// [`Outputs`] widened to f64).
+pub fn judge_all(
+    actual: &Outputs,
+    reference: &Outputs,
+    emulated: &Outputs,
+    layout: &Layout,
+    dtype: Dtype,
+) -> Vec<Judgement> {
+    let vq = layout.q.valid_tokens();
+    let vk = layout.kv.valid_tokens();
+    let u = dtype.unit_roundoff();
+    let mut out = Vec::new();
+    let mut add = |name: &'static str,
+                   a: Option<ArrayD<f64>>,
+                   r: Option<ArrayD<f64>>,
+                   e: Option<ArrayD<f64>>,
+                   valid: &[bool],
+                   unit: f64,
+                   min_mag: f64| {
+        if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
+            out.push(judge(&Triple {
+                name,
+                actual,
+                reference,
+                emulated,
+                valid,
+                unit,
+                min_magnitude: min_mag,
+                max_finite: if name == "lse" {
+                    f64::from(f32::MAX)
+                } else {
+                    f64::from(dtype.max_finite())
+                },
+            }));
+        }
+    };
+    let dyn3 = |x: &Option<ndarray::Array3<f64>>| x.clone().map(|a| a.into_dyn());
+    add(
+        "o",
+        dyn3(&actual.o),
+        dyn3(&reference.o),
+        dyn3(&emulated.o),
+        &vq,
+        u,
+        0.0,
+    );
+    add(
+        "lse",
+        actual.lse.clone().map(|a| a.into_dyn()),
+        reference.lse.clone().map(|a| a.into_dyn()),
+        emulated.lse.clone().map(|a| a.into_dyn()),
+        &vq,
+        Dtype::F32.unit_roundoff(),
+        1.0,
+    );
+    add(
+        "dq",
+        dyn3(&actual.dq),
+        dyn3(&reference.dq),
+        dyn3(&emulated.dq),
+        &vq,
+        u,
+        0.0,
+    );
+    add(
+        "dk",
+        dyn3(&actual.dk),
+        dyn3(&reference.dk),
+        dyn3(&emulated.dk),
+        &vk,
+        u,
+        0.0,
+    );
+    add(
+        "dv",
+        dyn3(&actual.dv),
+        dyn3(&reference.dv),
+        dyn3(&emulated.dv),
+        &vk,
+        u,
+        0.0,
+    );
+    out
+}

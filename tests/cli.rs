@@ -1,0 +1,281 @@
+//! The `smallseq` command end to end: run, explain, repro, and malformed case files.
+
+use smallseq::case_file::{read_case, write_case, OutputPrecision};
+use smallseq::harness::gen::{build, draw_geometry};
+use smallseq::harness::rng::Rng;
+use smallseq::reference::{Dtype, Layout, Mask};
+use smallseq::{AttnConfig, Case};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_smallseq"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smallseq-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn small_case(lens: &[(usize, usize)], h: usize, d: usize) -> Case {
+    let layout = Layout::packed(lens);
+    let cfg = AttnConfig::new(Dtype::Bf16, h, d, Mask::Padding);
+    let mut rng = Rng::new(3);
+    let mut t = |n| {
+        ndarray::Array3::from_shape_simple_fn((n, h, d), || Dtype::Bf16.round(rng.normal() as f32))
+    };
+    let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+    let (q, k, v, d_o) = (t(tq), t(tk), t(tk), t(tq));
+    Case::new(cfg, layout, q, k, v, Some(d_o)).unwrap()
+}
+
+fn write(c: &Case, name: &str) -> PathBuf {
+    let p = tmp(name);
+    write_case(c, &p, OutputPrecision::Device).unwrap();
+    p
+}
+
+#[test]
+fn explain_json_is_one_object_with_reasons() {
+    let p = write(&small_case(&[(18, 3)], 16, 128), "explain.safetensors");
+    let out = bin()
+        .args(["explain", "--case"])
+        .arg(&p)
+        .args(["--json", "--env", "SMALLSEQ_FORCE_FALLBACK=1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["path"], "fallback");
+    assert_eq!(v["profile"], "native");
+    let codes: Vec<&str> = v["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["env", "seqlen_q"]);
+    let out = bin()
+        .args(["explain", "--case"])
+        .arg(&p)
+        .args([
+            "--json",
+            "--profile",
+            "te625",
+            "--arch",
+            "gfx942",
+            "--env",
+            "NVTE_FUSED_ATTN_CK_SMALLSEQ=1",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["reasons"][0]["code"], "seqlen_q");
+}
+
+#[test]
+fn run_reference_writes_f64_outputs_matching_the_naive_implementation() {
+    let mut rng = Rng::new(11);
+    for i in 0..12 {
+        let g = draw_geometry(&mut rng);
+        let Ok(case) = build(&g, 100 + i) else {
+            continue;
+        };
+        let inp = write(&case, &format!("ref-in-{i}.safetensors"));
+        let outp = tmp(&format!("ref-out-{i}.safetensors"));
+        let st = bin()
+            .args(["run", "--backend", "reference", "--case"])
+            .arg(&inp)
+            .arg("--out")
+            .arg(&outp)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let got = read_case(&outp).unwrap();
+        let (f, gr) = smallseq::reference::naive::forward_backward(&case.problem().unwrap());
+        let close = |a: &ndarray::ArrayD<f64>, b: &ndarray::ArrayD<f64>| {
+            a.iter().zip(b.iter()).all(|(x, y)| {
+                x == y || (x - y).abs() <= 1e-9 * y.abs().max(1e-300) || (x - y).abs() < 1e-12
+            })
+        };
+        assert!(
+            close(&got.outputs.o.clone().unwrap().into_dyn(), &f.o.into_dyn()),
+            "o, case {i}"
+        );
+        assert!(
+            close(
+                &got.outputs.lse.clone().unwrap().into_dyn(),
+                &f.lse.into_dyn()
+            ),
+            "lse, case {i}"
+        );
+        if let Some(gr) = gr {
+            assert!(
+                close(
+                    &got.outputs.dq.clone().unwrap().into_dyn(),
+                    &gr.dq.into_dyn()
+                ),
+                "dq, case {i}"
+            );
+            assert!(
+                close(
+                    &got.outputs.dk.clone().unwrap().into_dyn(),
+                    &gr.dk.into_dyn()
+                ),
+                "dk, case {i}"
+            );
+            assert!(
+                close(
+                    &got.outputs.dv.clone().unwrap().into_dyn(),
+                    &gr.dv.into_dyn()
+                ),
+                "dv, case {i}"
+            );
+        }
+    }
+}
+
+fn exit_and_stderr(args: &[&str], path: &Path) -> (i32, String) {
+    let out = bin().args(args).arg(path).output().unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn malformed_cases_exit_2_with_one_line() {
+    let good = small_case(&[(3, 4), (2, 2)], 2, 64);
+    let bytes = smallseq::case_file::case_bytes(&good, OutputPrecision::Device).unwrap();
+    let mut bad_cases: Vec<(Vec<u8>, &str)> =
+        vec![(bytes[..bytes.len() / 2].to_vec(), "not a valid safetensors")];
+    let mut c = good.clone();
+    c.layout.q.cu = vec![0, 4, 3];
+    bad_cases.push((raw(&c), "cu_seqlens_q[2] = 3"));
+    let mut c = good.clone();
+    c.layout.kv.padded = Some(vec![0, 3, 9]);
+    bad_cases.push((raw(&c), "cu_seqlens_kv_padded"));
+    let mut c = good.clone();
+    c.layout.q.padded = Some(vec![0, 2, 5]);
+    bad_cases.push((raw(&c), "span 2"));
+    let mut c = good.clone();
+    c.config.params.num_kv_heads = 3;
+    bad_cases.push((raw(&c), "num_gqa_groups"));
+    let text = replace_bytes(&bytes, br#"\"bias\":\"none\""#, br#"\"bias\":12345678"#);
+    bad_cases.push((text, "key \"bias\""));
+    let text = replace_bytes(&bytes, br#"\"layout\":\"thd\""#, br#"\"colour\":\"thd\""#);
+    bad_cases.push((text, "unknown key \"colour\""));
+    for (i, (b, needle)) in bad_cases.iter().enumerate() {
+        let p = tmp(&format!("bad-{i}.safetensors"));
+        std::fs::write(&p, b).unwrap();
+        for cmd in [&["explain", "--case"][..], &["repro"][..]] {
+            let (code, err) = exit_and_stderr(cmd, &p);
+            assert_eq!(code, 2, "{cmd:?} on bad case {i}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert!(
+                err.contains(needle),
+                "bad case {i}: {err:?} lacks {needle:?}"
+            );
+        }
+    }
+}
+
+/// Replaces the first occurrence of `from` (same length as `to`) in the header.
+fn replace_bytes(b: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let at = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("pattern in header");
+    let mut out = b.to_vec();
+    out[at..at + to.len()].copy_from_slice(to);
+    out
+}
+
+/// Serialises a case without validating it (to build malformed files).
+fn raw(c: &Case) -> Vec<u8> {
+    smallseq::case_file::case_bytes(c, OutputPrecision::Device).unwrap()
+}
+
+#[test]
+fn repro_names_a_corrupted_element() {
+    let case = small_case(&[(3, 4), (5, 2)], 2, 64);
+    let inp = write(&case, "rep-in.safetensors");
+    let cap = tmp("rep-cap.safetensors");
+    assert!(bin()
+        .args(["run", "--backend", "cpu", "--case"])
+        .arg(&inp)
+        .arg("--out")
+        .arg(&cap)
+        .status()
+        .unwrap()
+        .success());
+    let out = bin().arg("repro").arg(&cap).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut c = read_case(&cap).unwrap();
+    c.outputs.dk.as_mut().unwrap()[(4, 1, 7)] += 0.5;
+    let bad = tmp("rep-bad.safetensors");
+    write_case(&c, &bad, OutputPrecision::Device).unwrap();
+    let out = bin().arg("repro").arg(&bad).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("tensor dk, token 4, head 1, dim 7"), "{text}");
+    let out = bin()
+        .arg("repro")
+        .arg(&cap)
+        .args(["--backend", "cpu"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("bitwise equal") && !text.contains("NOT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn fuzz_writes_reports_and_hits_classes() {
+    let dir = tmp("fuzz-out");
+    let st = bin()
+        .args(["fuzz", "--cases", "60", "--seed", "5", "--out"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep["cases"], 60);
+    assert_eq!(rep["seed"], 5);
+    for p in [
+        "eligibility",
+        "fallback_equivalence",
+        "numeric_agreement",
+        "dont_care",
+        "workspace",
+        "determinism",
+        "metamorphic",
+    ] {
+        assert!(rep["properties"][p]["pass"].as_u64().unwrap() > 0, "{p}");
+    }
+    assert!(std::fs::read_to_string(dir.join("junit.xml"))
+        .unwrap()
+        .contains("<testsuite"));
+    let no_gpu = bin()
+        .args(["fuzz", "--backend", "cuda", "--cases", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(no_gpu.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&no_gpu.stderr)
+            .trim()
+            .lines()
+            .count(),
+        1
+    );
+}
