@@ -2,12 +2,6 @@
 //! device). `SMALLSEQ_BENCH=1` also runs the benchmark (`src/cli/bench.rs`).
 #![cfg(feature = "cuda")]
 
-mod backend {
-    pub use smallseq::backend::*;
-}
-mod error {
-    pub use smallseq::error::*;
-}
 #[allow(dead_code)]
 #[path = "../src/cli/bench.rs"]
 mod bench;
