@@ -212,7 +212,7 @@ mod imp {
         let p = |s: &CudaSlice<u16>| s.device_ptr(&st).0;
         let pf = |s: &CudaSlice<f32>| s.device_ptr(&st).0;
         let mut figures: Vec<Figure> = Vec::new();
-        println!("device arch {}", crate::backend::Backend::arch(&be));
+        println!("device arch {}", smallseq::backend::Backend::arch(&be));
         println!(
             "{:28} {:22} {:>10} {:>9} {:>7}",
             "workload", "kernel", "us", "GB/s", "copy%"
@@ -295,7 +295,7 @@ mod imp {
                 }
             }
             be.sync()?;
-            let time = |f: &dyn Fn(&Ptrs) -> crate::error::Result<()>| -> Result<f64> {
+            let time = |f: &dyn Fn(&Ptrs) -> smallseq::error::Result<()>| -> Result<f64> {
                 for i in 0..args.warmup {
                     f(&all[i % all.len()])?;
                 }
