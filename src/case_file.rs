@@ -4,7 +4,7 @@ use crate::case::{bshd_seq_lens, Case, Outputs};
 use crate::config::{AttnConfig, LayoutKind};
 use crate::error::{Error, Result};
 use half::{bf16, f16};
-use ndarray::{Array2, Array3, ArrayD, IxDyn};
+use ndarray::{Array3, ArrayD, IxDyn};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use safetensors::SafeTensors;
 use smallseq_reference::{Dtype, Layout, Side};
@@ -381,14 +381,4 @@ pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Resul
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
-}
-
-/// Convenience: `[Tq, H]` f32 LSE widened for storage.
-pub fn widen2(a: &Array2<f32>) -> Array2<f64> {
-    a.mapv(f64::from)
-}
-
-/// Convenience: a rank-3 f32 tensor widened for storage.
-pub fn widen3(a: &Array3<f32>) -> Array3<f64> {
-    a.mapv(f64::from)
 }

@@ -182,6 +182,17 @@ fn out_buf(valid: &[bool], row: usize, fill: f32, zero: f32, zero_dont_care: boo
     b
 }
 
+fn fwd_args<'a>(case: &'a Case, plan: &'a Plan) -> FwdArgs<'a> {
+    FwdArgs {
+        config: &case.config,
+        layout: &case.layout,
+        q: case.q.view(),
+        k: case.k.view(),
+        v: case.v.view(),
+        plan,
+    }
+}
+
 fn to3(buf: &DevBuf, shape: [usize; 3]) -> Array3<f32> {
     Array3::from_shape_vec(shape, buf.body().to_vec()).expect("buffer sized from shape")
 }
@@ -202,14 +213,7 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
         lse: out_buf(&valid, h, opts.fill, f32::NEG_INFINITY, zero),
         workspace,
     };
-    let args = FwdArgs {
-        config: &case.config,
-        layout: &case.layout,
-        q: case.q.view(),
-        k: case.k.view(),
-        v: case.v.view(),
-        plan: &plan,
-    };
+    let args = fwd_args(case, &plan);
     match path {
         Some(Path::SmallSeq) => backend.small_seq_fwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_fwd(&args, &mut bufs)?,
@@ -268,14 +272,7 @@ pub fn bwd(
         workspace,
     };
     let args = BwdArgs {
-        fwd: FwdArgs {
-            config: &case.config,
-            layout: &case.layout,
-            q: case.q.view(),
-            k: case.k.view(),
-            v: case.v.view(),
-            plan: &plan,
-        },
+        fwd: fwd_args(case, &plan),
         o: o.view(),
         lse: lse.view(),
         d_o: d_o.view(),

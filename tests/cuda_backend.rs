@@ -10,6 +10,7 @@ use ndarray::Array3;
 use smallseq::backend::cuda::CudaBackend;
 use smallseq::backend::{cpu::CpuBackend, Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use smallseq::dispatch::Path;
+use smallseq::harness::rng::{Draw, Rng};
 use smallseq::workspace::{plan, Direction, Shape};
 use smallseq::AttnConfig;
 use smallseq_reference::{Dtype, Layout, Mask, Problem, Side, Window};
@@ -23,7 +24,7 @@ struct Case {
     d_o: Array3<f32>,
 }
 
-fn gen_case(r: &mut bench::Rng, small: bool) -> Case {
+fn gen_case(r: &mut Rng, small: bool) -> Case {
     let dtype = if small {
         [Dtype::Bf16, Dtype::F16][r.range(0, 1)]
     } else {
@@ -197,7 +198,7 @@ fn cuda_matches_reference() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(150);
-    let mut r = bench::Rng::new(42);
+    let mut r = Rng::new(42);
     let mut worst = [0f64; 5];
     let mut fails = 0;
     for i in 0..n {
@@ -303,13 +304,13 @@ fn cuda_matches_reference() {
 fn determinism_and_large_slot_count() {
     let Ok(be) = CudaBackend::new() else { return };
     // 70,000 slots of 1 token: past the 65,535 grid-dimension limit.
-    let mut r = bench::Rng::new(3);
+    let mut r = Rng::new(3);
     let mut c = gen_case(&mut r, true);
     let b = 70_000;
     c.layout = Layout::packed(&vec![(1, 2); b]);
     let p = &c.cfg.params;
     let (h, d) = (p.num_heads, p.head_dim_qk);
-    let rnd = |r: &mut bench::Rng, t: usize| {
+    let rnd = |r: &mut Rng, t: usize| {
         Array3::from_shape_fn((t, h, d), |_| {
             c.cfg.dtype.round((r.next_u64() >> 40) as f32 / 1.6e7 - 0.5)
         })

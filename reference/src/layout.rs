@@ -111,21 +111,6 @@ impl Side {
         (0..self.slots()).map(|i| self.span(i)).max().unwrap_or(0)
     }
 
-    /// Whether token `t` holds a valid (non-don't-care) row.
-    pub fn token_slot(&self, t: usize) -> Option<(usize, usize)> {
-        // Offsets are non-decreasing, so a binary search finds the only candidate slot.
-        let o = self.offsets();
-        let b = self.slots();
-        let idx = o[..b].partition_point(|&x| x as usize <= t);
-        if idx == 0 {
-            return None;
-        }
-        // Several empty slots may share an offset; the last one starting at or before t owns it.
-        let i = idx - 1;
-        let r = t - o[i] as usize;
-        (r < self.len(i)).then_some((i, r))
-    }
-
     /// Mask of valid tokens, one flag per buffer row.
     pub fn valid_tokens(&self) -> Vec<bool> {
         let mut valid = vec![false; self.tokens];

@@ -6,6 +6,7 @@
 //! JSON with `--out`.
 
 use anyhow::{bail, Context, Result};
+use smallseq::harness::rng::Rng;
 
 /// Arguments of `smallseq bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -106,22 +107,10 @@ pub fn workloads() -> Vec<Workload> {
     ]
 }
 
-/// splitmix64: the same sequence in `bench/peers.py`.
-pub struct Rng(u64);
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
+/// A length in `lo..=hi` drawn by modulo, the same sequence `bench/peers.py` draws (its
+/// splitmix64 is [`Rng`]'s).
+fn modulo_range(r: &mut Rng, lo: usize, hi: usize) -> usize {
+    lo + (r.next_u64() % (hi - lo + 1) as u64) as usize
 }
 
 /// Lengths of a workload (q then kv per slot), deterministic.
@@ -130,8 +119,8 @@ pub fn lengths(w: &Workload) -> Vec<(usize, usize)> {
     (0..w.slots)
         .map(|_| {
             (
-                r.range(w.q_len.0, w.q_len.1),
-                r.range(w.kv_len.0, w.kv_len.1),
+                modulo_range(&mut r, w.q_len.0, w.q_len.1),
+                modulo_range(&mut r, w.kv_len.0, w.kv_len.1),
             )
         })
         .collect()

@@ -35,6 +35,53 @@ fn fail(ok: bool, detail: impl FnOnce() -> String) -> Option<String> {
     (!ok).then(detail)
 }
 
+/// Rule `Dropout`, identical in both profiles.
+const DROPOUT: Rule = Rule {
+    code: Code::Dropout,
+    text: "dropout 0",
+    check: Check::Static(|f| {
+        fail(f.config.dropout == 0.0, || {
+            format!("dropout = {}", f.config.dropout)
+        })
+    }),
+};
+
+/// Rule `Bias`, identical in both profiles.
+const BIAS: Rule = Rule {
+    code: Code::Bias,
+    text: "bias none",
+    check: Check::Static(|f| {
+        fail(f.config.bias == Bias::None, || {
+            format!("bias = {}", f.config.bias)
+        })
+    }),
+};
+
+/// Rule `Gqa`, identical in both profiles.
+const GQA: Rule = Rule {
+    code: Code::Gqa,
+    text: "num_heads == num_gqa_groups",
+    check: Check::Static(|f| {
+        let p = &f.config.params;
+        fail(p.num_heads == p.num_kv_heads, || {
+            format!(
+                "num_heads = {} != num_gqa_groups = {}",
+                p.num_heads, p.num_kv_heads
+            )
+        })
+    }),
+};
+
+/// Rule `Layout`, identical in both profiles.
+const LAYOUT: Rule = Rule {
+    code: Code::Layout,
+    text: "THD, or BSHD with s_q == s_kv",
+    check: Check::Runtime(|r| match r.bshd {
+        Some((sq, skv)) => fail(sq == skv, || format!("bshd s_q = {sq} != s_kv = {skv}")),
+        None => None,
+    }),
+};
+
 /// Profile `native`.
 pub static NATIVE: [Rule; 14] = [
     Rule {
@@ -66,24 +113,8 @@ pub static NATIVE: [Rule; 14] = [
             })
         }),
     },
-    Rule {
-        code: Code::Dropout,
-        text: "dropout 0",
-        check: Check::Static(|f| {
-            fail(f.config.dropout == 0.0, || {
-                format!("dropout = {}", f.config.dropout)
-            })
-        }),
-    },
-    Rule {
-        code: Code::Bias,
-        text: "bias none",
-        check: Check::Static(|f| {
-            fail(f.config.bias == Bias::None, || {
-                format!("bias = {}", f.config.bias)
-            })
-        }),
-    },
+    DROPOUT,
+    BIAS,
     Rule {
         code: Code::HeadDim,
         text: "head_dim_qk == head_dim_v in {64, 128, 256}",
@@ -100,19 +131,7 @@ pub static NATIVE: [Rule; 14] = [
             )
         }),
     },
-    Rule {
-        code: Code::Gqa,
-        text: "num_heads == num_gqa_groups",
-        check: Check::Static(|f| {
-            let p = &f.config.params;
-            fail(p.num_heads == p.num_kv_heads, || {
-                format!(
-                    "num_heads = {} != num_gqa_groups = {}",
-                    p.num_heads, p.num_kv_heads
-                )
-            })
-        }),
-    },
+    GQA,
     Rule {
         code: Code::NumHeads,
         text: "num_heads >= 1",
@@ -137,14 +156,7 @@ pub static NATIVE: [Rule; 14] = [
             })
         }),
     },
-    Rule {
-        code: Code::Layout,
-        text: "THD, or BSHD with s_q == s_kv",
-        check: Check::Runtime(|r| match r.bshd {
-            Some((sq, skv)) => fail(sq == skv, || format!("bshd s_q = {sq} != s_kv = {skv}")),
-            None => None,
-        }),
-    },
+    LAYOUT,
     Rule {
         code: Code::SeqlenQ,
         text: "max actual q length in [1, 17] (BSHD: s_q in [1, 17])",
@@ -209,24 +221,8 @@ pub static TE625: [Rule; 14] = [
             })
         }),
     },
-    Rule {
-        code: Code::Dropout,
-        text: "dropout 0",
-        check: Check::Static(|f| {
-            fail(f.config.dropout == 0.0, || {
-                format!("dropout = {}", f.config.dropout)
-            })
-        }),
-    },
-    Rule {
-        code: Code::Bias,
-        text: "bias none",
-        check: Check::Static(|f| {
-            fail(f.config.bias == Bias::None, || {
-                format!("bias = {}", f.config.bias)
-            })
-        }),
-    },
+    DROPOUT,
+    BIAS,
     Rule {
         code: Code::HeadDim,
         text: "head_dim_qk == head_dim_v in {128, 256}",
@@ -238,19 +234,7 @@ pub static TE625: [Rule; 14] = [
             )
         }),
     },
-    Rule {
-        code: Code::Gqa,
-        text: "num_heads == num_gqa_groups",
-        check: Check::Static(|f| {
-            let p = &f.config.params;
-            fail(p.num_heads == p.num_kv_heads, || {
-                format!(
-                    "num_heads = {} != num_gqa_groups = {}",
-                    p.num_heads, p.num_kv_heads
-                )
-            })
-        }),
-    },
+    GQA,
     Rule {
         code: Code::NumHeads,
         text: "num_heads in {16, 32}",
@@ -274,14 +258,7 @@ pub static TE625: [Rule; 14] = [
         text: "any window (accepted and ignored)",
         check: Check::Static(|_| None),
     },
-    Rule {
-        code: Code::Layout,
-        text: "THD, or BSHD with s_q == s_kv",
-        check: Check::Runtime(|r| match r.bshd {
-            Some((sq, skv)) => fail(sq == skv, || format!("bshd s_q = {sq} != s_kv = {skv}")),
-            None => None,
-        }),
-    },
+    LAYOUT,
     Rule {
         code: Code::SeqlenQ,
         text: "THD: max padded q span in [1, 17]; BSHD: s_q in [2, 17]",

@@ -466,11 +466,10 @@ impl Checker<'_> {
         };
         let fb_out = fb.outputs();
         let (_, fb_js) = numeric(case, &fb_out, reference, emulated);
-        for (a, b) in judgements.iter().zip(&fb_js) {
-            let between = judge_all(actual, &fb_out, emulated, &case.layout, case.config.dtype)
-                .into_iter()
-                .find(|j| j.tensor == a.tensor)
-                .map_or(0.0, |j| j.err);
+        // Distances between the two paths, one per tensor, in the same order as the judgements.
+        let between_js = judge_all(actual, &fb_out, emulated, &case.layout, case.config.dtype);
+        for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
+            let between = between.err;
             let limit = a.threshold + b.threshold;
             if between > limit {
                 return Outcome::Fail(Failure {

@@ -3,7 +3,7 @@
 //! the LSE in two passes over the keys (D = Σ P·dP first, then dS), and sums dK/dV over a
 //! GQA group deterministically through per-query-head accumulators in the workspace.
 
-use super::{dot, CpuBackend, SlotGeom};
+use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::Result;
 use crate::mutants::Mutant;
@@ -12,11 +12,6 @@ use rayon::prelude::*;
 
 /// Keys per block of the online softmax.
 const BLOCK: usize = 64;
-
-struct SlotFwd {
-    o: Vec<f32>,
-    lse: Vec<f32>,
-}
 
 pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
     let p = &a.config.params;
@@ -29,10 +24,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
     let results: Vec<SlotFwd> = slots
         .par_iter()
         .map(|g| {
-            let mut r = SlotFwd {
-                o: vec![0f32; g.lq * heads * dv],
-                lse: vec![f32::NEG_INFINITY; g.lq * heads],
-            };
+            let mut r = SlotFwd::new(g, heads, dv);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
                 for i in 0..g.lq {
@@ -84,25 +76,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         })
         .collect();
     for (g, r) in slots.iter().zip(results) {
-        let row = heads * dv;
-        for t in 0..g.lq {
-            for (j, x) in r.o[t * row..(t + 1) * row].iter().enumerate() {
-                out.o.put((g.oq + t) * row + j, *x);
-            }
-            for h in 0..heads {
-                out.lse.put((g.oq + t) * heads + h, r.lse[t * heads + h]);
-            }
-        }
+        r.store(out, g, heads, dv, |_| true);
     }
     Ok(())
-}
-
-/// Per-slot gradients; dK/dV per query head (`[lk, H, D]`), reduced over groups later.
-struct SlotBwd {
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-    delta: Vec<f32>,
 }
 
 pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
@@ -124,12 +100,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .map(|g| {
-            let mut r = SlotBwd {
-                dq: vec![0f32; g.lq * heads * d],
-                dk: vec![0f32; g.lk * heads * d],
-                dv: vec![0f32; g.lk * heads * dvd],
-                delta: vec![0f32; g.lq * heads],
-            };
+            let mut r = SlotBwd::new(g, heads, d, dvd);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
                 for i in 0..g.lq {
@@ -188,17 +159,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     );
     let g_size = p.group_size();
     for (g, r) in slots.iter().zip(&results) {
-        for t in 0..g.lq {
-            for (j, x) in r.dq[t * heads * d..(t + 1) * heads * d].iter().enumerate() {
-                out.dq.put((g.oq + t) * heads * d + j, *x);
-            }
-            if let Some(base) = delta_at {
-                for h in 0..heads {
-                    out.workspace
-                        .put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
-                }
-            }
-        }
+        r.store_q_side(out, g, heads, d, delta_at);
         if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
             continue;
         }

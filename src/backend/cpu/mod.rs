@@ -163,6 +163,89 @@ struct SlotGeom {
     next_ok: usize,
 }
 
+/// One slot's forward results, rows in slot order: `o [lq, H, Dv]`, `lse [lq, H]`.
+struct SlotFwd {
+    o: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+impl SlotFwd {
+    fn new(g: &SlotGeom, heads: usize, dv: usize) -> Self {
+        SlotFwd {
+            o: vec![0f32; g.lq * heads * dv],
+            lse: vec![f32::NEG_INFINITY; g.lq * heads],
+        }
+    }
+
+    /// Writes the slot's rows into the output buffers; `keep_lse(row)` says which LSE rows
+    /// the kernel stores.
+    fn store(
+        &self,
+        out: &mut FwdBufs,
+        g: &SlotGeom,
+        heads: usize,
+        dv: usize,
+        keep_lse: impl Fn(usize) -> bool,
+    ) {
+        let row = heads * dv;
+        for t in 0..g.lq {
+            for (j, x) in self.o[t * row..(t + 1) * row].iter().enumerate() {
+                out.o.put((g.oq + t) * row + j, *x);
+            }
+            if keep_lse(t) {
+                for h in 0..heads {
+                    out.lse.put((g.oq + t) * heads + h, self.lse[t * heads + h]);
+                }
+            }
+        }
+    }
+}
+
+/// One slot's backward results: `dq [lq, H, Dqk]`, `delta [lq, H]`, and dK/dV per query
+/// head (`[lk, H, D]`).
+struct SlotBwd {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+impl SlotBwd {
+    fn new(g: &SlotGeom, heads: usize, d: usize, dvd: usize) -> Self {
+        SlotBwd {
+            dq: vec![0f32; g.lq * heads * d],
+            dk: vec![0f32; g.lk * heads * d],
+            dv: vec![0f32; g.lk * heads * dvd],
+            delta: vec![0f32; g.lq * heads],
+        }
+    }
+
+    /// Writes dQ rows and, when planned, D into the workspace's delta region.
+    fn store_q_side(
+        &self,
+        out: &mut BwdBufs,
+        g: &SlotGeom,
+        heads: usize,
+        d: usize,
+        delta_at: Option<usize>,
+    ) {
+        for t in 0..g.lq {
+            for (j, x) in self.dq[t * heads * d..(t + 1) * heads * d]
+                .iter()
+                .enumerate()
+            {
+                out.dq.put((g.oq + t) * heads * d + j, *x);
+            }
+            if let Some(base) = delta_at {
+                for h in 0..heads {
+                    out.workspace
+                        .put(base + (g.oq + t) * heads + h, self.delta[t * heads + h]);
+                }
+            }
+        }
+    }
+}
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0f32, |acc, (x, y)| acc + x * y)
 }

@@ -3,7 +3,7 @@
 //! f32 accumulation, the scale applied once after the dot product, P and dS rounded to the
 //! input dtype before the second products, outputs rounded at store, D = Σ P·dP.
 
-use super::{dot, CpuBackend, SlotGeom};
+use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
 use crate::mutants::Mutant;
@@ -86,11 +86,6 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     Tile { s, m, l }
 }
 
-struct SlotFwd {
-    o: Vec<f32>,
-    lse: Vec<f32>,
-}
-
 pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
     let p = &a.config.params;
     let (heads, dv) = (p.num_heads, p.head_dim_v);
@@ -113,8 +108,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
     let results: Vec<SlotFwd> = slots
         .par_iter()
         .map(|g| {
-            let mut o = vec![0f32; g.lq * heads * dv];
-            let mut lse = vec![f32::NEG_INFINITY; g.lq * heads];
+            let mut res = SlotFwd::new(g, heads, dv);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
                 let vals: Vec<Vec<f32>> = (0..g.lk)
@@ -132,10 +126,8 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     .collect();
                 let t = softmax_stats(be, scores(be, a, g, h, hk));
                 for r in 0..g.lq {
-                    if !(be.has(Mutant::LseSecondTileLost) && r >= TILE) {
-                        lse[r * heads + h] = be.lse_of(t.m[r], t.l[r]);
-                    }
-                    let orow = &mut o[(r * heads + h) * dv..(r * heads + h + 1) * dv];
+                    res.lse[r * heads + h] = be.lse_of(t.m[r], t.l[r]);
+                    let orow = &mut res.o[(r * heads + h) * dv..(r * heads + h + 1) * dv];
                     if t.l[r] == 0.0 {
                         if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
                             orow.fill(f32::NAN);
@@ -157,30 +149,14 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     orow.iter_mut().zip(acc).for_each(|(y, x)| *y = dt.round(x));
                 }
             }
-            SlotFwd { o, lse }
+            res
         })
         .collect();
+    let lose_second_tile = be.has(Mutant::LseSecondTileLost);
     for (g, r) in slots.iter().zip(results) {
-        let row = heads * dv;
-        for t in 0..g.lq {
-            for (j, x) in r.o[t * row..(t + 1) * row].iter().enumerate() {
-                out.o.put((g.oq + t) * row + j, *x);
-            }
-            for h in 0..heads {
-                if !(be.has(Mutant::LseSecondTileLost) && t >= TILE) {
-                    out.lse.put((g.oq + t) * heads + h, r.lse[t * heads + h]);
-                }
-            }
-        }
+        r.store(out, g, heads, dv, |t| !(lose_second_tile && t >= TILE));
     }
     Ok(())
-}
-
-struct SlotBwd {
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-    delta: Vec<f32>,
 }
 
 pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
@@ -213,12 +189,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .map(|g| {
-            let mut r = SlotBwd {
-                dq: vec![0f32; g.lq * heads * d],
-                dk: vec![0f32; g.lk * heads * d],
-                dv: vec![0f32; g.lk * heads * dvd],
-                delta: vec![0f32; g.lq * heads],
-            };
+            let mut r = SlotBwd::new(g, heads, d, dvd);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
                 let q: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &f.q, g.oq + i, h)).collect();
@@ -274,17 +245,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         .collect();
     let delta_at = f.plan.region(names::DELTA).map(|r| r.offset);
     for (g, r) in slots.iter().zip(results) {
-        for t in 0..g.lq {
-            for (j, x) in r.dq[t * heads * d..(t + 1) * heads * d].iter().enumerate() {
-                out.dq.put((g.oq + t) * heads * d + j, *x);
-            }
-            if let Some(base) = delta_at {
-                for h in 0..heads {
-                    out.workspace
-                        .put(base + (g.oq + t) * heads + h, r.delta[t * heads + h]);
-                }
-            }
-        }
+        r.store_q_side(out, g, heads, d, delta_at);
         if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
             continue;
         }
