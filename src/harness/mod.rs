@@ -3,7 +3,9 @@
 pub mod campaign;
 pub mod capsule;
 pub mod classes;
+pub mod fuzz_input;
 pub mod gen;
+pub mod oracles;
 pub mod props;
 pub mod repro;
 pub mod rng;

@@ -2,12 +2,13 @@
 //! (with a reason).
 
 use super::gen::{dont_care_rows, poison};
+use super::oracles;
 use super::rng::Rng;
 use super::tolerance::{judge_all, Judgement, Worst};
 use super::transform::{repeat_kv, select_slots};
 use crate::backend::Backend;
 use crate::case::{Case, Outputs};
-use crate::dispatch::{surface, Path, RuntimeFacts, StaticFacts};
+use crate::dispatch::Path;
 use crate::error::{Error, Result};
 use crate::wrapper::{self, BwdResult, FwdResult, RunOptions};
 use serde::Serialize;
@@ -335,36 +336,11 @@ impl Checker<'_> {
     }
 
     fn eligibility(&self, case: &Case) -> Outcome {
-        let be = self.backend;
-        let got = wrapper::decide(be, case, &self.opts);
-        let arch = be.arch();
-        let facts = StaticFacts {
-            config: &case.config,
-            env: &self.opts.env,
-            arch: &arch,
-            backend_has_kernel: be.has_small_seq(),
-        };
-        let rt = RuntimeFacts::new(case.config.layout, &case.layout);
-        let want = surface::evaluate(self.opts.profile, &facts, Some(&rt));
-        let mut want_codes: Vec<_> = want.iter().map(|r| r.code.name()).collect();
-        want_codes.sort_unstable();
-        let mut got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
-        got_codes.sort_unstable();
-        let want_path = if want.is_empty() {
-            Path::SmallSeq
-        } else {
-            Path::Fallback
-        };
-        if got.path != want_path || got_codes != want_codes {
-            return fail(
-                Prop::Eligibility,
-                format!(
-                    "dispatcher chose {} {:?}, the {} surface says {} {:?}",
-                    got.path, got_codes, self.opts.profile, want_path, want_codes
-                ),
-            );
+        let d = wrapper::dispatcher(self.backend, &self.opts);
+        match oracles::dispatch_agrees(&d, &case.config, &case.layout) {
+            Ok(_) => Outcome::Pass,
+            Err(why) => fail(Prop::Eligibility, why),
         }
-        Outcome::Pass
     }
 
     fn workspace(&self, base: &Pair) -> Outcome {
