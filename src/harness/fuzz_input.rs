@@ -386,5 +386,11 @@ fn cpu_backend<D: Draw>(d: &mut D) -> Result<Verdict, Violation> {
             ..RunOptions::default()
         },
     };
-    oracles::backend_properties(&checker, &case, seed)
+    // A failure leaves a capsule beside the fuzzer's own crash file, for `smallseq repro`.
+    let dir = std::path::Path::new("target/fuzz-capsules");
+    let path = dir.join(format!("cpu_backend-{seed:016x}.safetensors"));
+    let capsule = std::fs::create_dir_all(dir)
+        .ok()
+        .map(|()| (path.as_path(), "cpu"));
+    oracles::backend_properties(&checker, &case, seed, capsule)
 }

@@ -317,15 +317,33 @@ pub fn case_file_round_trip(bytes: &[u8]) -> Result<Verdict, Violation> {
     Ok(Verdict::Checked)
 }
 
-/// Every harness property on one case against the backend in `checker`.
-pub fn backend_properties(checker: &Checker, case: &Case, salt: u64) -> Result<Verdict, Violation> {
+/// Every harness property on one case against the backend in `checker`. On a failure with
+/// `capsule` set, the capsule is written there before the violation (which carries the
+/// one-line repro command) is returned.
+pub fn backend_properties(
+    checker: &Checker,
+    case: &Case,
+    salt: u64,
+    capsule: Option<(&std::path::Path, &str)>,
+) -> Result<Verdict, Violation> {
     let run = checker
         .check(case, salt)
         .map_err(|e| format!("the harness could not run the case: {e}"))?;
-    match run.failures().first() {
-        None => Ok(Verdict::Checked),
-        Some(f) => Err(format!("{}: {}", f.prop, f.detail)),
+    let Some(f) = run.failures().first().copied() else {
+        return Ok(Verdict::Checked);
+    };
+    let mut msg = format!("{}: {}", f.prop, f.detail);
+    if let Some((path, backend)) = capsule {
+        let profile = checker.opts.profile.name();
+        match super::capsule::write(path, case, &run, backend, profile) {
+            Ok(()) => msg.push_str(&format!(
+                "\nreproduce: {}",
+                super::campaign::repro_cmd(path, backend, profile)
+            )),
+            Err(e) => msg.push_str(&format!("\n(capsule not written: {e})")),
+        }
     }
+    Err(msg)
 }
 
 /// A config parses or fails with a typed error; one that parses prints back to JSON that
