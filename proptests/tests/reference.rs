@@ -32,6 +32,41 @@ fn rel_diff(a: &Array3<f64>, b: &Array3<f64>) -> f64 {
     err / scale
 }
 
+/// Upper bounds on the sum of |terms| of each output, from the inputs' valid maxima:
+/// o is a convex combination of v; dv sums P·dO over Lq rows; |dS| <= 2·max|dP| with
+/// |dP| <= Dv·max|dO|·max|v|; dq and dk sum scale·dS·k (·q) over Lk (Lq) terms.
+fn term_bounds(case: &Case) -> impl Fn(&str) -> f64 {
+    let max_valid = |t: &Array3<f32>, valid: &[bool]| {
+        t.outer_iter()
+            .zip(valid)
+            .filter(|(_, v)| **v)
+            .flat_map(|(row, _)| row.iter().map(|x| f64::from(x.abs())).collect::<Vec<_>>())
+            .fold(1e-300f64, f64::max)
+    };
+    let vq = case.layout.q.valid_tokens();
+    let vk = case.layout.kv.valid_tokens();
+    let (q, k, v) = (
+        max_valid(&case.q, &vq),
+        max_valid(&case.k, &vk),
+        max_valid(&case.v, &vk),
+    );
+    let d_o = case.d_o.as_ref().map_or(0.0, |d| max_valid(d, &vq));
+    let (lq, lk) = (
+        case.layout.q.max_len() as f64,
+        case.layout.kv.max_len() as f64,
+    );
+    let p = &case.config.params;
+    let ds = 2.0 * p.head_dim_v as f64 * d_o * v;
+    let scale = p.scale.abs();
+    let group = p.group_size() as f64;
+    move |name: &str| match name {
+        "o" => v,
+        "dv" => group * lq * d_o,
+        "dq" => scale * lk * ds * k,
+        _ => group * scale * lq * ds * q,
+    }
+}
+
 fn any_dtype() -> impl Strategy<Value = Case> {
     prop_oneof![
         tiny_case(Dtype::Bf16),
@@ -43,18 +78,20 @@ fn any_dtype() -> impl Strategy<Value = Case> {
 proptest! {
     #![proptest_config(smallseq_proptests::config(file!()))]
 
-    /// The main reference and the independent plain-loop one agree to 1e-12.
+    /// The main reference and the independent plain-loop one agree to 1e-12 of the sums'
+    /// a-priori magnitude (two f64 evaluation orders differ by a few eps times the sum of
+    /// |terms|; relative to the result, cancellation in dq/dk would make any bound arbitrary).
     #[test]
     fn agrees_with_the_naive_implementation(case in any_dtype()) {
         let main = reference(&case);
         let p = case.problem().expect("valid case");
         let (f, g) = naive::forward_backward(&p);
         let other = Outputs { o: Some(f.o), lse: Some(f.lse), dq: g.as_ref().map(|g| g.dq.clone()), dk: g.as_ref().map(|g| g.dk.clone()), dv: g.map(|g| g.dv) };
+        let bounds = term_bounds(&case);
         for ((name, a), (_, b)) in tensors(&main).into_iter().zip(tensors(&other)) {
-            // Relative to the tensor's largest element: elementwise relative error is
-            // meaningless where a gradient cancels to nearly 0.
-            let d = rel_diff(&a, &b);
-            prop_assert!(d <= 1e-12, "{name}: difference {d:e} of the largest element");
+            let err = a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if x == y { m } else { m.max((x - y).abs()) });
+            let bound = bounds(name);
+            prop_assert!(err <= 1e-12 * bound, "{name}: difference {err:e} > 1e-12 x term bound {bound:e}");
         }
     }
 
@@ -114,9 +151,10 @@ proptest! {
         for ((name, a), (_, b)) in tensors(&base).into_iter().zip(tensors(&got)) {
             let (f, valid) = match name { "o" => (2.0, &valid_q), "dv" => (2.0, &valid_k), "dq" => (4.0, &valid_q), _ => (4.0, &valid_k) };
             for ((t, h, d), x) in a.indexed_iter() {
-                // Power-of-two scaling is exact except where values or intermediates
-                // (P far below 1) reach the f64 subnormal range.
-                if valid[t] && x.abs() > 1e-280 {
+                // Power-of-two scaling is exact except where intermediates reach the f64
+                // subnormal range (P = exp(-10^5) with large logits): below 2^-100 a value
+                // may be built from such terms (the harness's scale relation uses the same cut).
+                if valid[t] && x.abs() > 2f64.powi(-100) {
                     prop_assert_eq!((x * f).to_bits(), b[(t, h, d)].to_bits(), "{}[{}, {}, {}]", name, t, h, d);
                 }
             }

@@ -595,6 +595,18 @@ impl Checker<'_> {
             dk: sum_group(&m.dk),
             dv: sum_group(&m.dv),
         };
+        // Summing the group before or after rounding decides whether a value next to the
+        // dtype's limit overflows; such cases say nothing about the relation.
+        let limit = f64::from(case.config.dtype.max_finite()) / 2.0;
+        let near_overflow = |o: &Outputs| {
+            [&o.dk, &o.dv]
+                .into_iter()
+                .flatten()
+                .any(|t| t.iter().any(|x| x.abs() > limit))
+        };
+        if near_overflow(actual) || near_overflow(&summed) {
+            return skip("dK/dV next to the dtype's overflow");
+        }
         let diffs = judge_all(actual, &summed, actual, &case.layout, case.config.dtype);
         for (d, j) in diffs.iter().zip(js) {
             // Both sides are within tolerance of the reference; the group sum adds at most
