@@ -17,6 +17,8 @@ pub enum Error {
     Tensor { tensor: String, detail: String },
     #[error("unsupported: {0}")]
     Unsupported(String),
+    #[error("workspace: {0}")]
+    Workspace(String),
     #[error("backend {backend}: {detail}")]
     Backend { backend: String, detail: String },
     #[error("backend {backend} is not available: {detail}")]
