@@ -3,7 +3,7 @@
 
 use super::capsule;
 use super::classes::{self, classify};
-use super::gen::{build, draw_geometry};
+use super::gen::{build, draw_geometry_for};
 use super::props::{Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
@@ -144,7 +144,7 @@ impl Campaign<'_> {
                 break;
             }
             let cs = case_seed(self.seed, i);
-            let g = draw_geometry(&mut Rng::new(cs));
+            let g = draw_geometry_for(&mut Rng::new(cs), self.checker.opts.profile);
             let case = build(&g, cs ^ 0xda7a)?;
             let run = self.checker.check(&case, cs)?;
             for c in classify(&case, g.segment_split, g.poison) {

@@ -10,5 +10,6 @@ pub mod props;
 pub mod repro;
 pub mod rng;
 pub mod shrink;
+pub mod te625;
 pub mod tolerance;
 pub mod transform;
