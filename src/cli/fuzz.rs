@@ -148,7 +148,7 @@ pub fn progress_printer() -> impl FnMut(Progress) {
 /// appends the table to `summary.md`.
 fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions) -> Result<()> {
     eprintln!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
-    let findings = te625::attribute(report, out, opts, 40)?;
+    let findings = te625::attribute(report, out, opts, 60)?;
     println!("TE #625 defects:");
     for f in &findings {
         println!(

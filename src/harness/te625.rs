@@ -75,20 +75,34 @@ pub fn attribute(
         })
         .collect();
     for f in report.failures.iter().take(max_failures) {
-        let capsule = f.shrunk_capsule.as_deref().unwrap_or(&f.capsule);
-        let case = read_case(&out.join(capsule)).or_else(|_| read_case(Path::new(capsule)))?;
-        for (i, &m) in TE625_DEFECTS.iter().enumerate() {
-            let backend = CpuBackend::te625_model_with(&[m]);
-            let checker = Checker {
-                backend: &backend,
-                opts: opts.clone(),
-            };
-            let run = checker.check(&case, f.case)?;
-            if run.failures().iter().any(|x| x.prop.name() == f.property) {
-                let d = &mut findings[i];
-                d.count += 1;
-                d.property.get_or_insert_with(|| f.property.clone());
-                d.example.get_or_insert_with(|| capsule.to_string());
+        // Shrinking keeps the property failing, not the defect that made it fail: a shrunk
+        // case may show another defect than the original, so both are replayed.
+        let capsules: Vec<&str> = f
+            .shrunk_capsule
+            .as_deref()
+            .into_iter()
+            .chain(std::iter::once(f.capsule.as_str()))
+            .collect();
+        let mut credited = vec![false; TE625_DEFECTS.len()];
+        for capsule in capsules {
+            let case = read_case(&out.join(capsule)).or_else(|_| read_case(Path::new(capsule)))?;
+            for (i, &m) in TE625_DEFECTS.iter().enumerate() {
+                if credited[i] {
+                    continue;
+                }
+                let backend = CpuBackend::te625_model_with(&[m]);
+                let checker = Checker {
+                    backend: &backend,
+                    opts: opts.clone(),
+                };
+                let run = checker.check(&case, f.case)?;
+                if run.failures().iter().any(|x| x.prop.name() == f.property) {
+                    credited[i] = true;
+                    let d = &mut findings[i];
+                    d.count += 1;
+                    d.property.get_or_insert_with(|| f.property.clone());
+                    d.example.get_or_insert_with(|| capsule.to_string());
+                }
             }
         }
     }
