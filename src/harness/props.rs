@@ -178,7 +178,7 @@ pub fn numeric(
     reference: &Outputs,
     emulated: &Outputs,
 ) -> (Outcome, Vec<Judgement>) {
-    let js = judge_all(actual, reference, emulated, &case.layout, case.config.dtype);
+    let js = judge_all(actual, reference, emulated, case);
     let worst = js
         .iter()
         .filter(|j| !j.passed())
@@ -526,7 +526,7 @@ impl Checker<'_> {
         let fb_out = fb.outputs();
         let (_, fb_js) = numeric(case, &fb_out, reference, emulated);
         // Distances between the two paths, one per tensor, in the same order as the judgements.
-        let between_js = judge_all(actual, &fb_out, emulated, &case.layout, case.config.dtype);
+        let between_js = judge_all(actual, &fb_out, emulated, case);
         for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
             let between = between.err;
             let limit = a.threshold + b.threshold;
@@ -690,7 +690,7 @@ impl Checker<'_> {
         if near_overflow(actual) || near_overflow(&summed) {
             return skip("dK/dV next to the dtype's overflow");
         }
-        let diffs = judge_all(actual, &summed, actual, &case.layout, case.config.dtype);
+        let diffs = judge_all(actual, &summed, actual, case);
         for (d, j) in diffs.iter().zip(js) {
             // Both sides are within tolerance of the reference; the group sum adds at most
             // g roundings of the MHA side.
@@ -758,7 +758,7 @@ impl Checker<'_> {
                 let y = b[(t, h, d)];
                 let want = x * f;
                 let ok = want.to_bits() == y.to_bits()
-                    || (want.abs() < tiny && (want - y).abs() <= 2.0 * quantum * f);
+                    || (want.abs() <= tiny && (want - y).abs() <= 2.0 * quantum * f);
                 (!ok).then(|| {
                     format!("{name}[{t}, {h}, {d}] = {y}, expected exactly {f} x {x} = {want}")
                 })
