@@ -14,7 +14,8 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "== installing cargo-fuzz"
   cargo install cargo-fuzz --locked
 fi
-if cargo +nightly --version >/dev/null 2>&1; then
+# SMALLSEQ_FUZZ_TOOLCHAIN=stable forces the stable path (to test it where nightly exists).
+if [ "${SMALLSEQ_FUZZ_TOOLCHAIN:-}" != stable ] && cargo +nightly --version >/dev/null 2>&1; then
   toolchain=(+nightly); sanitizer=()
 else
   echo "no nightly toolchain: fuzzing on stable with RUSTC_BOOTSTRAP=1 --sanitizer none"

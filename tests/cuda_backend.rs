@@ -10,12 +10,11 @@ use ndarray::Array3;
 use smallseq::backend::cuda::CudaBackend;
 use smallseq::backend::{cpu::CpuBackend, Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use smallseq::case_file::read_case;
-use smallseq::dispatch::{EnvView, Path, Profile};
+use smallseq::dispatch::Path;
 use smallseq::harness::props::Checker;
 use smallseq::harness::repro::rerun;
 use smallseq::harness::rng::{Draw, Rng};
 use smallseq::workspace::{plan, Direction, Shape};
-use smallseq::wrapper::RunOptions;
 use smallseq::AttnConfig;
 use smallseq_reference::{Dtype, Layout, Mask, Problem, Side, Window};
 
@@ -330,14 +329,7 @@ fn fuzz_capsules_pass() {
         .collect();
     paths.sort();
     assert!(!paths.is_empty(), "no capsules in {}", dir.display());
-    let checker = Checker {
-        backend: &be,
-        opts: RunOptions {
-            profile: Profile::Native,
-            env: EnvView::default(),
-            ..RunOptions::default()
-        },
-    };
+    let checker = Checker::isolated(&be);
     let mut failed = Vec::new();
     for p in &paths {
         let case = read_case(p).unwrap();

@@ -4,11 +4,9 @@ use crate::strategies::tiny_case;
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use smallseq::backend::{self, cpu::CpuBackend, Backend};
-use smallseq::dispatch::EnvView;
 use smallseq::harness::oracles;
 use smallseq::harness::props::Checker;
 use smallseq::mutants::{Defects, Mutant};
-use smallseq::wrapper::RunOptions;
 use smallseq::Error;
 use smallseq_reference::Dtype;
 use std::path::PathBuf;
@@ -49,13 +47,7 @@ pub fn run_suite(name: &str, dtype: Dtype, source_file: &'static str) {
     let Some(be) = open_or_skip(name, &suite) else {
         return;
     };
-    let checker = Checker {
-        backend: be.as_ref(),
-        opts: RunOptions {
-            env: EnvView::default(),
-            ..RunOptions::default()
-        },
-    };
+    let checker = Checker::isolated(be.as_ref());
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/proptest-capsules");
     std::fs::create_dir_all(&dir).expect("capsule directory");
     let capsule = dir.join(format!("{name}-{dtype}.safetensors"));

@@ -185,12 +185,7 @@ fn summarize(r: &Report, out: &std::path::Path) {
             c.pass, c.fail, c.skip
         );
     }
-    let missed: Vec<_> = r
-        .coverage
-        .iter()
-        .filter(|(_, n)| **n == 0)
-        .map(|(k, _)| k.as_str())
-        .collect();
+    let missed = r.classes_missed();
     if !missed.is_empty() {
         println!("  classes not hit: {}", missed.join(", "));
     }

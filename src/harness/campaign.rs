@@ -74,6 +74,15 @@ impl Report {
     pub fn failed(&self) -> bool {
         !self.failures.is_empty()
     }
+
+    /// Classes no case of the campaign hit.
+    pub fn classes_missed(&self) -> Vec<&str> {
+        self.coverage
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(k, _)| k.as_str())
+            .collect()
+    }
 }
 
 /// Campaign settings.
@@ -301,12 +310,7 @@ pub fn markdown(rep: &Report) -> String {
             c.pass, c.fail, c.skip
         ));
     }
-    let missed: Vec<&str> = rep
-        .coverage
-        .iter()
-        .filter(|(_, n)| **n == 0)
-        .map(|(k, _)| k.as_str())
-        .collect();
+    let missed = rep.classes_missed();
     if !missed.is_empty() {
         m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
     }

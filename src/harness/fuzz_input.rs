@@ -13,7 +13,6 @@ use crate::dispatch::gate::Dispatcher;
 use crate::dispatch::{Arch, EnvView, Profile};
 use crate::segments::SegmentIds;
 use crate::workspace::Shape;
-use crate::wrapper::RunOptions;
 use arbitrary::Unstructured;
 use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
 use std::collections::BTreeMap;
@@ -379,13 +378,7 @@ fn cpu_backend<D: Draw>(d: &mut D) -> Result<Verdict, Violation> {
     let seed = d.below(u64::MAX);
     let case = build(&g, seed).map_err(|e| format!("generator built an invalid case: {e}"))?;
     let backend = CpuBackend::default();
-    let checker = Checker {
-        backend: &backend,
-        opts: RunOptions {
-            env: EnvView::default(),
-            ..RunOptions::default()
-        },
-    };
+    let checker = Checker::isolated(&backend);
     // A failure leaves a capsule beside the fuzzer's own crash file, for `smallseq repro`.
     let dir = std::path::Path::new("target/fuzz-capsules");
     let path = dir.join(format!("cpu_backend-{seed:016x}.safetensors"));

@@ -183,14 +183,7 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
         dropout,
         layout: layout_kind,
     };
-    Geometry {
-        config,
-        layout,
-        backward: d.percent(85),
-        dist: d.pick(&DataDist::ALL),
-        poison: d.percent(70),
-        segment_split,
-    }
+    with_data(d, config, layout, segment_split)
 }
 
 /// A geometry for the campaign's profile. Under `te625` most cases are shaped for TE's
@@ -225,36 +218,33 @@ pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
     } else {
         te_layout(d)
     };
-    let config = AttnConfig {
-        dtype: if d.percent(90) {
-            Dtype::Bf16
-        } else {
-            Dtype::F16
-        },
-        params: AttnParams {
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim_qk: head_dim,
-            head_dim_v: head_dim,
-            mask,
-            window,
-            scale: 1.0 / (head_dim as f64).sqrt(),
-        },
-        bias: Bias::None,
-        dropout: 0.0,
-        layout: if bshd {
-            LayoutKind::Bshd
-        } else {
-            LayoutKind::Thd
-        },
+    let dtype = if d.percent(90) {
+        Dtype::Bf16
+    } else {
+        Dtype::F16
     };
+    let mut config = AttnConfig::new(dtype, heads, head_dim, mask);
+    config.params.window = window;
+    if bshd {
+        config.layout = LayoutKind::Bshd;
+    }
+    with_data(d, config, layout, false)
+}
+
+/// The data-side choices every geometry ends with.
+fn with_data<D: Draw>(
+    d: &mut D,
+    config: AttnConfig,
+    layout: Layout,
+    segment_split: bool,
+) -> Geometry {
     Geometry {
         config,
         layout,
         backward: d.percent(85),
         dist: d.pick(&DataDist::ALL),
         poison: d.percent(70),
-        segment_split: false,
+        segment_split,
     }
 }
 

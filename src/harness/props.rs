@@ -264,7 +264,19 @@ pub struct Checker<'a> {
     pub opts: RunOptions,
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
+    /// A checker for `backend` under the native profile with an empty dispatch environment:
+    /// independent of the caller's process environment (tests, fuzz targets, proptests).
+    pub fn isolated(backend: &'a dyn Backend) -> Self {
+        Checker {
+            backend,
+            opts: RunOptions {
+                env: EnvView::default(),
+                ..RunOptions::default()
+            },
+        }
+    }
+
     /// Every property on `case`. `salt` varies the metamorphic relation and re-poisoning.
     ///
     /// # Errors
