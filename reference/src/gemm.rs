@@ -165,18 +165,24 @@ where
     TB: Copy + Into<f64>,
 {
     while j + W <= g.n {
-        let mut x = chains::<R, W, _, _>(g, i, j, 0, g.k.min(KC));
-        let mut k0 = KC;
-        while k0 < g.k {
-            let part = chains::<R, W, _, _>(g, i, j, k0, g.k.min(k0 + KC));
-            for (xr, pr) in x.iter_mut().zip(&part) {
-                for (xe, pe) in xr.iter_mut().zip(pr) {
-                    *xe += pe;
+        let c = g.c.offset(i as isize * g.rsc).add(j);
+        if g.k <= KC {
+            // The common case on its own, so the tile stays in registers.
+            store::<R, W>(c, g.rsc, &chains::<R, W, _, _>(g, i, j, 0, g.k), e);
+        } else {
+            let mut x = chains::<R, W, _, _>(g, i, j, 0, KC);
+            let mut k0 = KC;
+            while k0 < g.k {
+                let part = chains::<R, W, _, _>(g, i, j, k0, g.k.min(k0 + KC));
+                for (xr, pr) in x.iter_mut().zip(&part) {
+                    for (xe, pe) in xr.iter_mut().zip(pr) {
+                        *xe += pe;
+                    }
                 }
+                k0 += KC;
             }
-            k0 += KC;
+            store::<R, W>(c, g.rsc, &x, e);
         }
-        store::<R, W>(g.c.offset(i as isize * g.rsc).add(j), g.rsc, &x, e);
         j += W;
     }
     j
@@ -219,12 +225,15 @@ unsafe fn store<const R: usize, const W: usize>(
     e: Epilogue,
 ) {
     for (r, xr) in x.iter().enumerate() {
-        let row = std::slice::from_raw_parts_mut(c.offset(r as isize * rsc), W);
-        match e {
-            Epilogue::Store => row.copy_from_slice(xr),
-            Epilogue::Scaled(s) => row.iter_mut().zip(xr).for_each(|(c, &x)| *c = x * s),
-            Epilogue::Add => row.iter_mut().zip(xr).for_each(|(c, &x)| *c += x),
-            Epilogue::AddScaled(s) => row.iter_mut().zip(xr).for_each(|(c, &x)| *c += x * s),
+        let row = c.offset(r as isize * rsc);
+        for (w, &x) in xr.iter().enumerate() {
+            let c = row.add(w);
+            *c = match e {
+                Epilogue::Store => x,
+                Epilogue::Scaled(s) => x * s,
+                Epilogue::Add => *c + x,
+                Epilogue::AddScaled(s) => *c + x * s,
+            };
         }
     }
 }

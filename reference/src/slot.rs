@@ -59,9 +59,38 @@ pub fn transpose_into<T: Copy + Into<f64>>(x: &ArrayView2<'_, T>, mut out: Array
     assert_eq!(out.nrows(), d, "transpose rows");
     assert!(out.ncols() >= l, "transpose columns");
     out.slice_mut(s![.., l..]).fill(0.0);
-    for (c, row) in x.rows().into_iter().enumerate() {
-        for (o, &e) in out.column_mut(c).iter_mut().zip(&row) {
-            *o = e.into();
+    let ld = out.ncols();
+    let rows: Option<Vec<&[T]>> = (0..l).map(|c| x.row(c).to_slice()).collect();
+    match (rows, out.as_slice_mut()) {
+        (Some(rows), Some(o)) => {
+            // Four source rows at a time: four streams read in order, four adjacent values
+            // written.
+            let mut quads = rows.chunks_exact(4);
+            for (q, quad) in quads.by_ref().enumerate() {
+                let c = 4 * q;
+                let [a, b, e, f] = [quad[0], quad[1], quad[2], quad[3]];
+                for (i, dst) in o.chunks_exact_mut(ld).enumerate() {
+                    dst[c..c + 4].copy_from_slice(&[
+                        a[i].into(),
+                        b[i].into(),
+                        e[i].into(),
+                        f[i].into(),
+                    ]);
+                }
+            }
+            let c0 = l - quads.remainder().len();
+            for (c, row) in quads.remainder().iter().enumerate() {
+                for (dst, &e) in o.chunks_exact_mut(ld).zip(row.iter()) {
+                    dst[c0 + c] = e.into();
+                }
+            }
+        }
+        _ => {
+            for (c, row) in x.rows().into_iter().enumerate() {
+                for (o, &e) in out.column_mut(c).iter_mut().zip(&row) {
+                    *o = e.into();
+                }
+            }
         }
     }
 }
