@@ -68,14 +68,9 @@ pub fn transpose_into<T: Copy + Into<f64>>(x: &ArrayView2<'_, T>, mut out: Array
             let mut quads = rows.chunks_exact(4);
             for (q, quad) in quads.by_ref().enumerate() {
                 let c = 4 * q;
-                let [a, b, e, f] = [quad[0], quad[1], quad[2], quad[3]];
-                for (i, dst) in o.chunks_exact_mut(ld).enumerate() {
-                    dst[c..c + 4].copy_from_slice(&[
-                        a[i].into(),
-                        b[i].into(),
-                        e[i].into(),
-                        f[i].into(),
-                    ]);
+                let cols = quad[0].iter().zip(quad[1]).zip(quad[2].iter().zip(quad[3]));
+                for (dst, ((&a, &b), (&e, &f))) in o.chunks_exact_mut(ld).zip(cols) {
+                    dst[c..c + 4].copy_from_slice(&[a.into(), b.into(), e.into(), f.into()]);
                 }
             }
             let c0 = l - quads.remainder().len();
