@@ -8,6 +8,7 @@ use crate::types::AttnParams;
 use ndarray::{
     s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut1, ArrayViewMut2,
 };
+use std::cell::RefCell;
 
 /// Forward outputs over the whole buffers.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,48 +79,60 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
         .map(|i| SlotGeom::of(layout, i))
         .filter(|sg| !sg.is_empty())
         .collect();
-    let mut w = Workspace::new(params, &slots);
-    for &sg in &slots {
-        let (qr, kr) = (sg.off_q..sg.off_q + sg.lq, sg.off_kv..sg.off_kv + sg.lk);
-        for hkv in 0..hkv_n {
-            // The heads of a group share K and V: transpose them once.
-            let b = block(sg, hkv * g, hkv, &q, &k, &v, d_o.as_ref());
-            let ld = w.ld(sg.lk);
-            transpose_into(&b.k, w.k_t(dqk, ld));
-            if grads.is_some() {
-                transpose_into(&b.v, w.v_t(dv_n, ld));
-            }
-            // Heads in increasing order, so GQA sums accumulate in the same order as ever.
-            for h in hkv * g..(hkv + 1) * g {
-                let b = block(sg, h, hkv, &q, &k, &v, d_o.as_ref());
-                block_forward(
-                    params,
-                    &b,
-                    &mut w,
-                    fwd.o.slice_mut(s![qr.clone(), h, ..]),
-                    fwd.lse.slice_mut(s![qr.clone(), h]),
-                );
-                if let (Some(gr), Some(d_o)) = (grads.as_mut(), b.d_o) {
-                    block_backward(
+    WORKSPACE.with_borrow_mut(|w| {
+        w.fit(params, &slots);
+        // Every scratch value read below is first written in the same block, so nothing
+        // carries over from an earlier call.
+        for &sg in &slots {
+            let (qr, kr) = (sg.off_q..sg.off_q + sg.lq, sg.off_kv..sg.off_kv + sg.lk);
+            for hkv in 0..hkv_n {
+                // The heads of a group share K and V: transpose them once.
+                let b = block(sg, hkv * g, hkv, &q, &k, &v, d_o.as_ref());
+                let ld = w.ld(sg.lk);
+                transpose_into(&b.k, w.k_t(dqk, ld));
+                if grads.is_some() {
+                    transpose_into(&b.v, w.v_t(dv_n, ld));
+                }
+                // Heads in increasing order, so GQA sums accumulate in the same order as ever.
+                for h in hkv * g..(hkv + 1) * g {
+                    let b = block(sg, h, hkv, &q, &k, &v, d_o.as_ref());
+                    block_forward(
                         params,
                         &b,
-                        d_o,
-                        &mut w,
-                        BlockGradients {
-                            dq: gr.dq.slice_mut(s![qr.clone(), h, ..]),
-                            dk: gr.dk.slice_mut(s![kr.clone(), hkv, ..]),
-                            dv: gr.dv.slice_mut(s![kr.clone(), hkv, ..]),
-                        },
+                        w,
+                        fwd.o.slice_mut(s![qr.clone(), h, ..]),
+                        fwd.lse.slice_mut(s![qr.clone(), h]),
                     );
+                    if let (Some(gr), Some(d_o)) = (grads.as_mut(), b.d_o) {
+                        block_backward(
+                            params,
+                            &b,
+                            d_o,
+                            w,
+                            BlockGradients {
+                                dq: gr.dq.slice_mut(s![qr.clone(), h, ..]),
+                                dk: gr.dk.slice_mut(s![kr.clone(), hkv, ..]),
+                                dv: gr.dv.slice_mut(s![kr.clone(), hkv, ..]),
+                            },
+                        );
+                    }
                 }
             }
         }
-    }
+        w.release_if_large();
+    });
     (fwd, grads)
 }
 
-/// Scratch of one problem, sized for its largest slot and reused by every block: `Kᵀ`,
-/// `Vᵀ`, `S`/`P`, `dP`/`dS` and the row vectors.
+thread_local! {
+    /// This thread's scratch, kept between calls so that a call allocates nothing but its
+    /// outputs (per-call scratch showed up as page faults and allocator time).
+    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
+}
+
+/// Scratch sized for the largest slot seen and reused by every block: `Kᵀ`, `Vᵀ`, `S`/`P`,
+/// `dP`/`dS` and the row vectors.
+#[derive(Default)]
 struct Workspace {
     k_t: Vec<f64>,
     v_t: Vec<f64>,
@@ -133,19 +146,38 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(params: &AttnParams, slots: &[SlotGeom]) -> Workspace {
+    /// Above this many f64s a call's scratch is freed when it returns, so that one long
+    /// sequence does not pin megabytes in every thread that ever ran it.
+    const KEEP: usize = 1 << 17;
+
+    fn release_if_large(&mut self) {
+        let n = [
+            &self.k_t, &self.v_t, &self.p, &self.ds, &self.m, &self.l, &self.d,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum::<usize>();
+        if n > Workspace::KEEP {
+            *self = Workspace::default();
+        }
+    }
+
+    /// Grows the buffers to fit every block of `slots`.
+    fn fit(&mut self, params: &AttnParams, slots: &[SlotGeom]) {
         let lq = slots.iter().map(|s| s.lq).max().unwrap_or(0);
         let ld = Workspace::padded(slots.iter().map(|s| s.lk).max().unwrap_or(0));
-        Workspace {
-            k_t: vec![0.0; params.head_dim_qk * ld],
-            v_t: vec![0.0; params.head_dim_v * ld],
-            p: vec![0.0; lq * ld],
-            ds: vec![0.0; lq * ld],
-            m: vec![0.0; lq],
-            l: vec![0.0; lq],
-            d: vec![0.0; lq],
-            ld: 0,
-        }
+        let grow = |v: &mut Vec<f64>, n: usize| {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        };
+        grow(&mut self.k_t, params.head_dim_qk * ld);
+        grow(&mut self.v_t, params.head_dim_v * ld);
+        grow(&mut self.p, lq * ld);
+        grow(&mut self.ds, lq * ld);
+        grow(&mut self.m, lq);
+        grow(&mut self.l, lq);
+        grow(&mut self.d, lq);
     }
 
     /// `Lk` rounded up to whole 4-wide vectors, so the score products need no column tail.
