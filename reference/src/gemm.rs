@@ -11,7 +11,7 @@
 //! per-call allocation cost more than the arithmetic, so operands are read in place: f32 or
 //! f64, any row stride, converted to f64 on load (exact).
 
-use ndarray::{ArrayView2, ArrayViewMut2};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
 /// Depth of one chain before it is restarted (matrixmultiply's `kc` for f64).
 const KC: usize = 256;
@@ -53,12 +53,13 @@ pub(crate) fn gemm<TA, TB>(
     // The kernel loads rows of B and C as contiguous runs; other layouts (never produced by
     // this crate, possible with a caller's permuted views) go through contiguous copies,
     // which hold the same values.
+    // (`from_shape_fn` because `mapv` and `to_owned` keep a column-major layout.)
     if n > 1 && b.strides()[1] != 1 {
-        let b = b.mapv(Into::<f64>::into);
+        let b = Array2::from_shape_fn(b.dim(), |ix| b[ix].into());
         return gemm(a, b.view(), c, epilogue);
     }
     if n > 1 && c.strides()[1] != 1 {
-        let mut tmp = c.to_owned();
+        let mut tmp = Array2::from_shape_fn(c.dim(), |ix| c[ix]);
         gemm(a, b, tmp.view_mut(), epilogue);
         c.assign(&tmp);
         return;
@@ -235,5 +236,97 @@ unsafe fn store<const R: usize, const W: usize>(
                 Epilogue::AddScaled(s) => *c + x * s,
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::ShapeBuilder;
+
+    /// The contract spelled out one entry at a time: chains of at most `KC` FMAs in index
+    /// order, partial chains added in order, then the epilogue.
+    fn spec(a: &Array2<f64>, b: &Array2<f64>, c: &mut Array2<f64>, e: Epilogue) {
+        let k = a.ncols();
+        for ((i, j), c) in c.indexed_iter_mut() {
+            let mut x = 0.0;
+            for k0 in (0..k).step_by(KC) {
+                let mut chain = 0.0f64;
+                for p in k0..k.min(k0 + KC) {
+                    chain = a[[i, p]].mul_add(b[[p, j]], chain);
+                }
+                x = if k0 == 0 { chain } else { x + chain };
+            }
+            *c = match e {
+                Epilogue::Store => x,
+                Epilogue::Scaled(s) => x * s,
+                Epilogue::Add => *c + x,
+                Epilogue::AddScaled(s) => *c + x * s,
+            };
+        }
+    }
+
+    /// Deterministic values with every sign and many magnitudes, exact in f32.
+    fn fill(rows: usize, cols: usize, seed: u64) -> Array2<f32> {
+        let mut z = seed;
+        Array2::from_shape_simple_fn((rows, cols), || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let m = ((z >> 40) as i32 - (1 << 23)) as f32;
+            m * f32::powi(2.0, (z >> 33 & 15) as i32 - 30)
+        })
+    }
+
+    fn bits(x: &Array2<f64>) -> Vec<u64> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn every_tile_shape_depth_and_epilogue_matches_the_chain_definition() {
+        let epilogues = [
+            Epilogue::Store,
+            Epilogue::Scaled(-0.3),
+            Epilogue::Add,
+            Epilogue::AddScaled(0.7),
+        ];
+        let mut seed = 1;
+        for m in [1, 2, 3, 4, 5, 7, 9] {
+            for n in [1, 3, 4, 5, 8, 12, 17, 33, 40] {
+                for k in [1, 2, 9, 256, 257, 600] {
+                    for e in epilogues {
+                        seed += 1;
+                        let a32 = fill(m, k, seed);
+                        let b32 = fill(k, n, seed + 1000);
+                        let c0 = fill(m, n, seed + 2000).mapv(f64::from);
+                        let (a, b) = (a32.mapv(f64::from), b32.mapv(f64::from));
+                        let mut want = c0.clone();
+                        spec(&a, &b, &mut want, e);
+                        // f32 operands read in place, f64 operands, A transposed in memory.
+                        let mut got = c0.clone();
+                        gemm(a32.view(), b32.view(), got.view_mut(), e);
+                        assert_eq!(bits(&got), bits(&want), "f32 {m}x{k}x{n} {e:?}");
+                        let mut got = c0.clone();
+                        let a_t = a.t().as_standard_layout().into_owned();
+                        gemm(a_t.t(), b.view(), got.view_mut(), e);
+                        assert_eq!(bits(&got), bits(&want), "f64 A^T {m}x{k}x{n} {e:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn column_strided_operands_take_the_copy_path() {
+        let (m, k, n) = (5, 19, 13);
+        let a = fill(m, k, 1).mapv(f64::from);
+        let b = fill(k, n, 2).mapv(f64::from);
+        let mut want = Array2::zeros((m, n));
+        spec(&a, &b, &mut want, Epilogue::Store);
+        let b_f = Array2::from_shape_vec((k, n).f(), b.t().iter().copied().collect()).unwrap();
+        assert_eq!(b_f, b);
+        let mut got = Array2::zeros((m, n).f());
+        gemm(a.view(), b_f.view(), got.view_mut(), Epilogue::Store);
+        assert_eq!(bits(&got.as_standard_layout().into_owned()), bits(&want));
     }
 }
