@@ -3,9 +3,12 @@
 use crate::equations as eq;
 use crate::layout::Layout;
 use crate::problem::Problem;
-use crate::slot::{block, Block, SlotGeom};
+use crate::slot::{block, transpose_into, Block, SlotGeom};
 use crate::types::AttnParams;
-use ndarray::{s, Array2, Array3, ArrayView3};
+use ndarray::{
+    s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut1, ArrayViewMut2,
+};
+use std::cell::RefCell;
 
 /// Forward outputs over the whole buffers.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,66 +75,191 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
         dv: Array3::zeros((tk, hkv_n, dv_n)),
     });
 
-    for i in 0..layout.slots() {
-        let sg = SlotGeom::of(layout, i);
-        if sg.is_empty() {
-            continue;
-        }
-        for h in 0..h_n {
-            let b = block(sg, h, h / g, &q, &k, &v, d_o.as_ref());
+    let slots: Vec<SlotGeom> = (0..layout.slots())
+        .map(|i| SlotGeom::of(layout, i))
+        .filter(|sg| !sg.is_empty())
+        .collect();
+    WORKSPACE.with_borrow_mut(|w| {
+        w.fit(params, &slots);
+        // Every scratch value read below is first written in the same block, so nothing
+        // carries over from an earlier call.
+        for &sg in &slots {
             let (qr, kr) = (sg.off_q..sg.off_q + sg.lq, sg.off_kv..sg.off_kv + sg.lk);
-            let bf = block_forward(params, &b);
-            fwd.o.slice_mut(s![qr.clone(), h, ..]).assign(&bf.o);
-            fwd.lse.slice_mut(s![qr.clone(), h]).assign(&bf.lse);
-            if let (Some(gr), Some(d_o)) = (grads.as_mut(), b.d_o.as_ref()) {
-                let bg = block_backward(params, &b, &bf.p, d_o);
-                gr.dq.slice_mut(s![qr, h, ..]).assign(&bg.dq);
-                // GQA: the heads of a group share kv rows, their gradients add up.
-                let mut dk = gr.dk.slice_mut(s![kr.clone(), h / g, ..]);
-                dk += &bg.dk;
-                let mut dv = gr.dv.slice_mut(s![kr, h / g, ..]);
-                dv += &bg.dv;
+            for hkv in 0..hkv_n {
+                // The heads of a group share K and V: transpose them once.
+                let b = block(sg, hkv * g, hkv, &q, &k, &v, d_o.as_ref());
+                let ld = w.ld(sg.lk);
+                transpose_into(&b.k, w.k_t(dqk, ld));
+                if grads.is_some() {
+                    transpose_into(&b.v, w.v_t(dv_n, ld));
+                }
+                // Heads in increasing order, so GQA sums accumulate in the same order as ever.
+                for h in hkv * g..(hkv + 1) * g {
+                    let b = block(sg, h, hkv, &q, &k, &v, d_o.as_ref());
+                    block_forward(
+                        params,
+                        &b,
+                        w,
+                        fwd.o.slice_mut(s![qr.clone(), h, ..]),
+                        fwd.lse.slice_mut(s![qr.clone(), h]),
+                    );
+                    if let (Some(gr), Some(d_o)) = (grads.as_mut(), b.d_o) {
+                        block_backward(
+                            params,
+                            &b,
+                            d_o,
+                            w,
+                            BlockGradients {
+                                dq: gr.dq.slice_mut(s![qr.clone(), h, ..]),
+                                dk: gr.dk.slice_mut(s![kr.clone(), hkv, ..]),
+                                dv: gr.dv.slice_mut(s![kr.clone(), hkv, ..]),
+                            },
+                        );
+                    }
+                }
             }
         }
-    }
+        w.release_if_large();
+    });
     (fwd, grads)
 }
 
-/// Forward results of one (slot, head) block; `p` is kept for the backward pass.
-struct BlockForward {
-    o: Array2<f64>,
-    lse: ndarray::Array1<f64>,
-    p: Array2<f64>,
+thread_local! {
+    /// This thread's scratch, kept between calls so that a call allocates nothing but its
+    /// outputs (per-call scratch showed up as page faults and allocator time).
+    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
 }
 
-fn block_forward(params: &AttnParams, b: &Block) -> BlockForward {
-    let mut s = eq::scores(&b.q, &b.k, params.scale);
-    eq::apply_mask(&mut s, params.mask, params.window);
-    let m = eq::row_max(&s);
-    let (p, l) = eq::softmax(&s, &m);
-    let lse = eq::lse(&m, &l);
-    let o = eq::output(&p, &b.v);
-    BlockForward { o, lse, p }
+/// Scratch sized for the largest slot seen and reused by every block: `Kᵀ`, `Vᵀ`, `S`/`P`,
+/// `dP`/`dS` and the row vectors.
+#[derive(Default)]
+struct Workspace {
+    k_t: Vec<f64>,
+    v_t: Vec<f64>,
+    p: Vec<f64>,
+    ds: Vec<f64>,
+    m: Vec<f64>,
+    l: Vec<f64>,
+    d: Vec<f64>,
+    /// Row stride of the current block's `Kᵀ`, `Vᵀ`, `P` and `dS`.
+    ld: usize,
 }
 
-struct BlockGradients {
-    dq: Array2<f64>,
-    dk: Array2<f64>,
-    dv: Array2<f64>,
-}
+impl Workspace {
+    /// Above this many f64s a call's scratch is freed when it returns, so that one long
+    /// sequence does not pin megabytes in every thread that ever ran it.
+    const KEEP: usize = 1 << 17;
 
-fn block_backward(
-    params: &AttnParams,
-    b: &Block,
-    p: &Array2<f64>,
-    d_o: &Array2<f64>,
-) -> BlockGradients {
-    let dp = eq::d_p(d_o, &b.v);
-    let d = eq::d_rowsum(p, &dp);
-    let ds = eq::d_s(p, &dp, &d);
-    BlockGradients {
-        dq: eq::d_q(&ds, &b.k, params.scale),
-        dk: eq::d_k(&ds, &b.q, params.scale),
-        dv: eq::d_v(p, d_o),
+    fn release_if_large(&mut self) {
+        let n = [
+            &self.k_t, &self.v_t, &self.p, &self.ds, &self.m, &self.l, &self.d,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum::<usize>();
+        if n > Workspace::KEEP {
+            *self = Workspace::default();
+        }
     }
+
+    /// Grows the buffers to fit every block of `slots`.
+    fn fit(&mut self, params: &AttnParams, slots: &[SlotGeom]) {
+        let lq = slots.iter().map(|s| s.lq).max().unwrap_or(0);
+        let ld = Workspace::padded(slots.iter().map(|s| s.lk).max().unwrap_or(0));
+        let grow = |v: &mut Vec<f64>, n: usize| {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        };
+        grow(&mut self.k_t, params.head_dim_qk * ld);
+        grow(&mut self.v_t, params.head_dim_v * ld);
+        grow(&mut self.p, lq * ld);
+        grow(&mut self.ds, lq * ld);
+        grow(&mut self.m, lq);
+        grow(&mut self.l, lq);
+        grow(&mut self.d, lq);
+    }
+
+    /// `Lk` rounded up to whole 4-wide vectors, so the score products need no column tail.
+    fn padded(lk: usize) -> usize {
+        lk.next_multiple_of(4)
+    }
+
+    /// Sets the row stride for a block of `lk` keys and returns it.
+    fn ld(&mut self, lk: usize) -> usize {
+        self.ld = Workspace::padded(lk);
+        self.ld
+    }
+
+    fn k_t(&mut self, d: usize, ld: usize) -> ArrayViewMut2<'_, f64> {
+        ArrayViewMut2::from_shape((d, ld), &mut self.k_t[..d * ld]).expect("k_t fits")
+    }
+
+    fn v_t(&mut self, d: usize, ld: usize) -> ArrayViewMut2<'_, f64> {
+        ArrayViewMut2::from_shape((d, ld), &mut self.v_t[..d * ld]).expect("v_t fits")
+    }
+}
+
+/// `[rows, ld]` matrix at the start of `buf`.
+fn mat(buf: &[f64], rows: usize, ld: usize) -> ArrayView2<'_, f64> {
+    ArrayView2::from_shape((rows, ld), &buf[..rows * ld]).expect("scratch fits")
+}
+
+fn mat_mut(buf: &mut [f64], rows: usize, ld: usize) -> ArrayViewMut2<'_, f64> {
+    ArrayViewMut2::from_shape((rows, ld), &mut buf[..rows * ld]).expect("scratch fits")
+}
+
+/// Forward of one (slot, head) block: `o` and `lse` into the outputs, `P` left in `w.p`
+/// for the backward pass.
+fn block_forward<T: Copy + Into<f64>>(
+    params: &AttnParams,
+    b: &Block<'_, T>,
+    w: &mut Workspace,
+    o: ArrayViewMut2<'_, f64>,
+    lse: ArrayViewMut1<'_, f64>,
+) {
+    let (lq, lk, ld) = (b.q.nrows(), b.k.nrows(), w.ld);
+    let k_t = mat(&w.k_t, b.k.ncols(), ld);
+    let mut s = mat_mut(&mut w.p, lq, ld);
+    eq::scores(b.q.view(), k_t, params.scale, s.view_mut());
+    // The columns past `Lk` are padding of the transposed keys, not scores.
+    let mut s = s.slice_move(s![.., ..lk]);
+    eq::apply_mask(s.view_mut(), params.mask, params.window);
+    let m = ArrayViewMut1::from(&mut w.m[..lq]);
+    eq::row_max(s.view(), m);
+    let (m, l) = (
+        ArrayView1::from(&w.m[..lq]),
+        ArrayViewMut1::from(&mut w.l[..lq]),
+    );
+    eq::softmax(s.view_mut(), m, l);
+    eq::lse(m, ArrayView1::from(&w.l[..lq]), lse);
+    eq::output(s.view(), b.v.view(), o);
+}
+
+/// Where one block's gradients go: `dq` is this head's, `dk` and `dv` are shared by the
+/// heads of a GQA group and accumulate.
+struct BlockGradients<'a> {
+    dq: ArrayViewMut2<'a, f64>,
+    dk: ArrayViewMut2<'a, f64>,
+    dv: ArrayViewMut2<'a, f64>,
+}
+
+/// Backward of one (slot, head) block, from the `P` that [`block_forward`] left in `w.p`.
+fn block_backward<T: Copy + Into<f64>>(
+    params: &AttnParams,
+    b: &Block<'_, T>,
+    d_o: ArrayView2<'_, T>,
+    w: &mut Workspace,
+    out: BlockGradients<'_>,
+) {
+    let (lq, lk, ld) = (b.q.nrows(), b.k.nrows(), w.ld);
+    let p = mat(&w.p, lq, ld).slice_move(s![.., ..lk]);
+    let mut ds = mat_mut(&mut w.ds, lq, ld);
+    eq::d_p(d_o.view(), mat(&w.v_t, d_o.ncols(), ld), ds.view_mut());
+    let mut ds = ds.slice_move(s![.., ..lk]);
+    eq::d_rowsum(p, ds.view(), ArrayViewMut1::from(&mut w.d[..lq]));
+    eq::d_s(p, ds.view_mut(), ArrayView1::from(&w.d[..lq]));
+    eq::d_q(ds.view(), b.k.view(), params.scale, out.dq);
+    eq::d_k(ds.view(), b.q.view(), params.scale, out.dk);
+    eq::d_v(p, d_o, out.dv);
 }

@@ -1,25 +1,35 @@
 //! One function per equation of `semantics.md` §1, on one (slot, head) block in f64.
 //!
 //! Shapes: `q [Lq, Dqk]`, `k [Lk, Dqk]`, `v [Lk, Dv]`, `d_o [Lq, Dv]`, scores and
-//! probabilities `[Lq, Lk]`. The matrix products go through ndarray's `dot`
-//! (matrixmultiply), which is what makes the reference fast enough to run on every fuzz case.
+//! probabilities `[Lq, Lk]`. Inputs are views of the THD buffers in their own element type
+//! (upcast to f64 on load, which is exact); each function writes its result into a view
+//! the caller owns, so a whole problem runs without a temporary per block, and `o`, `lse`,
+//! `dq`, `dk`, `dv` are written straight into the output arrays. The matrix products are
+//! [`crate::gemm`]'s: one FMA chain per entry, the summation order ndarray's `dot` had.
 
+use crate::gemm::{gemm, Epilogue};
 use crate::types::{visible, Mask, Window};
-use ndarray::{Array1, Array2, Axis, Zip};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Zip};
 
 /// `S = scale · Q Kᵀ`: the scale is one multiply of each finished dot product, as the
 /// contract requires (never folded into `q`).
-pub fn scores(q: &Array2<f64>, k: &Array2<f64>, scale: f64) -> Array2<f64> {
-    let mut s = q.dot(&k.t());
-    s.mapv_inplace(|x| x * scale);
-    s
+///
+/// `k_t` is `Kᵀ [Dqk, ≥ Lk]`; `s` is `[Lq, k_t.ncols()]`, and its columns past `Lk` get
+/// whatever the extra columns of `k_t` produce.
+pub fn scores<T: Copy + Into<f64>>(
+    q: ArrayView2<'_, T>,
+    k_t: ArrayView2<'_, f64>,
+    scale: f64,
+    s: ArrayViewMut2<'_, f64>,
+) {
+    gemm(q, k_t, s, Epilogue::Scaled(scale));
 }
 
 /// `S[r, c] = -inf` where key `c` is not visible to row `r` (mask and window of §1).
 ///
 /// `-inf` rather than a large negative number so that an invisible key carries exactly zero
 /// weight and a row without visible keys is recognisable by `m = -inf`.
-pub fn apply_mask(s: &mut Array2<f64>, mask: Mask, window: Window) {
+pub fn apply_mask(mut s: ArrayViewMut2<'_, f64>, mask: Mask, window: Window) {
     let (lq, lk) = s.dim();
     for ((r, c), x) in s.indexed_iter_mut() {
         if !visible(mask, window, r, c, lq, lk) {
@@ -29,21 +39,24 @@ pub fn apply_mask(s: &mut Array2<f64>, mask: Mask, window: Window) {
 }
 
 /// `m[r] = max_c S[r, c]` over visible keys; `-inf` for a row with none.
-pub fn row_max(s: &Array2<f64>) -> Array1<f64> {
-    s.map_axis(Axis(1), |row| {
-        row.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-    })
+pub fn row_max(s: ArrayView2<'_, f64>, mut m: ArrayViewMut1<'_, f64>) {
+    for (row, mr) in s.rows().into_iter().zip(m.iter_mut()) {
+        *mr = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    }
 }
 
-/// `P[r, c] = exp(S[r, c] - m[r]) / l[r]` with `l[r] = Σ_c exp(S[r, c] - m[r])`; returns
-/// `(P, l)`. A row with `m = -inf` (no visible key) has `l = 0` and `P = 0`, not
-/// `exp(NaN)`.
-pub fn softmax(s: &Array2<f64>, m: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
-    let mut p = s.clone();
-    let mut l = Array1::zeros(m.len());
-    for ((mut row, &mr), lr) in p.rows_mut().into_iter().zip(m).zip(l.iter_mut()) {
+/// `P[r, c] = exp(S[r, c] - m[r]) / l[r]` with `l[r] = Σ_c exp(S[r, c] - m[r])`, in place:
+/// `s_p` holds `S` on entry and `P` on return. A row with `m = -inf` (no visible key) has
+/// `l = 0` and `P = 0`, not `exp(NaN)`.
+pub fn softmax(
+    mut s_p: ArrayViewMut2<'_, f64>,
+    m: ArrayView1<'_, f64>,
+    mut l: ArrayViewMut1<'_, f64>,
+) {
+    for ((mut row, &mr), lr) in s_p.rows_mut().into_iter().zip(m).zip(l.iter_mut()) {
         if mr == f64::NEG_INFINITY {
             row.fill(0.0);
+            *lr = 0.0;
             continue;
         }
         row.mapv_inplace(|x| (x - mr).exp());
@@ -51,63 +64,83 @@ pub fn softmax(s: &Array2<f64>, m: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
         let inv = *lr;
         row.mapv_inplace(|x| x / inv);
     }
-    (p, l)
 }
 
 /// `lse[r] = m[r] + ln l[r]`; `-inf` for a row with no visible key.
-pub fn lse(m: &Array1<f64>, l: &Array1<f64>) -> Array1<f64> {
-    Zip::from(m).and(l).map_collect(|&mr, &lr| {
-        if lr > 0.0 {
+pub fn lse(m: ArrayView1<'_, f64>, l: ArrayView1<'_, f64>, lse: ArrayViewMut1<'_, f64>) {
+    Zip::from(lse).and(m).and(l).for_each(|out, &mr, &lr| {
+        *out = if lr > 0.0 {
             mr + lr.ln()
         } else {
             f64::NEG_INFINITY
         }
-    })
+    });
 }
 
 /// `O = P V`.
-pub fn output(p: &Array2<f64>, v: &Array2<f64>) -> Array2<f64> {
-    p.dot(v)
+pub fn output<T: Copy + Into<f64>>(
+    p: ArrayView2<'_, f64>,
+    v: ArrayView2<'_, T>,
+    o: ArrayViewMut2<'_, f64>,
+) {
+    gemm(p, v, o, Epilogue::Store);
 }
 
 /// `dP = dO Vᵀ`.
-pub fn d_p(d_o: &Array2<f64>, v: &Array2<f64>) -> Array2<f64> {
-    d_o.dot(&v.t())
+///
+/// `v_t` is `Vᵀ [Dv, ≥ Lk]`; `dp` is `[Lq, v_t.ncols()]` (see [`scores`]).
+pub fn d_p<T: Copy + Into<f64>>(
+    d_o: ArrayView2<'_, T>,
+    v_t: ArrayView2<'_, f64>,
+    dp: ArrayViewMut2<'_, f64>,
+) {
+    gemm(d_o, v_t, dp, Epilogue::Store);
 }
 
 /// `D[r] = Σ_c P[r, c] dP[r, c]` (equal to `rowsum(dO ∘ O)` in exact arithmetic).
-pub fn d_rowsum(p: &Array2<f64>, dp: &Array2<f64>) -> Array1<f64> {
-    Zip::from(p.rows())
+pub fn d_rowsum(p: ArrayView2<'_, f64>, dp: ArrayView2<'_, f64>, d: ArrayViewMut1<'_, f64>) {
+    Zip::from(d)
+        .and(p.rows())
         .and(dp.rows())
-        .map_collect(|pr, dpr| pr.dot(&dpr))
+        .for_each(|dr, pr, dpr| *dr = pr.dot(&dpr));
 }
 
-/// `dS[r, c] = P[r, c] (dP[r, c] - D[r])`.
+/// `dS[r, c] = P[r, c] (dP[r, c] - D[r])`, in place: `dp_ds` holds `dP` on entry and `dS`
+/// on return.
 ///
 /// Invisible keys and empty rows have `P = 0`, so they get `dS = 0` and contribute nothing.
-pub fn d_s(p: &Array2<f64>, dp: &Array2<f64>, d: &Array1<f64>) -> Array2<f64> {
-    let mut ds = dp.clone();
-    for ((mut dsr, pr), &dr) in ds.rows_mut().into_iter().zip(p.rows()).zip(d) {
+pub fn d_s(p: ArrayView2<'_, f64>, mut dp_ds: ArrayViewMut2<'_, f64>, d: ArrayView1<'_, f64>) {
+    for ((mut dsr, pr), &dr) in dp_ds.rows_mut().into_iter().zip(p.rows()).zip(d) {
         dsr.zip_mut_with(&pr, |x, &pc| *x = pc * (*x - dr));
     }
-    ds
 }
 
 /// `dQ = scale · dS K`.
-pub fn d_q(ds: &Array2<f64>, k: &Array2<f64>, scale: f64) -> Array2<f64> {
-    let mut dq = ds.dot(k);
-    dq.mapv_inplace(|x| x * scale);
-    dq
+pub fn d_q<T: Copy + Into<f64>>(
+    ds: ArrayView2<'_, f64>,
+    k: ArrayView2<'_, T>,
+    scale: f64,
+    dq: ArrayViewMut2<'_, f64>,
+) {
+    gemm(ds, k, dq, Epilogue::Scaled(scale));
 }
 
-/// `dK = scale · dSᵀ Q` (this head's share; the caller sums over the heads of a group).
-pub fn d_k(ds: &Array2<f64>, q: &Array2<f64>, scale: f64) -> Array2<f64> {
-    let mut dk = ds.t().dot(q);
-    dk.mapv_inplace(|x| x * scale);
-    dk
+/// `dK += scale · dSᵀ Q`: this head's share, added to `dk` because the heads of a GQA group
+/// share their kv rows.
+pub fn d_k<T: Copy + Into<f64>>(
+    ds: ArrayView2<'_, f64>,
+    q: ArrayView2<'_, T>,
+    scale: f64,
+    dk: ArrayViewMut2<'_, f64>,
+) {
+    gemm(ds.t(), q, dk, Epilogue::AddScaled(scale));
 }
 
-/// `dV = Pᵀ dO` (this head's share; the caller sums over the heads of a group).
-pub fn d_v(p: &Array2<f64>, d_o: &Array2<f64>) -> Array2<f64> {
-    p.t().dot(d_o)
+/// `dV += Pᵀ dO`: this head's share, added to `dv` (see [`d_k`]).
+pub fn d_v<T: Copy + Into<f64>>(
+    p: ArrayView2<'_, f64>,
+    d_o: ArrayView2<'_, T>,
+    dv: ArrayViewMut2<'_, f64>,
+) {
+    gemm(p.t(), d_o, dv, Epilogue::Add);
 }

@@ -12,6 +12,7 @@
 mod attention;
 pub mod emulate;
 pub mod equations;
+mod gemm;
 pub mod layout;
 pub mod naive;
 pub mod problem;
