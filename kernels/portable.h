@@ -42,7 +42,12 @@ typedef unsigned long long pt_u64;
 #define PT_WARP 64
 #define PT_LWARP_THREADS 64
 #define PT_INLINE __device__ inline __attribute__((always_inline))
-#define PT_KERNEL extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256)))
+// 256 threads: four 64-lane logical warps (small-seq) or wavefronts (fallback) per block. A host
+// model of the kernels (tests/hip_model) predefines it empty: the attribute needs a GPU target.
+#ifndef PT_HIP_KERNEL_ATTR
+#define PT_HIP_KERNEL_ATTR __attribute__((amdgpu_flat_work_group_size(1, 256)))
+#endif
+#define PT_KERNEL extern "C" __global__ PT_HIP_KERNEL_ATTR
 PT_INLINE int pt_tid() { return (int)__builtin_amdgcn_workitem_id_x(); }
 PT_INLINE long long pt_bid() { return (long long)__builtin_amdgcn_workgroup_id_x(); }
 PT_INLINE void pt_sync() {
