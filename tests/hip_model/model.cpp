@@ -44,7 +44,7 @@ namespace model {
 constexpr int W = 64;
 thread_local int lane = 0, tid = 0, bid = 0;
 
-enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, DONE };
+enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, WAVE_SYNC, DONE };
 
 struct Divergence {};
 
@@ -78,6 +78,13 @@ inline int bpermute(int addr, int v) {
   int r = (int)wave->word[(addr >> 2) & (W - 1)];
   wave->bar.arrive_and_wait();
   return r;
+}
+
+// A barrier of the wavefront: lanes run apart between exchanges in this model, so the
+// fallback's pt_syncwarp (shared-memory row written, then read by every lane) must wait here.
+inline void wave_sync() {
+  arrive(WAVE_SYNC);
+  wave->bar.arrive_and_wait();
 }
 
 inline float bf16f(uint16_t h) {
@@ -124,10 +131,13 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
 // Barriers: the small-seq kernels have none, and a wavefront in this model is in lockstep at
 // every exchange anyway.
 #define __builtin_amdgcn_fence(order, scope) ((void)0)
-#define __builtin_amdgcn_s_barrier() ((void)0)
-#define __builtin_amdgcn_wave_barrier() ((void)0)
+#define __builtin_amdgcn_s_barrier() model::wave_sync()
+#define __builtin_amdgcn_wave_barrier() model::wave_sync()
 
 #include "../../kernels/small_seq.cu"
+#include "../../kernels/fallback.cu"
+// The fallback kernels' dynamic shared memory: 4 wavefronts of (Dqk + Dv) floats at most.
+float fb_smem[FB_WPB * 2 * FB_MAXD];
 
 #ifndef PT_MFMA
 #error "the model must see the matrix-core branch of portable.h"
@@ -225,162 +235,234 @@ static void test_mma(std::mt19937& rng, const char* name) {
                       " wrong elements");
 }
 
-// One small-seq case: b slots, H heads, head dim D, mask code; bf16 in and out.
-struct Case {
-  int b, H, D, mask;
-  std::vector<int> cu_q, cu_kv, off_q, off_kv;
-  long long tq, tk;
+// ---------------------------------------------------------------------------------------------
+// End-to-end cases against a double reference of semantics.md §1 (GQA, masks, windows), on the
+// inputs as the kernels see them (rounded to E). A wrong lane mapping gives errors of the order
+// of the values; the kernels' own roundings (P, dS and outputs in E) are of order 2^-8.
+
+struct Geometry {
+  int b, H, Hkv, Dqk, Dv, mask, wl, wr;
+  std::vector<int> cu_q{0}, cu_kv{0}, off_q{0}, off_kv{0};
+  long long tq = 0, tk = 0;
+  float scale = 0;
 };
 
-static float bf(float x) { return model::bf16f(model::to_bf16(x)); }
-
-template <int D>
-static void test_case(std::mt19937& rng, int b, int H, int mask, bool empty_slots) {
-  std::uniform_int_distribution<int> len(empty_slots ? 0 : 1, 17), gap(0, 2);
-  Case cs{b, H, D, mask, {0}, {0}, {0}, {0}, 0, 0};
+static Geometry make_geometry(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv,
+                              int mask, int wl, int wr, int min_len, int max_len) {
+  Geometry g{b, H, Hkv, Dqk, Dv, mask, wl, wr};
+  std::uniform_int_distribution<int> len(min_len, max_len), gap(0, 2);
   for (int i = 0; i < b; ++i) {
     int lq = len(rng), lk = len(rng);
-    if (lk == 0 && lq > 0) lk = 1;  // an empty key side with queries is outside the small-seq path
-    cs.cu_q.push_back(cs.cu_q.back() + lq);
-    cs.cu_kv.push_back(cs.cu_kv.back() + lk);
-    cs.off_q.push_back(cs.off_q.back() + lq + gap(rng));
-    cs.off_kv.push_back(cs.off_kv.back() + lk + gap(rng));
+    if (lk == 0 && lq > 0) lk = 1;
+    g.cu_q.push_back(g.cu_q.back() + lq);
+    g.cu_kv.push_back(g.cu_kv.back() + lk);
+    g.off_q.push_back(g.off_q.back() + lq + gap(rng));
+    g.off_kv.push_back(g.off_kv.back() + lk + gap(rng));
   }
-  cs.tq = cs.off_q.back();
-  cs.tk = cs.off_kv.back();
-  const long long rs = (long long)H * D;
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto fill = [&](long long n) {
-    std::vector<uint16_t> v(n);
-    for (auto& x : v) x = model::to_bf16(nd(rng));
-    return v;
-  };
-  std::vector<uint16_t> q = fill(cs.tq * rs), k = fill(cs.tk * rs), v = fill(cs.tk * rs),
-                        d_o = fill(cs.tq * rs);
-  const uint16_t sentinel = 0x7fc1;
-  std::vector<uint16_t> o(cs.tq * rs, sentinel), dq(cs.tq * rs, sentinel),
-      dk(cs.tk * rs, sentinel), dv(cs.tk * rs, sentinel);
-  std::vector<float> lse(cs.tq * H, NAN);
-  const float scale = 1.0f / std::sqrt((float)D);
-  const long long items = (long long)b * H;
-  const long long waves = (items + SS_WPB - 1) / SS_WPB * SS_WPB;
-  auto fwd = [&](long long) {
-    if (D == 64)
-      small_seq_fwd_bf16_d64(q.data(), k.data(), v.data(), o.data(), lse.data(), cs.cu_q.data(),
-                             cs.cu_kv.data(), cs.off_q.data(), cs.off_kv.data(), b, H, scale,
-                             mask);
-    else if (D == 128)
-      small_seq_fwd_bf16_d128(q.data(), k.data(), v.data(), o.data(), lse.data(),
-                              cs.cu_q.data(), cs.cu_kv.data(), cs.off_q.data(), cs.off_kv.data(),
-                              b, H, scale, mask);
-    else
-      small_seq_fwd_bf16_d256(q.data(), k.data(), v.data(), o.data(), lse.data(),
-                              cs.cu_q.data(), cs.cu_kv.data(), cs.off_q.data(), cs.off_kv.data(),
-                              b, H, scale, mask);
-  };
-  std::string why;
-  const std::string tag = "D=" + std::to_string(D) + " b=" + std::to_string(b) +
-                          " H=" + std::to_string(H) + " mask=" + std::to_string(mask);
-  check(model::run_waves(waves, fwd, why), "fwd " + tag + " uniform: " + why);
-  auto bwd = [&](long long) {
-    if (D == 64)
-      small_seq_bwd_bf16_d64(q.data(), k.data(), v.data(), d_o.data(), lse.data(), dq.data(),
-                             dk.data(), dv.data(), cs.cu_q.data(), cs.cu_kv.data(),
-                             cs.off_q.data(), cs.off_kv.data(), b, H, scale, mask);
-    else if (D == 128)
-      small_seq_bwd_bf16_d128(q.data(), k.data(), v.data(), d_o.data(), lse.data(), dq.data(),
-                              dk.data(), dv.data(), cs.cu_q.data(), cs.cu_kv.data(),
-                              cs.off_q.data(), cs.off_kv.data(), b, H, scale, mask);
-    else
-      small_seq_bwd_bf16_d256(q.data(), k.data(), v.data(), d_o.data(), lse.data(), dq.data(),
-                              dk.data(), dv.data(), cs.cu_q.data(), cs.cu_kv.data(),
-                              cs.off_q.data(), cs.off_kv.data(), b, H, scale, mask);
-  };
-  check(model::run_waves(waves, bwd, why), "bwd " + tag + " uniform: " + why);
+  g.tq = g.off_q.back();
+  g.tk = g.off_kv.back();
+  g.scale = 1.0f / std::sqrt((float)Dqk);
+  return g;
+}
 
-  // Double reference (semantics.md §1) on the bf16 inputs; errors of a wrong lane mapping are
-  // of the order of the values, the kernel's own roundings (bf16 P, dS and outputs) of 2^-8.
-  auto at = [](const std::vector<uint16_t>& x, long long i) { return (double)model::bf16f(x[i]); };
-  double err_o = 0, max_o = 0, err_l = 0, err_g[3] = {0, 0, 0}, max_g[3] = {0, 0, 0};
-  long long wrong_dont_care = 0;
-  std::vector<double> rdq(cs.tq * rs, 0.0), rdk(cs.tk * rs, 0.0), rdv(cs.tk * rs, 0.0);
-  std::vector<char> valid_q(cs.tq, 0), valid_k(cs.tk, 0);
-  for (int i = 0; i < b; ++i) {
-    const int lq = cs.cu_q[i + 1] - cs.cu_q[i], lk = cs.cu_kv[i + 1] - cs.cu_kv[i];
-    for (int r = 0; r < lq; ++r) valid_q[cs.off_q[i] + r] = 1;
-    for (int c = 0; c < lk; ++c) valid_k[cs.off_kv[i] + c] = 1;
-    for (int h = 0; h < H; ++h)
-      for (int r = 0; r < lq; ++r) {
-        const long long tqi = cs.off_q[i] + r;
-        std::vector<double> s(lk), p(lk), dp(lk);
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+  std::vector<char> valid_q, valid_k;
+};
+
+static Reference reference(const Geometry& g, const std::vector<double>& q,
+                           const std::vector<double>& k, const std::vector<double>& v,
+                           const std::vector<double>& d_o) {
+  const int H = g.H, Hkv = g.Hkv, Dqk = g.Dqk, Dv = g.Dv, grp = H / Hkv;
+  Reference r;
+  r.o.assign(g.tq * H * Dv, 0);
+  r.lse.assign(g.tq * H, -INFINITY);
+  r.dq.assign(g.tq * H * Dqk, 0);
+  r.dk.assign(g.tk * Hkv * Dqk, 0);
+  r.dv.assign(g.tk * Hkv * Dv, 0);
+  r.valid_q.assign(g.tq, 0);
+  r.valid_k.assign(g.tk, 0);
+  for (int i = 0; i < g.b; ++i) {
+    const int lq = g.cu_q[i + 1] - g.cu_q[i], lk = g.cu_kv[i + 1] - g.cu_kv[i];
+    for (int x = 0; x < lq; ++x) r.valid_q[g.off_q[i] + x] = 1;
+    for (int c = 0; c < lk; ++c) r.valid_k[g.off_kv[i] + c] = 1;
+    for (int h = 0; h < H; ++h) {
+      const int hk = h / grp;
+      for (int row = 0; row < lq; ++row) {
+        const long long t = g.off_q[i] + row;
+        std::vector<double> s(lk), p(lk, 0.0), dp(lk, 0.0);
         double m = -INFINITY;
+        const int diag = row + (lk - lq);
         for (int c = 0; c < lk; ++c) {
-          bool vis = mask == 0 || (mask == 1 ? c <= r : c <= r + (lk - lq));
+          bool vis = g.mask == 0 || (g.mask == 1 ? c <= row : c <= diag);
+          if (g.wl >= 0 && c < diag - g.wl) vis = false;
+          if (g.wr >= 0 && c > diag + g.wr) vis = false;
           double x = 0;
-          for (int d = 0; d < D; ++d)
-            x += at(q, tqi * rs + h * D + d) * at(k, (cs.off_kv[i] + c) * rs + h * D + d);
-          s[c] = vis ? x * scale : -INFINITY;
+          for (int d = 0; d < Dqk; ++d)
+            x += q[(t * H + h) * Dqk + d] * k[((g.off_kv[i] + c) * Hkv + hk) * Dqk + d];
+          s[c] = vis ? x * g.scale : -INFINITY;
           m = std::max(m, s[c]);
         }
         double l = 0;
         for (int c = 0; c < lk; ++c) l += s[c] == -INFINITY ? 0 : std::exp(s[c] - m);
-        const double rl = l > 0 ? m + std::log(l) : -INFINITY;
-        const float kl = lse[tqi * H + h];
-        err_l = std::max(err_l, rl == -INFINITY ? (kl == -INFINITY ? 0.0 : 1e9)
-                                                : std::fabs(kl - rl) / std::max(1.0, std::fabs(rl)));
+        if (l > 0) r.lse[t * H + h] = m + std::log(l);
         for (int c = 0; c < lk; ++c) p[c] = l > 0 && s[c] != -INFINITY ? std::exp(s[c] - m) / l : 0;
         double dsum = 0;
         for (int c = 0; c < lk; ++c) {
           double x = 0;
-          for (int d = 0; d < D; ++d)
-            x += at(d_o, tqi * rs + h * D + d) * at(v, (cs.off_kv[i] + c) * rs + h * D + d);
+          for (int d = 0; d < Dv; ++d)
+            x += d_o[(t * H + h) * Dv + d] * v[((g.off_kv[i] + c) * Hkv + hk) * Dv + d];
           dp[c] = x;
           dsum += p[c] * x;
         }
-        for (int d = 0; d < D; ++d) {
-          double acc = 0, aq = 0;
-          for (int c = 0; c < lk; ++c) {
-            const long long kr = (cs.off_kv[i] + c) * rs + h * D + d;
-            acc += p[c] * at(v, kr);
-            const double ds = p[c] * (dp[c] - dsum);
-            aq += ds * at(k, kr);
-            rdk[kr] += scale * ds * at(q, tqi * rs + h * D + d);
-            rdv[kr] += p[c] * at(d_o, tqi * rs + h * D + d);
+        for (int c = 0; c < lk; ++c) {
+          const long long kr = (g.off_kv[i] + c) * Hkv + hk;
+          const double ds = p[c] * (dp[c] - dsum);
+          for (int d = 0; d < Dv; ++d) {
+            r.o[(t * H + h) * Dv + d] += p[c] * v[kr * Dv + d];
+            r.dv[kr * Dv + d] += p[c] * d_o[(t * H + h) * Dv + d];
           }
-          rdq[tqi * rs + h * D + d] = scale * aq;
-          const double got = model::bf16f(o[tqi * rs + h * D + d]);
-          err_o = std::max(err_o, std::fabs(got - acc));
-          max_o = std::max(max_o, std::fabs(acc));
+          for (int d = 0; d < Dqk; ++d) {
+            r.dq[(t * H + h) * Dqk + d] += g.scale * ds * k[kr * Dqk + d];
+            r.dk[kr * Dqk + d] += g.scale * ds * q[(t * H + h) * Dqk + d];
+          }
         }
       }
-  }
-  const std::vector<uint16_t>* gk[3] = {&dq, &dk, &dv};
-  const std::vector<double>* gr[3] = {&rdq, &rdk, &rdv};
-  for (int t = 0; t < 3; ++t) {
-    const auto& vq = t == 0 ? valid_q : valid_k;
-    for (long long i = 0; i < (long long)gk[t]->size(); ++i) {
-      const long long tok = i / rs;
-      if (!vq[tok]) {
-        if ((*gk[t])[i] != sentinel) ++wrong_dont_care;
-        continue;
-      }
-      err_g[t] = std::max(err_g[t], std::fabs(model::bf16f((*gk[t])[i]) - (*gr[t])[i]));
-      max_g[t] = std::max(max_g[t], std::fabs((*gr[t])[i]));
     }
   }
-  for (long long i = 0; i < (long long)o.size(); ++i)
-    if (!valid_q[i / rs] && o[i] != sentinel) ++wrong_dont_care;
-  const double tol = 1.0 / 32;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "%s: o err %.3g (max %.3g), lse rel err %.3g, dq %.3g/%.3g dk %.3g/%.3g "
-                "dv %.3g/%.3g, %lld don't-care writes",
-                tag.c_str(), err_o, max_o, err_l, err_g[0], max_g[0], err_g[1], max_g[1],
-                err_g[2], max_g[2], wrong_dont_care);
-  bool ok = err_o <= tol * std::max(1.0, max_o) && err_l <= 1e-5 && wrong_dont_care == 0;
-  for (int t = 0; t < 3; ++t) ok = ok && err_g[t] <= tol * std::max(1.0, max_g[t]);
+  return r;
+}
+
+// Device-side buffers of one case in E (inputs) and O (outputs), filled with sentinels.
+template <class E, class O>
+struct Buffers {
+  std::vector<typename E::T> q, k, v, d_o;
+  std::vector<double> qd, kd, vd, dod;
+  std::vector<typename O::T> o, dq, dk, dv;
+  std::vector<float> lse, delta;
+  typename O::T sentinel;
+
+  Buffers(std::mt19937& rng, const Geometry& g) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](std::vector<typename E::T>& x, std::vector<double>& xd, long long n) {
+      x.resize(n);
+      xd.resize(n);
+      for (long long i = 0; i < n; ++i) {
+        E::store(x.data(), i, nd(rng));
+        xd[i] = E::load(x.data(), i);
+      }
+    };
+    fill(q, qd, g.tq * g.H * g.Dqk);
+    fill(k, kd, g.tk * g.Hkv * g.Dqk);
+    fill(v, vd, g.tk * g.Hkv * g.Dv);
+    fill(d_o, dod, g.tq * g.H * g.Dv);
+    typename O::T s[1];
+    O::store(s, 0, 12345.f);  // a value no output takes
+    sentinel = s[0];
+    o.assign(g.tq * g.H * g.Dv, sentinel);
+    dq.assign(g.tq * g.H * g.Dqk, sentinel);
+    dk.assign(g.tk * g.Hkv * g.Dqk, sentinel);
+    dv.assign(g.tk * g.Hkv * g.Dv, sentinel);
+    lse.assign(g.tq * g.H, NAN);
+    delta.assign(g.tq * g.H, NAN);
+  }
+};
+
+template <class E, class O>
+static void judge(const char* family, const Geometry& g, const Buffers<E, O>& bu) {
+  const Reference r = reference(g, bu.qd, bu.kd, bu.vd, bu.dod);
+  long long dont_care_writes = 0;
+  char buf[600];
+  int n = std::snprintf(buf, sizeof buf, "%s E=%d O=%d b=%d H=%d Hkv=%d D=%d/%d mask=%d win=(%d,%d):",
+                        family, E::KIND, O::KIND, g.b, g.H, g.Hkv, g.Dqk, g.Dv, g.mask, g.wl, g.wr);
+  bool ok = true;
+  auto cmp = [&](const char* name, const std::vector<typename O::T>& got,
+                 const std::vector<double>& want, const std::vector<char>& valid, long long row) {
+    double err = 0, mx = 0;
+    for (long long i = 0; i < (long long)got.size(); ++i) {
+      if (!valid[i / row]) {
+        if (std::memcmp(&got[i], &bu.sentinel, sizeof bu.sentinel) != 0) ++dont_care_writes;
+        continue;
+      }
+      const double x = O::load(got.data(), i);
+      err = std::max(err, std::isnan(x) ? INFINITY : std::fabs(x - want[i]));
+      mx = std::max(mx, std::fabs(want[i]));
+    }
+    ok = ok && err <= std::max(1.0, mx) / 32;
+    n += std::snprintf(buf + n, sizeof buf - n, " %s %.3g/%.3g", name, err, mx);
+  };
+  cmp("o", bu.o, r.o, r.valid_q, (long long)g.H * g.Dv);
+  double lerr = 0;
+  for (long long i = 0; i < (long long)bu.lse.size(); ++i) {
+    if (!r.valid_q[i / g.H]) continue;
+    const double want = r.lse[i], got = bu.lse[i];
+    const double e = want == -INFINITY ? (got == -INFINITY ? 0.0 : INFINITY)
+                                        : std::fabs(got - want) / std::max(1.0, std::fabs(want));
+    lerr = std::max(lerr, std::isnan(e) ? INFINITY : e);
+  }
+  ok = ok && lerr <= 1e-5;
+  n += std::snprintf(buf + n, sizeof buf - n, " lse %.3g", lerr);
+  cmp("dq", bu.dq, r.dq, r.valid_q, (long long)g.H * g.Dqk);
+  cmp("dk", bu.dk, r.dk, r.valid_k, (long long)g.Hkv * g.Dqk);
+  cmp("dv", bu.dv, r.dv, r.valid_k, (long long)g.Hkv * g.Dv);
+  ok = ok && dont_care_writes == 0;
+  std::snprintf(buf + n, sizeof buf - n, " don't-care writes %lld", dont_care_writes);
   check(ok, buf);
   if (std::getenv("HIP_MODEL_VERBOSE")) std::printf("%s\n", buf);
+}
+
+// The small-seq kernels (one item per wavefront, matrix cores).
+template <class E, class O, int D>
+static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slots) {
+  const Geometry g = make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17);
+  Buffers<E, O> bu(rng, g);
+  const long long waves = (long long)b * H;
+  std::string why;
+  auto fwd = [&](long long) {
+    ss_fwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+                    g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, g.scale,
+                    mask);
+  };
+  // Whole blocks, as the launch does: the items past b*H are the grid tail.
+  const long long grid = (waves + SS_WPB - 1) / SS_WPB * SS_WPB;
+  check(model::run_waves(grid, fwd, why), "small-seq fwd uniform: " + why);
+  auto bwd = [&](long long) {
+    ss_bwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                    bu.dq.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(), g.cu_kv.data(),
+                    g.off_q.data(), g.off_kv.data(), b, H, g.scale, mask);
+  };
+  check(model::run_waves(grid, bwd, why), "small-seq bwd uniform: " + why);
+  judge("small-seq", g, bu);
+}
+
+// The fallback kernels (one item per wavefront, 64-lane reductions and broadcasts).
+template <class E, class O>
+static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv, int mask,
+                          int wl, int wr, int min_len, int max_len) {
+  const Geometry g = make_geometry(rng, b, H, Hkv, Dqk, Dv, mask, wl, wr, min_len, max_len);
+  Buffers<E, O> bu(rng, g);
+  std::string why;
+  auto grid = [](long long items) { return (items + FB_WPB - 1) / FB_WPB * FB_WPB; };
+  auto fwd = [&](long long) {
+    fb_fwd<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+                 g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk,
+                 Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tq * H), fwd, why), "fallback fwd uniform: " + why);
+  auto bq = [&](long long) {
+    fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                   bu.delta.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(), g.off_q.data(),
+                   g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
+  auto bkv = [&](long long) {
+    fb_bwd_kv<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                    bu.delta.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(), g.cu_kv.data(),
+                    g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tk, g.scale, mask, wl,
+                    wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tk * Hkv), bkv, why), "fallback bwd_kv uniform: " + why);
+  judge("fallback", g, bu);
 }
 
 int main() {
@@ -389,12 +471,20 @@ int main() {
     test_mma<BF16>(rng, "bf16");
     test_mma<F16>(rng, "f16");
   }
-  // Every head dim, every mask, full-length (17) and empty slots, a grid tail (b*H not a
-  // multiple of the 4 items of a block).
-  test_case<64>(rng, 3, 2, 0, false);
-  test_case<64>(rng, 5, 1, 1, true);
-  test_case<128>(rng, 2, 3, 2, true);
-  test_case<256>(rng, 2, 1, 0, false);
+  // Every head dim, every mask, both element types and f32 outputs, full-length (17) and empty
+  // slots, a grid tail (b*H not a multiple of the 4 items of a block).
+  test_small<BF16, BF16, 64>(rng, 3, 2, 0, false);
+  test_small<F16, F16, 64>(rng, 5, 1, 1, true);
+  test_small<BF16, F32, 128>(rng, 2, 3, 2, true);
+  test_small<F16, F32, 128>(rng, 1, 1, 1, false);
+  test_small<BF16, BF16, 256>(rng, 2, 1, 0, false);
+  // Fallback: GQA, Dqk != Dv, windows, f32, empty slots, and slots of 40..70 tokens, so that
+  // rows see more than 32 keys (a reduction over half a wavefront would be wrong) and more than
+  // 64 (two key tiles of a wavefront).
+  test_fallback<BF16, BF16>(rng, 3, 4, 2, 64, 64, 0, -1, -1, 0, 20);
+  test_fallback<F16, F32>(rng, 2, 2, 1, 40, 24, 2, 3, 1, 0, 70);
+  test_fallback<F32, F32>(rng, 2, 3, 3, 16, 8, 1, -1, 2, 40, 70);
+  test_fallback<BF16, F32>(rng, 2, 2, 1, 32, 32, 0, -1, -1, 40, 70);
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }
