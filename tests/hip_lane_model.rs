@@ -1,8 +1,8 @@
 //! The gfx942 code path of the kernels, checked on the host (there is no AMD GPU here).
 //!
 //! `tests/hip_model/model.cpp` includes `kernels/small_seq.cu` and `kernels/fallback.cu`
-//! unchanged, with the HIP branch of `portable.h` selected as for gfx942, and runs them on 64 host
-//! threads in lockstep per wavefront, with models of `ds_bpermute` and of
+//! unchanged, with the HIP branch of `portable.h` selected as for gfx942, and runs them on 64
+//! fibers in lockstep per wavefront, with models of `ds_bpermute` and of
 //! `v_mfma_f32_16x16x16{bf16_1k,f16}` (the ISA's operand layout). It checks the matrix-core
 //! fragment moves element by element, that every cross-lane operation is reached by all 64
 //! lanes (the matrix cores need uniform control flow), and the small-seq and fallback kernels
@@ -49,7 +49,7 @@ fn gfx942_wavefront_model() {
     // -O0: the model's run time is its thread exchanges; optimising the kernels' host copy
     // only costs compile time (a minute at -O1, seconds at -O0).
     let build = Command::new(&cc)
-        .args(["--driver-mode=g++", "-std=c++20", "-O0", "-pthread", "-o"])
+        .args(["--driver-mode=g++", "-std=c++20", "-O0", "-o"])
         .arg(&exe)
         .arg(root.join("tests/hip_model/model.cpp"))
         .output()

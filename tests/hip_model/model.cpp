@@ -1,7 +1,8 @@
 // Host model of a gfx942 wavefront running the HIP branch of kernels/portable.h, so the
 // matrix-core lane mapping (which cannot run here: no AMD GPU) is checked on a CPU.
 //
-// 64 host threads play the 64 lanes of one wavefront in lockstep. The amdgcn builtins that
+// 64 fibers (ucontext, one host thread) play the 64 lanes of one wavefront in lockstep: each
+// runs until its next cross-lane operation, and the scheduler resumes them round by round. The amdgcn builtins that
 // portable.h uses are replaced by models: ds_bpermute exchanges a word through a shared array,
 // and v_mfma_f32_16x16x16 {bf16_1k, f16} computes D = A*B + C from the operand layout that the
 // CDNA3 ISA documents (A[m][k] at lane m + 16*(k/4), element k%4; B[k][n] at lane n + 16*(k/4),
@@ -14,10 +15,10 @@
 // one-item-per-wavefront mapping of pt_lwarp(), and the small-seq forward and backward kernels
 // end to end against a double-precision reference of semantics.md §1.
 //
-// Build: clang++ -std=c++20 -O1 -pthread tests/hip_model/model.cpp (clang: ext_vector_type).
+// Build: clang++ -std=c++20 -O0 tests/hip_model/model.cpp (clang: ext_vector_type).
 // Run: prints "N passed, 0 failed" and exits 0, or names the first failure and exits 1.
-#include <atomic>
-#include <barrier>
+#include <ucontext.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +27,6 @@
 #include <functional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #define __HIPCC__ 1
@@ -42,30 +42,42 @@ typedef float m_f32x4 __attribute__((ext_vector_type(4)));
 
 namespace model {
 constexpr int W = 64;
-thread_local int lane = 0, tid = 0, bid = 0;
+// The running fiber's lane and ids (the scheduler sets them before resuming a fiber).
+int lane = 0, tid = 0, bid = 0;
 
 enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, WAVE_SYNC, DONE };
 
 struct Divergence {};
 
 struct Wave {
-  std::barrier<> bar{W};
+  ucontext_t sched, fiber[W];
+  std::vector<char> stack[W];
+  int fiber_tid[W], fiber_bid[W];
+  bool finished[W];
   int op[W];
   uint32_t word[W];
   uint16_t a[W][4], b[W][4];
   float c[W][4];
-  std::atomic<int> diverged{0};
+  bool diverged = false;
   std::string why;
 };
 Wave* wave = nullptr;
 
+// Every lane reaches this point before any goes on: back to the scheduler, which resumes each
+// fiber once per round.
+inline void wait() {
+  wave->fiber_tid[lane] = tid;
+  wave->fiber_bid[lane] = bid;
+  swapcontext(&wave->fiber[lane], &wave->sched);
+}
+
 // All lanes arrive with their operation; every lane then sees the same verdict.
 inline void arrive(int o) {
   wave->op[lane] = o;
-  wave->bar.arrive_and_wait();
+  wait();
   for (int l = 1; l < W; ++l)
     if (wave->op[l] != wave->op[0]) {
-      if (lane == 0 && !wave->diverged.exchange(1))
+      if (!wave->diverged) wave->diverged = true,
         wave->why = "lane " + std::to_string(l) + " at op " + std::to_string(wave->op[l]) +
                     ", lane 0 at op " + std::to_string(wave->op[0]);
       throw Divergence{};
@@ -76,7 +88,7 @@ inline int bpermute(int addr, int v) {
   wave->word[lane] = (uint32_t)v;
   arrive(BPERM);
   int r = (int)wave->word[(addr >> 2) & (W - 1)];
-  wave->bar.arrive_and_wait();
+  wait();
   return r;
 }
 
@@ -84,7 +96,7 @@ inline int bpermute(int addr, int v) {
 // fallback's pt_syncwarp (shared-memory row written, then read by every lane) must wait here.
 inline void wave_sync() {
   arrive(WAVE_SYNC);
-  wave->bar.arrive_and_wait();
+  wait();
 }
 
 inline float bf16f(uint16_t h) {
@@ -116,7 +128,7 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
            (double)cvt(wave->b[n + 16 * (k / 4)][k % 4]);
     d[e] = (float)s;
   }
-  wave->bar.arrive_and_wait();
+  wait();
   return d;
 }
 }  // namespace model
@@ -146,30 +158,61 @@ float fb_smem[FB_WPB * 2 * FB_MAXD];
 namespace model {
 // Runs `body(wave_index)` on every wavefront of a grid of `waves` waves, 64 lanes in lockstep.
 // Returns false (with the reason) on divergence.
+struct Job {
+  long long waves;
+  const std::function<void(long long)>* body;
+};
+Job job;
+
+void fiber_main(int l) {
+  lane = l;
+  try {
+    for (long long i = 0; i < job.waves; ++i) {
+      // SS_WPB (= FB_WPB) wavefronts per block: wavefront i is block i / 4, warp i % 4.
+      bid = (int)(i / SS_WPB);
+      tid = (int)(i % SS_WPB) * W + l;
+      (*job.body)(i);
+      arrive(DONE);
+      // No lane may start the next wavefront's exchanges before all have checked this one.
+      wait();
+    }
+  } catch (Divergence&) {
+  }
+  wave->finished[l] = true;
+  swapcontext(&wave->fiber[l], &wave->sched);
+}
+
 bool run_waves(long long waves, const std::function<void(long long)>& body, std::string& why) {
-  Wave w;
-  wave = &w;
-  std::vector<std::thread> th;
-  for (int l = 0; l < W; ++l)
-    th.emplace_back([&, l] {
+  Wave* w = new Wave();
+  wave = w;
+  job = Job{waves, &body};
+  for (int l = 0; l < W; ++l) {
+    w->stack[l].resize(1 << 20);
+    w->finished[l] = false;
+    w->fiber_tid[l] = w->fiber_bid[l] = 0;
+    getcontext(&w->fiber[l]);
+    w->fiber[l].uc_stack.ss_sp = w->stack[l].data();
+    w->fiber[l].uc_stack.ss_size = w->stack[l].size();
+    w->fiber[l].uc_link = nullptr;
+    makecontext(&w->fiber[l], (void (*)())fiber_main, 1, l);
+  }
+  for (;;) {
+    int running = 0;
+    for (int l = 0; l < W; ++l) {
+      if (w->finished[l]) continue;
+      ++running;
       lane = l;
-      try {
-        for (long long i = 0; i < waves; ++i) {
-          // SS_WPB wavefronts per block: wavefront i is block i / SS_WPB, warp i % SS_WPB.
-          bid = (int)(i / SS_WPB);
-          tid = (int)(i % SS_WPB) * W + l;
-          body(i);
-          arrive(DONE);
-          // No lane may start the next wavefront's exchanges before all have checked this one.
-          wave->bar.arrive_and_wait();
-        }
-      } catch (Divergence&) {
-      }
-    });
-  for (auto& t : th) t.join();
+      tid = w->fiber_tid[l];
+      bid = w->fiber_bid[l];
+      swapcontext(&w->sched, &w->fiber[l]);
+    }
+    if (running == 0) break;
+  }
   wave = nullptr;
-  if (w.diverged) why = w.why;
-  return !w.diverged;
+  const bool ok = !w->diverged;
+  if (!ok) why = w->why;
+  delete w;
+  return ok;
 }
 
 uint16_t to_bf16(float f) { return pt_f_to_bf16(f); }
