@@ -579,6 +579,17 @@ impl HipBackend {
         })
     }
 
+    /// Names of the fallback kernels (`fallback_fwd_bf16`, `fallback_bwd_q_…`,
+    /// `fallback_bwd_kv_…`) for these dims.
+    pub fn fallback_names(d: &LaunchDims) -> std::result::Result<[String; 3], HipError> {
+        let suf = Self::dtype_suffix(d, true)?;
+        Ok([
+            format!("fallback_fwd_{suf}"),
+            format!("fallback_bwd_q_{suf}"),
+            format!("fallback_bwd_kv_{suf}"),
+        ])
+    }
+
     fn dtype_suffix(
         d: &LaunchDims,
         allow_f32: bool,
@@ -598,7 +609,7 @@ impl HipBackend {
     }
 
     /// Name of the small-seq kernel (`small_seq_fwd_bf16_d128_o32`, …).
-    fn small_name(dir: &str, d: &LaunchDims) -> std::result::Result<String, HipError> {
+    pub fn small_name(dir: &str, d: &LaunchDims) -> std::result::Result<String, HipError> {
         let ok = d.heads == d.kv_heads
             && d.dqk == d.dv
             && SMALL_SEQ_HEAD_DIMS.contains(&(d.dqk as usize))
@@ -712,7 +723,7 @@ impl HipBackend {
     /// Unsupported shapes, HIP errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
-        let name = format!("fallback_fwd_{}", Self::dtype_suffix(d, true)?);
+        let [name, _, _] = Self::fallback_names(d)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks == 0 || d.b == 0 {
             return Ok(());
@@ -740,7 +751,7 @@ impl HipBackend {
     /// Unsupported shapes, HIP errors.
     pub fn launch_fallback_bwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
-        let suf = Self::dtype_suffix(d, true)?;
+        let [_, name_q, name_kv] = Self::fallback_names(d)?;
         if d.b == 0 {
             return Ok(());
         }
@@ -761,8 +772,7 @@ impl HipBackend {
                 Arg::Ptr(p.off_kv),
             ];
             args.extend(Self::fallback_tail(d, d.tq));
-            let name = format!("fallback_bwd_q_{suf}");
-            self.launch(Family::Fallback, &name, blocks, smem, &args)?;
+            self.launch(Family::Fallback, &name_q, blocks, smem, &args)?;
         }
         let blocks = Self::blocks(d.tk * d.kv_heads as i64)?;
         if blocks > 0 {
@@ -781,8 +791,7 @@ impl HipBackend {
                 Arg::Ptr(p.off_kv),
             ];
             args.extend(Self::fallback_tail(d, d.tk));
-            let name = format!("fallback_bwd_kv_{suf}");
-            self.launch(Family::Fallback, &name, blocks, smem, &args)?;
+            self.launch(Family::Fallback, &name_kv, blocks, smem, &args)?;
         }
         Ok(())
     }
@@ -797,6 +806,47 @@ impl HipBackend {
             hipDeviceSynchronize()
         })?)
     }
+}
+
+/// Every kernel this backend can launch, with the file (stem) whose code object holds it, from
+/// the same name functions the launches use (`ci/hip-compile-check.sh` checks each symbol).
+pub fn kernel_names() -> Vec<(&'static str, String)> {
+    let mut v = Vec::new();
+    for (dtype, out_f32) in [
+        (Dtype::Bf16, false),
+        (Dtype::Bf16, true),
+        (Dtype::F16, false),
+        (Dtype::F16, true),
+        (Dtype::F32, false),
+    ] {
+        let mut d = LaunchDims {
+            dtype,
+            out_f32,
+            b: 1,
+            heads: 1,
+            kv_heads: 1,
+            dqk: 64,
+            dv: 64,
+            tq: 1,
+            tk: 1,
+            scale: 1.0,
+            mask: 0,
+            window: (-1, -1),
+        };
+        if let Ok(names) = HipBackend::fallback_names(&d) {
+            v.extend(names.into_iter().map(|n| ("fallback", n)));
+        }
+        for dim in SMALL_SEQ_HEAD_DIMS {
+            d.dqk = dim as i32;
+            d.dv = dim as i32;
+            for dir in ["fwd", "bwd"] {
+                if let Ok(n) = HipBackend::small_name(dir, &d) {
+                    v.push(("small_seq", n));
+                }
+            }
+        }
+    }
+    v
 }
 
 /// Mask code of the kernels.
@@ -1052,6 +1102,18 @@ mod tests {
         }
         assert!(HipBackend::small_name("fwd", &dims(Dtype::F32, false, 64)).is_err());
         assert!(HipBackend::small_name("fwd", &dims(Dtype::Bf16, false, 96)).is_err());
+    }
+
+    #[test]
+    fn every_launchable_kernel_is_listed() {
+        let names = kernel_names();
+        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd, and 5 fallback suffixes x 3 kernels.
+        assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
+        assert_eq!(names.iter().filter(|(s, _)| *s == "fallback").count(), 15);
+        let fb = include_str!("../../kernels/fallback.cu");
+        for suf in ["bf16", "f16", "f32", "bf16_o32", "f16_o32"] {
+            assert!(fb.contains(&format!("FB_KERNELS({suf},")), "{suf}");
+        }
     }
 
     #[test]
