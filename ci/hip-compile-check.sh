@@ -37,8 +37,11 @@ echo "== $($CLANG --version | head -1); flags: ${FLAGS[*]}"
 # -- 1. code objects ---------------------------------------------------------------------------
 knows() { echo 'extern "C" __attribute__((global)) void k() {}' |
   $CLANG "${FLAGS[@]}" --offload-arch="$1" -o /dev/null - >/dev/null 2>&1; }
+# gfx942 always; the others (default gfx90a, gfx950) where this clang knows them.
 archs=()
-for a in gfx942 gfx90a gfx950; do
+IFS=, read -r -a want <<< "${SMALLSEQ_HIP_ARCHS:-gfx942,gfx90a,gfx950}"
+[[ " ${want[*]} " == *" gfx942 "* ]] || want=(gfx942 "${want[@]}")
+for a in "${want[@]}"; do
   if knows "$a"; then archs+=("$a"); else
     [ "$a" = gfx942 ] && { echo "FAIL: $CLANG cannot target gfx942" >&2; exit 1; }
     echo "   $a: skipped ($CLANG does not know this processor)"

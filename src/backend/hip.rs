@@ -400,7 +400,7 @@ pub struct HipBackend {
     arch: Arch,
     target_id: String,
     origins: Vec<String>,
-    // Field order: functions and modules go before nothing else; modules unload on drop.
+    // Function handles point into the modules below, which unload when the backend drops.
     funcs: Mutex<HashMap<String, FuncPtr>>,
     small: Module,
     fallback: Module,
