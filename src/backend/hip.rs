@@ -129,16 +129,17 @@ pub enum HipError {
     /// An argument the kernels cannot take.
     #[error("{0}")]
     Unsupported(String),
+    /// The workspace plan lacks what a kernel needs.
+    #[error("{0}")]
+    Workspace(String),
 }
 
 impl From<HipError> for Error {
     fn from(e: HipError) -> Self {
         match e {
+            // The harness skips unsupported cases by this variant, whatever the backend.
             HipError::Unsupported(s) => Error::Unsupported(s),
-            other => Error::Backend {
-                backend: "hip".into(),
-                detail: other.to_string(),
-            },
+            other => Error::Hip(other),
         }
     }
 }
@@ -429,7 +430,7 @@ impl HipBackend {
     /// Opens device 0 and loads the code objects for its architecture.
     ///
     /// # Errors
-    /// [`Error::NoDevice`] (one line) when the runtime finds no device; [`Error::Backend`] when
+    /// [`Error::NoDevice`] (one line) when the runtime finds no device; [`Error::Hip`] when
     /// the device's architecture has no code object or a HIP call fails.
     pub fn new() -> Result<Self> {
         // SAFETY: plain runtime calls with valid out-pointers.
@@ -1005,19 +1006,15 @@ impl HipBackend {
         };
         if family == Family::Fallback {
             let need = (d.tq.max(0) as usize) * d.heads as usize;
-            let region = f.plan.region(names::DELTA).ok_or_else(|| Error::Backend {
-                backend: "hip".into(),
-                detail: "fallback backward: the plan has no delta region".into(),
+            let region = f.plan.region(names::DELTA).ok_or_else(|| {
+                HipError::Workspace("fallback backward: the plan has no delta region".into())
             })?;
             if region.len < need || region.offset + region.len > out.workspace.len {
-                return Err(Error::Backend {
-                    backend: "hip".into(),
-                    detail: format!(
-                        "fallback backward: delta region holds {} of {need} elements \
-                         (workspace {})",
-                        region.len, out.workspace.len
-                    ),
-                });
+                return Err(HipError::Workspace(format!(
+                    "fallback backward: delta region holds {} of {need} elements (workspace {})",
+                    region.len, out.workspace.len
+                ))
+                .into());
             }
             p.delta = body_addr(&ws, &out.workspace) + (region.offset * 4) as u64;
         }
