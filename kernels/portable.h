@@ -245,8 +245,8 @@ PT_INLINE pt_u32 pt_lshfl(pt_u32 v, int src_llane) {
 // Matrix cores. One m16n8k16 product of the logical warp is one v_mfma_f32_16x16x16 (bf16_1k or
 // f16) of the wavefront, with the fragments moved between the two layouts by ds_bpermute.
 //
-// MFMA 16x16x16 layout (lane L of 64, element e of the 4 per lane; CDNA3 ISA, "Dependent
-// arithmetic" / AMD matrix instruction calculator):
+// MFMA 16x16x16 layout (lane L of 64, element e of the 4 per lane; the CDNA3 ISA's matrix
+// instructions, as AMD's matrix instruction calculator prints them):
 //   A[m][k]: L = m + 16*(k/4), e = k%4      B[k][n]: L = n + 16*(k/4), e = k%4
 //   D[m][n]: L = n + 16*(m/4), e = m%4
 // 16-bit operands are two words per lane, word w holding elements 2w (low half) and 2w+1.
@@ -270,7 +270,8 @@ PT_INLINE pt_u32 pt_lshfl(pt_u32 v, int src_llane) {
 // The MFMA accumulates into zero and the product is added to c afterwards: c never has to move
 // into the MFMA layout (4 more rounds), at the cost of one f32 rounding of the partial sum,
 // which is of the order of the accumulation error of any ordering of the sum.
-// A host model of exactly these index formulas is tests/hip_lane_model.rs.
+// tests/hip_model/model.cpp runs this code on the host, with a model of the MFMA and of
+// ds_bpermute, and checks every output element (tests/hip_lane_model.rs).
 typedef short pt_s16x4 __attribute__((ext_vector_type(4)));
 typedef _Float16 pt_h16x4 __attribute__((ext_vector_type(4)));
 typedef float pt_f32x4 __attribute__((ext_vector_type(4)));
