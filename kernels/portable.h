@@ -39,6 +39,11 @@ typedef unsigned long long pt_u64;
 #ifndef __shared__
 #define __shared__ __attribute__((shared))
 #endif
+// 64-lane wavefronts (gfx9 / CDNA). A wave32 target (RDNA's default) would break every
+// cross-lane index here, so it is refused at compile time.
+#if defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 64
+#error "portable.h needs 64-lane wavefronts (gfx90a, gfx942, gfx950; or -mwavefrontsize64)"
+#endif
 #define PT_WARP 64
 #define PT_LWARP_THREADS 64
 #define PT_INLINE __device__ inline __attribute__((always_inline))

@@ -120,6 +120,12 @@ pub enum HipError {
         #[source]
         source: std::io::Error,
     },
+    /// A device this backend has no kernels for.
+    #[error(
+        "device 0 is {target}: the kernels need 64-lane wavefronts and matrix cores (gfx90a, \
+         gfx942, gfx950)"
+    )]
+    UnsupportedArch { target: String },
     /// The device's properties did not name a gfx architecture.
     #[error("device 0 reports no gfx architecture name")]
     NoArchName,
@@ -455,6 +461,11 @@ impl HipBackend {
         check("hipSetDevice(0)", unsafe { hipSetDevice(0) })?;
         let target_id = Self::target_id()?;
         let arch_name = processor(&target_id).to_string();
+        // A code object directory could hold kernels for any target; these need CDNA's
+        // wavefronts and MFMA, so other GPUs are refused by name.
+        if !ARCHS.contains(&arch_name.as_str()) {
+            return Err(HipError::UnsupportedArch { target: target_id }.into());
+        }
         let arch: Arch = arch_name
             .parse()
             .map_err(|e: String| HipError::Unsupported(format!("arch {arch_name}: {e}")))?;
