@@ -3,7 +3,9 @@
 #   1. every kernel file in kernels/ compiles for gfx942 (and gfx950 where this clang knows
 #      it; gfx90a on request, see below) into a code object, with the flags the build uses
 #      (kernels/hip.flags);
-#   2. every kernel the HIP backend launches is a symbol of the right code object;
+#   2. every kernel the HIP backend launches is in the right code object, taking the arguments
+#      the launch passes (pointer or value, and size, from the code object's metadata) and
+#      built for the 256-thread blocks it is launched with;
 #   3. the small-seq kernels run on the matrix cores: v_mfma in each one's disassembly;
 #   4. `cargo build --release --features hip` links against Debian's libamdhip64, embedding the
 #      code objects of step 1, and the binary exits 2 with one line when there is no GPU;
@@ -81,15 +83,31 @@ target/release/examples/hip_kernel_names > "$out/kernels.txt"
 fail=0
 for a in "${archs[@]}"; do
   for s in "${stems[@]}"; do
-    $READELF --notes "$out/$s.$a.hsaco" | awk '/^ *\.name: / {print $2}' | sort -u > "$out/$s.$a.syms"
+    # One line per kernel: name, explicit arguments (P pointer, else bytes by value), and the
+    # largest block it was built for. Metadata keys are sorted, so .args come before .name.
+    $READELF --notes "$out/$s.$a.hsaco" | awk '
+      /^  - / { sig = ""; inarg = 0 }
+      /^      - / { inarg = 1 }
+      /^    \.[a-z_]+:/ { inarg = 0 }
+      inarg && /\.size:/ { size = $NF }
+      inarg && /\.value_kind:/ { if ($NF == "global_buffer") sig = sig "P"; else if ($NF == "by_value") sig = sig size }
+      /^    \.max_flat_workgroup_size:/ { mwg = $NF }
+      /^    \.name:/ { print $NF, sig, mwg }' > "$out/$s.$a.syms"
     $OBJDUMP -d --no-show-raw-insn "$out/$s.$a.hsaco" > "$out/$s.$a.s"
   done
-  missing=0
-  while read -r stem name; do
-    grep -qx "$name" "$out/$stem.$a.syms" || { echo "FAIL: $a: $name missing from $stem.$a.hsaco"; missing=$((missing + 1)); }
+  missing=0 mismatched=0
+  while read -r stem name args; do
+    read -r _ got mwg <<< "$(grep "^$name " "$out/$stem.$a.syms" || true)"
+    if [ -z "${got:-}" ] && [ -z "${mwg:-}" ]; then
+      echo "FAIL: $a: $name missing from $stem.$a.hsaco"; missing=$((missing + 1))
+    elif [ "$got" != "$args" ] || [ "$mwg" -lt 256 ]; then
+      echo "FAIL: $a: $name takes ($got) and blocks of up to $mwg; the backend passes ($args) with 256 threads"
+      mismatched=$((mismatched + 1))
+    fi
+    got="" mwg=""
   done < "$out/kernels.txt"
-  echo "== $a: $(wc -l < "$out/kernels.txt") launched kernels, $missing missing"
-  [ "$missing" -eq 0 ] || fail=1
+  echo "== $a: $(wc -l < "$out/kernels.txt") launched kernels: $missing missing, $mismatched with other arguments than the launch passes"
+  [ "$missing" -eq 0 ] && [ "$mismatched" -eq 0 ] || fail=1
   # v_mfma per small-seq kernel (static count in its disassembly).
   awk '/^[0-9a-f]+ <[A-Za-z_0-9]+>:$/ {f = substr($2, 2, length($2) - 3)}
        /v_mfma_/ {n[f]++; m[$1]++}
@@ -97,7 +115,7 @@ for a in "${archs[@]}"; do
             for (k in m) printf "   mnemonic %s: %d\n", k, m[k] > "/dev/stderr"}' \
     "$out/small_seq.$a.s" 2> "$out/mnemonics.$a.txt" | sort > "$out/mfma.$a.txt"
   cat "$out/mfma.$a.txt" "$out/mnemonics.$a.txt"
-  while read -r stem name; do
+  while read -r stem name _; do
     [ "$stem" = small_seq ] || continue
     grep -q "^   $name " "$out/mfma.$a.txt" || { echo "FAIL: $a: $name has no v_mfma"; fail=1; }
   done < "$out/kernels.txt"

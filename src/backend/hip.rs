@@ -402,6 +402,90 @@ enum Arg {
     F32(f32),
 }
 
+impl Arg {
+    /// `P` for a pointer, else the size in bytes of the value: how the code object's
+    /// metadata describes the argument (`global_buffer`, or `by_value` and its `.size`).
+    fn code(&self) -> char {
+        match self {
+            Arg::Ptr(_) => 'P',
+            Arg::I32(_) | Arg::F32(_) => '4',
+            Arg::I64(_) => '8',
+        }
+    }
+}
+
+/// The kernel kinds, by argument list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    SmallSeqFwd,
+    SmallSeqBwd,
+    FallbackFwd,
+    FallbackBwdQ,
+    FallbackBwdKv,
+}
+
+/// The arguments of a launch, in the order of the kernel's parameters (`kernels/*.cu`).
+fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
+    use Arg::{Ptr, F32, I32, I64};
+    let offsets = [Ptr(p.cu_q), Ptr(p.cu_kv), Ptr(p.off_q), Ptr(p.off_kv)];
+    let fallback_tail = |tokens: i64| {
+        [
+            I32(d.b),
+            I32(d.heads),
+            I32(d.kv_heads),
+            I32(d.dqk),
+            I32(d.dv),
+            I64(tokens),
+            F32(d.scale),
+            I32(d.mask),
+            I32(d.window.0),
+            I32(d.window.1),
+        ]
+    };
+    let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
+    let mut v = match k {
+        Kernel::SmallSeqFwd | Kernel::FallbackFwd => {
+            vec![Ptr(p.q), Ptr(p.k), Ptr(p.v), Ptr(p.o), Ptr(p.lse)]
+        }
+        Kernel::SmallSeqBwd => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.dq),
+            Ptr(p.dk),
+            Ptr(p.dv),
+        ],
+        Kernel::FallbackBwdQ => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.delta),
+            Ptr(p.dq),
+        ],
+        Kernel::FallbackBwdKv => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.delta),
+            Ptr(p.dk),
+            Ptr(p.dv),
+        ],
+    };
+    v.extend(offsets);
+    match k {
+        Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
+        Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
+        Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
+    }
+    v
+}
+
 /// The HIP backend (device 0).
 pub struct HipBackend {
     arch: Arch,
@@ -665,21 +749,7 @@ impl HipBackend {
         if blocks == 0 {
             return Ok(());
         }
-        let args = [
-            Arg::Ptr(p.q),
-            Arg::Ptr(p.k),
-            Arg::Ptr(p.v),
-            Arg::Ptr(p.o),
-            Arg::Ptr(p.lse),
-            Arg::Ptr(p.cu_q),
-            Arg::Ptr(p.cu_kv),
-            Arg::Ptr(p.off_q),
-            Arg::Ptr(p.off_kv),
-            Arg::I32(d.b),
-            Arg::I32(d.heads),
-            Arg::F32(d.scale),
-            Arg::I32(d.mask),
-        ];
+        let args = args_of(Kernel::SmallSeqFwd, d, p);
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
     }
 
@@ -693,40 +763,8 @@ impl HipBackend {
         if blocks == 0 {
             return Ok(());
         }
-        let args = [
-            Arg::Ptr(p.q),
-            Arg::Ptr(p.k),
-            Arg::Ptr(p.v),
-            Arg::Ptr(p.d_o),
-            Arg::Ptr(p.lse),
-            Arg::Ptr(p.dq),
-            Arg::Ptr(p.dk),
-            Arg::Ptr(p.dv),
-            Arg::Ptr(p.cu_q),
-            Arg::Ptr(p.cu_kv),
-            Arg::Ptr(p.off_q),
-            Arg::Ptr(p.off_kv),
-            Arg::I32(d.b),
-            Arg::I32(d.heads),
-            Arg::F32(d.scale),
-            Arg::I32(d.mask),
-        ];
+        let args = args_of(Kernel::SmallSeqBwd, d, p);
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
-    }
-
-    fn fallback_tail(d: &LaunchDims, tokens: i64) -> [Arg; 10] {
-        [
-            Arg::I32(d.b),
-            Arg::I32(d.heads),
-            Arg::I32(d.kv_heads),
-            Arg::I32(d.dqk),
-            Arg::I32(d.dv),
-            Arg::I64(tokens),
-            Arg::F32(d.scale),
-            Arg::I32(d.mask),
-            Arg::I32(d.window.0),
-            Arg::I32(d.window.1),
-        ]
     }
 
     /// Fallback forward on raw pointers.
@@ -742,18 +780,7 @@ impl HipBackend {
         }
         // One f32 row of Dqk per wavefront.
         let smem = ITEMS_PER_BLOCK * 4 * d.dqk as u32;
-        let mut args = vec![
-            Arg::Ptr(p.q),
-            Arg::Ptr(p.k),
-            Arg::Ptr(p.v),
-            Arg::Ptr(p.o),
-            Arg::Ptr(p.lse),
-            Arg::Ptr(p.cu_q),
-            Arg::Ptr(p.cu_kv),
-            Arg::Ptr(p.off_q),
-            Arg::Ptr(p.off_kv),
-        ];
-        args.extend(Self::fallback_tail(d, d.tq));
+        let args = args_of(Kernel::FallbackFwd, d, p);
         Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?)
     }
 
@@ -770,39 +797,12 @@ impl HipBackend {
         let smem = ITEMS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {
-            let mut args = vec![
-                Arg::Ptr(p.q),
-                Arg::Ptr(p.k),
-                Arg::Ptr(p.v),
-                Arg::Ptr(p.d_o),
-                Arg::Ptr(p.lse),
-                Arg::Ptr(p.delta),
-                Arg::Ptr(p.dq),
-                Arg::Ptr(p.cu_q),
-                Arg::Ptr(p.cu_kv),
-                Arg::Ptr(p.off_q),
-                Arg::Ptr(p.off_kv),
-            ];
-            args.extend(Self::fallback_tail(d, d.tq));
+            let args = args_of(Kernel::FallbackBwdQ, d, p);
             self.launch(Family::Fallback, &name_q, blocks, smem, &args)?;
         }
         let blocks = Self::blocks(d.tk * d.kv_heads as i64)?;
         if blocks > 0 {
-            let mut args = vec![
-                Arg::Ptr(p.q),
-                Arg::Ptr(p.k),
-                Arg::Ptr(p.v),
-                Arg::Ptr(p.d_o),
-                Arg::Ptr(p.lse),
-                Arg::Ptr(p.delta),
-                Arg::Ptr(p.dk),
-                Arg::Ptr(p.dv),
-                Arg::Ptr(p.cu_q),
-                Arg::Ptr(p.cu_kv),
-                Arg::Ptr(p.off_q),
-                Arg::Ptr(p.off_kv),
-            ];
-            args.extend(Self::fallback_tail(d, d.tk));
+            let args = args_of(Kernel::FallbackBwdKv, d, p);
             self.launch(Family::Fallback, &name_kv, blocks, smem, &args)?;
         }
         Ok(())
@@ -820,8 +820,70 @@ impl HipBackend {
     }
 }
 
+/// A kernel this backend can launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The kernel file whose code object holds it.
+    pub stem: &'static str,
+    pub name: String,
+    /// Its arguments as the launch passes them: `P` a pointer, `4`/`8` a value of that size.
+    pub args: String,
+}
+
+/// Every kernel this backend can launch, from the same name and argument functions the
+/// launches use (`ci/hip-compile-check.sh` checks each against the code objects' metadata).
+pub fn kernels() -> Vec<KernelInfo> {
+    let sig = |k: Kernel, d: &LaunchDims| -> String {
+        args_of(k, d, &Ptrs::default())
+            .iter()
+            .map(Arg::code)
+            .collect()
+    };
+    kernel_names()
+        .into_iter()
+        .map(|(stem, name)| {
+            let d = dims_for_signature();
+            let k = if stem == "small_seq" {
+                if name.starts_with("small_seq_fwd") {
+                    Kernel::SmallSeqFwd
+                } else {
+                    Kernel::SmallSeqBwd
+                }
+            } else if name.starts_with("fallback_fwd") {
+                Kernel::FallbackFwd
+            } else if name.starts_with("fallback_bwd_q") {
+                Kernel::FallbackBwdQ
+            } else {
+                Kernel::FallbackBwdKv
+            };
+            KernelInfo {
+                stem,
+                args: sig(k, &d),
+                name,
+            }
+        })
+        .collect()
+}
+
+fn dims_for_signature() -> LaunchDims {
+    LaunchDims {
+        dtype: Dtype::Bf16,
+        out_f32: false,
+        b: 1,
+        heads: 1,
+        kv_heads: 1,
+        dqk: 64,
+        dv: 64,
+        tq: 1,
+        tk: 1,
+        scale: 1.0,
+        mask: 0,
+        window: (-1, -1),
+    }
+}
+
 /// Every kernel this backend can launch, with the file (stem) whose code object holds it, from
-/// the same name functions the launches use (`ci/hip-compile-check.sh` checks each symbol).
+/// the same name functions the launches use.
 pub fn kernel_names() -> Vec<(&'static str, String)> {
     let mut v = Vec::new();
     for (dtype, out_f32) in [
