@@ -529,9 +529,11 @@ impl HipBackend {
         let counted = unsafe { hipGetDeviceCount(&mut count) };
         if init != HIP_SUCCESS || counted != HIP_SUCCESS || count < 1 {
             let e = if counted != HIP_SUCCESS {
-                status_error("hipGetDeviceCount", counted)
+                status_error("hipGetDeviceCount", counted).to_string()
+            } else if init != HIP_SUCCESS {
+                status_error("hipInit", init).to_string()
             } else {
-                status_error("hipInit", init)
+                format!("hipGetDeviceCount: {count} devices")
             };
             let mut version = 0i32;
             let v = unsafe { hipRuntimeGetVersion(&mut version) };
