@@ -8,9 +8,19 @@
 // slot are skipped (never read, never written). Lanes take keys (or query rows) in groups of
 // PT_WARP for the dot products, then broadcast the probabilities to lanes that own output dims.
 //
-// Numerics follow the small-seq kernels: f32 accumulation, P = exp(s - m) / l rounded to the
-// input type before P·V and dV, D = Σ P·dP from the recomputed P = exp(s - lse), dS rounded
-// before dQ/dK, outputs rounded at store.
+// Numerics follow the small-seq kernels: f32 accumulation, the score s = fl(dot · scale) rounded
+// once (pt_mul_rn: an FMA of dot · scale - lse would differ from the forward's rounded s by up to
+// half an ulp of s, which on large scores turns a one-key row's P = 1 into 1 - 1e-5 and its exactly
+// zero gradients into O(dP · 1e-5)), P = exp(s - m) / l rounded to the input type before P·V,
+// outputs rounded at store. The backward keeps P and dS in f32: a scalar kernel has no 16-bit
+// operand to round them for, and dS rounded to f16 overflowed to inf on large inputs whose f32
+// dS and gradients are finite.
+//
+// The backward renormalises the recomputed P: P = exp(s - lse) / Z with Z = Σ exp(s - lse) over
+// the row (the query-side kernel stores Z beside D). With the forward's own LSE, Z = 1 to
+// rounding; with an LSE from another kernel (the small-seq forward sums its dot products in
+// another order) Z absorbs the mismatch, so a one-key row still gets P = 1 and dS = 0 exactly, and
+// D = Σ P·dP is formed from the same P as dS.
 #include "portable.h"
 
 #define FB_WPB 4
@@ -56,10 +66,18 @@ PT_INLINE void fb_range(int r, int lq, int lk, int mask, int wl, int wr, int& lo
   if (wr >= 0 && diag + wr < hi) hi = diag + wr;
 }
 
+// x + y·z. 16-bit products are exact in f32, so an FMA changes nothing there; f32 products are
+// rounded before the add, as the emulation (the yardstick of the tolerance) rounds them: fused,
+// the f32 scores and o drifted 5x the emulation's error from the f64 value (fuzz seed 7, case 846).
+template <class E>
+PT_INLINE float fb_madd(float x, float y, float z) {
+  return E::IS16 ? x + y * z : x + pt_mul_rn(y, z);
+}
+
 template <class E>
 PT_INLINE float fb_dot(const float* xs, const typename E::T* y, int d) {
   float acc = 0.f;
-  for (int i = 0; i < d; ++i) acc += xs[i] * E::load(y, i);
+  for (int i = 0; i < d; ++i) acc = fb_madd<E>(acc, xs[i], E::load(y, i));
   return acc;
 }
 
@@ -92,7 +110,7 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
   for (int c0 = lo; c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
     if (c <= hi) {
-      float s = fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk) * scale;
+      float s = pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale);
       if (s > m) {
         l = l * pt_exp(m - s) + 1.f;
         m = s;
@@ -110,7 +128,7 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
     int c = c0 + lane;
     float p = 0.f;
     if (c <= hi) {
-      float s = fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk) * scale;
+      float s = pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale);
       p = E::round(pt_exp(s - M) / L);
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
@@ -120,7 +138,7 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
       for (int j = 0; j < FB_NJ; ++j) {
         int d = lane + j * PT_WARP;
-        if (d < Dv) acc[j] += pc * E::load(vr, d);
+        if (d < Dv) acc[j] = fb_madd<E>(acc[j], pc, E::load(vr, d));
       }
     }
   }
@@ -133,10 +151,11 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
   if (lane == 0) lse[t * H + h] = lo <= hi ? M + pt_log(L) : ninf;
 }
 
-// Backward, query side: delta = Σ P·dP (workspace) and dq for every valid query token.
+// Backward, query side: Z = Σ exp(s - lse) and delta = Σ P·dP (workspace) and dq for every
+// valid query token.
 template <class E, class O>
 PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const typename E::T* v,
-                        const typename E::T* d_o, const float* lse, float* delta,
+                        const typename E::T* d_o, const float* lse, float* delta, float* rowsum,
                         typename O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,
                         const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq,
                         float scale, int mask, int wl, int wr, float* smem) {
@@ -157,17 +176,30 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
   const float ninf = -pt_inf();
   const float lr = lse[t * H + h];
   const bool live = lr != ninf;
-  float dsum = 0.f;
+  float zsum = 0.f;
+  for (int c0 = lo; live && c0 <= hi; c0 += PT_WARP) {
+    int c = c0 + lane;
+    if (c <= hi)
+      zsum += pt_exp(pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale) - lr);
+  }
+  const float Z = pt_warp_sum(zsum);
+  // D in f64: every dS = P (dP - D) of a peaked row cancels against it, so its f32 rounding
+  // error, amplified, was the whole dK error of such rows (fuzz seed 7, cases 1966, 3539).
+  double dsum = 0.0;
   for (int c0 = lo; live && c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
     if (c <= hi) {
       long long kr = (f.ok + c) * Hkv + hk;
-      float p = pt_exp(fb_dot<E>(qs, k + kr * Dqk, Dqk) * scale - lr);
-      dsum += p * fb_dot<E>(ds, v + kr * Dv, Dv);
+      float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
+      float p = Z > 0.f ? e / Z : 0.f;
+      dsum += (double)p * (double)fb_dot<E>(ds, v + kr * Dv, Dv);
     }
   }
-  const float D = pt_warp_sum(dsum);
-  if (lane == 0) delta[t * H + h] = D;
+  const float D = (float)pt_warp_sum_d(dsum);
+  if (lane == 0) {
+    delta[t * H + h] = D;
+    rowsum[t * H + h] = Z;
+  }
   float acc[FB_NJ];
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) acc[j] = 0.f;
@@ -176,9 +208,10 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     float dsv = 0.f;
     if (c <= hi) {
       long long kr = (f.ok + c) * Hkv + hk;
-      float p = pt_exp(fb_dot<E>(qs, k + kr * Dqk, Dqk) * scale - lr);
+      float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
+      float p = Z > 0.f ? e / Z : 0.f;
       float dpv = fb_dot<E>(ds, v + kr * Dv, Dv);
-      dsv = E::round(p * (dpv - D));
+      dsv = p * (dpv - D);
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
     for (int cc = 0; cc < n; ++cc) {
@@ -203,7 +236,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
 template <class E, class O>
 PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                          const typename E::T* d_o, const float* lse, const float* delta,
-                         typename O::T* dk, typename O::T* dv, const int* cu_q,
+                         const float* rowsum, typename O::T* dk, typename O::T* dv, const int* cu_q,
                          const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,
                          int Hkv, int Dqk, int Dv, long long tk, float scale, int mask, int wl,
                          int wr, float* smem) {
@@ -236,10 +269,12 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
         long long qr = (oq + r) * H + h;
         float lr = lse[qr];
         if (c >= lo && c <= hi && lr != ninf) {
-          float p = pt_exp(fb_dot<E>(ks, q + qr * Dqk, Dqk) * scale - lr);
+          const float Z = rowsum[qr];
+          float e = pt_exp(pt_mul_rn(fb_dot<E>(ks, q + qr * Dqk, Dqk), scale) - lr);
+          float p = Z > 0.f ? e / Z : 0.f;
           float dpv = fb_dot<E>(vs, d_o + qr * Dv, Dv);
-          dsv = E::round(p * (dpv - delta[qr]));
-          pr = E::round(p);
+          dsv = p * (dpv - delta[qr]);
+          pr = p;
         }
       }
       int n = lq - r0 < PT_WARP ? lq - r0 : PT_WARP;
@@ -277,18 +312,19 @@ extern __shared__ float fb_smem[];
   }                                                                                             \
   PT_KERNEL void fallback_bwd_q_##SUF(                                                          \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
-      float* delta, O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,              \
+      float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,              \
       const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq, float scale,     \
       int mask, int wl, int wr) {                                                               \
-    fb_bwd_q<E, O>(q, k, v, d_o, lse, delta, dq, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk,    \
+    fb_bwd_q<E, O>(q, k, v, d_o, lse, delta, rowsum, dq, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk,    \
                    Dv, tq, scale, mask, wl, wr, fb_smem);                                       \
   }                                                                                             \
   PT_KERNEL void fallback_bwd_kv_##SUF(                                                         \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
-      const float* delta, O::T* dk, O::T* dv, const int* cu_q, const int* cu_kv,                \
+      const float* delta, const float* rowsum, O::T* dk, O::T* dv, const int* cu_q,             \
+      const int* cu_kv,                                                                         \
       const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tk, \
       float scale, int mask, int wl, int wr) {                                                  \
-    fb_bwd_kv<E, O>(q, k, v, d_o, lse, delta, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, Hkv,    \
+    fb_bwd_kv<E, O>(q, k, v, d_o, lse, delta, rowsum, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, Hkv,    \
                     Dqk, Dv, tk, scale, mask, wl, wr, fb_smem);                                 \
   }
 

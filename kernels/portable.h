@@ -71,10 +71,22 @@ PT_INLINE float pt_exp(float x) { return __builtin_expf(x); }
 PT_INLINE float pt_log(float x) { return __builtin_logf(x); }
 PT_INLINE float pt_inf() { return __builtin_inff(); }
 PT_INLINE float pt_fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+// a * b rounded to f32 and never fused into a neighbouring add: the empty asm makes the product
+// opaque, whatever -ffp-contract says.
+PT_INLINE float pt_mul_rn(float a, float b) {
+  float r = a * b;
+  __asm__ volatile("" : "+v"(r));
+  return r;
+}
 PT_INLINE int pt_lane() { return pt_tid() & (PT_WARP - 1); }
 // Value of `v` held by lane `src` of this wavefront.
 PT_INLINE pt_u32 pt_shfl_u(pt_u32 v, int src) {
   return (pt_u32)__builtin_amdgcn_ds_bpermute(src << 2, (int)v);
+}
+PT_INLINE double pt_shfl_d(double v, int src) {
+  pt_u64 b = __builtin_bit_cast(pt_u64, v);
+  pt_u32 lo = pt_shfl_u((pt_u32)b, src), hi = pt_shfl_u((pt_u32)(b >> 32), src);
+  return __builtin_bit_cast(double, (pt_u64)lo | ((pt_u64)hi << 32));
 }
 PT_INLINE float pt_f16_to_f(pt_u16 h) {
   _Float16 x = __builtin_bit_cast(_Float16, h);
@@ -99,8 +111,15 @@ PT_INLINE float pt_exp(float x) { return expf(x); }
 PT_INLINE float pt_log(float x) { return logf(x); }
 PT_INLINE float pt_inf() { return __uint_as_float(0x7f800000u); }
 PT_INLINE float pt_fmax(float a, float b) { return fmaxf(a, b); }
+// a * b rounded to f32 and never contracted into an FMA with a following add.
+PT_INLINE float pt_mul_rn(float a, float b) { return __fmul_rn(a, b); }
 PT_INLINE int pt_lane() { return (int)(threadIdx.x & 31); }
 PT_INLINE pt_u32 pt_shfl_u(pt_u32 v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+PT_INLINE double pt_shfl_d(double v, int src) {
+  long long b = __double_as_longlong(v);
+  pt_u32 lo = pt_shfl_u((pt_u32)b, src), hi = pt_shfl_u((pt_u32)((pt_u64)b >> 32), src);
+  return __longlong_as_double((long long)((pt_u64)lo | ((pt_u64)hi << 32)));
+}
 PT_INLINE float pt_f16_to_f(pt_u16 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -122,6 +141,10 @@ PT_INLINE float pt_shfl_xor(float v, int m) { return pt_shfl(v, pt_lane() ^ m); 
 // Reductions over the whole hardware warp / wavefront.
 PT_INLINE float pt_warp_sum(float v) {
   for (int m = PT_WARP / 2; m > 0; m >>= 1) v += pt_shfl_xor(v, m);
+  return v;
+}
+PT_INLINE double pt_warp_sum_d(double v) {
+  for (int m = PT_WARP / 2; m > 0; m >>= 1) v += pt_shfl_d(v, pt_lane() ^ m);
   return v;
 }
 PT_INLINE float pt_warp_max(float v) {

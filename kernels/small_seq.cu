@@ -9,7 +9,9 @@
 // are zero fragments and are never read. No atomics, no shared memory: deterministic.
 //
 // Numerics (te-smallseq-path.md §4, without its defects): f32 accumulation of exact 16-bit
-// products; scale applied once after the dot product; P = exp(s - m) / l in f32, rounded to the
+// products; scale applied once after the dot product and rounded there (pt_mul_rn: contracted
+// into exp(fma(dot, scale, -lse)) the backward's P of a one-key row is 1 - O(ulp(s) / 1) instead
+// of 1, which on large scores gives its exactly-zero gradients O(dP · 1e-5) garbage); P = exp(s - m) / l in f32, rounded to the
 // input type before P·V and dV; D = Σ P·dP from the recomputed f32 P = exp(s - lse); dS rounded
 // before dQ/dK; scale applied after accumulation of dQ/dK; outputs rounded at store; lse f32
 // natural log; a row with no visible key gets o = 0, lse = -inf and contributes nothing.
@@ -107,9 +109,15 @@ PT_INLINE void ss_xyt(float (&acc)[2][3][4], const typename E::T* x, const typen
 #pragma unroll
         for (int nt = 0; nt < 3; ++nt) {
           if (nt == 2 && !n2) continue;
-          pt_mma<E>(acc[mt][nt], pt_word(xa[mt][0], 2 * j), pt_word(xa[mt][1], 2 * j),
+          // Each 16-product step starts from zero and is added with an f32 round-to-nearest add:
+          // chained through the tensor core's accumulator (not round-to-nearest) the score
+          // drifted 4 ulp from the f64 value at D = 256 (fuzz seed 11, case 1477).
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+          pt_mma<E>(part, pt_word(xa[mt][0], 2 * j), pt_word(xa[mt][1], 2 * j),
                     pt_word(xa[mt][0], 2 * j + 1), pt_word(xa[mt][1], 2 * j + 1),
                     pt_word(yb[nt], 2 * j), pt_word(yb[nt], 2 * j + 1));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] += part[e];
         }
       }
   }
@@ -288,7 +296,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + 2 * t + e;
-          float x = s[mt][nt][hh * 2 + e] * scale;
+          float x = pt_mul_rn(s[mt][nt][hh * 2 + e], scale);
           x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
           s[mt][nt][hh * 2 + e] = x;
           mx = pt_fmax(mx, x);
@@ -363,7 +371,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + 2 * t + e;
           const bool vis = ss_visible(row, key, it.lq, it.lk, mask) && lr != ninf;
-          float p = vis ? pt_exp(s[mt][nt][hh * 2 + e] * scale - lr) : 0.f;
+          float p = vis ? pt_exp(pt_mul_rn(s[mt][nt][hh * 2 + e], scale) - lr) : 0.f;
           s[mt][nt][hh * 2 + e] = p;
           dsum += p * dp[mt][nt][hh * 2 + e];
         }

@@ -53,7 +53,7 @@ impl Outputs {
 }
 
 /// One attention case.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Case {
     pub config: AttnConfig,
     pub layout: Layout,
@@ -66,6 +66,27 @@ pub struct Case {
     pub outputs: Outputs,
     /// Provenance metadata (`smallseq.seed`, `smallseq.backend`, ...), verbatim.
     pub meta: BTreeMap<String, String>,
+}
+
+/// Config, layout and shapes only: tensors are too large to read in a log, and every failure
+/// leaves them in a capsule.
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case")
+            .field("config", &self.config.to_json())
+            .field("cu_seqlens_q", &self.layout.q.cu)
+            .field("cu_seqlens_q_padded", &self.layout.q.padded)
+            .field("tokens_q", &self.layout.q.tokens)
+            .field("cu_seqlens_kv", &self.layout.kv.cu)
+            .field("cu_seqlens_kv_padded", &self.layout.kv.padded)
+            .field("tokens_kv", &self.layout.kv.tokens)
+            .field("q", &self.q.dim())
+            .field("k", &self.k.dim())
+            .field("v", &self.v.dim())
+            .field("d_o", &self.d_o.as_ref().map(|d| d.dim()))
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Case {

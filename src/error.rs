@@ -17,6 +17,8 @@ pub enum Error {
     Tensor { tensor: String, detail: String },
     #[error("unsupported: {0}")]
     Unsupported(String),
+    #[error("workspace: {0}")]
+    Workspace(String),
     #[error("backend {backend}: {detail}")]
     Backend { backend: String, detail: String },
     /// A failure of the HIP backend: a HIP call, a code object, a launch.

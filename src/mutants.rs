@@ -59,11 +59,14 @@ pub enum Mutant {
     BwdMaskIgnored,
     /// The LSE of the second row tile (rows 16..) is not written.
     LseSecondTileLost,
+    /// The workspace is sized with the environment seen at trace time but carved with the one
+    /// seen at launch (TE's planner evaluates the env var twice).
+    WorkspaceEnvMismatch,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 26] = [
+    pub const ALL: [Mutant; 27] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -90,6 +93,7 @@ impl Mutant {
         Mutant::DqScaleMissing,
         Mutant::BwdMaskIgnored,
         Mutant::LseSecondTileLost,
+        Mutant::WorkspaceEnvMismatch,
     ];
 
     /// Stable kebab-case name.
@@ -121,6 +125,7 @@ impl Mutant {
             Mutant::DqScaleMissing => "dq-scale-missing",
             Mutant::BwdMaskIgnored => "bwd-mask-ignored",
             Mutant::LseSecondTileLost => "lse-second-tile-lost",
+            Mutant::WorkspaceEnvMismatch => "workspace-env-mismatch",
         }
     }
 }

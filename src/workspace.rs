@@ -54,6 +54,10 @@ pub mod names {
     pub const PROBE: &str = "probe";
     /// `D = Σ P·dP` per (token, head), token-major `[Tq, H]`.
     pub const DELTA: &str = "delta";
+    /// Fallback backward: `Z = Σ exp(s - lse)` per (token, head), token-major `[Tq, H]`, by
+    /// which the recomputed P is renormalised (an LSE from another kernel's forward is off by
+    /// rounding; one-key rows must still get P = 1 exactly).
+    pub const ROWSUM: &str = "rowsum";
     /// Per-query-head dK accumulators for GQA, `[Tk, H, Dqk]`.
     pub const DK_ACC: &str = "dk_acc";
     /// Per-query-head dV accumulators for GQA, `[Tk, H, Dv]`.
@@ -89,6 +93,9 @@ pub fn plan(dir: Direction, path: Option<Path>, s: &Shape) -> Plan {
     }
     if dir == Direction::Bwd {
         p.push(names::DELTA, s.tq_addressed * s.heads);
+        if path == Path::Fallback {
+            p.push(names::ROWSUM, s.tq_addressed * s.heads);
+        }
         if path == Path::Fallback && s.heads != s.kv_heads {
             p.push(names::DK_ACC, s.tk * s.heads * s.head_dim_qk);
             p.push(names::DV_ACC, s.tk * s.heads * s.head_dim_v);

@@ -22,6 +22,9 @@ pub struct RunOptions {
     /// Initial value of every output element before zeroing and launch (poison for the
     /// determinism property).
     pub fill: f32,
+    /// The environment when the workspace was sized (a framework's trace time), when it
+    /// differs from `env` (launch time). `None`: the same snapshot.
+    pub trace_env: Option<EnvView>,
 }
 
 impl Default for RunOptions {
@@ -31,6 +34,7 @@ impl Default for RunOptions {
             env: EnvView::from_process(),
             force: None,
             fill: 0.0,
+            trace_env: None,
         }
     }
 }
@@ -106,6 +110,31 @@ fn shape(case: &Case) -> Shape {
 /// Sentinel for unused workspace: a NaN payload distinct from the guard pattern.
 const WS_SENTINEL: u32 = 0x7fc0_ab1e;
 
+/// The path a decision leads to under the options (forcing, empty batches).
+fn chosen_path(
+    backend: &dyn Backend,
+    decision: &Decision,
+    opts: &RunOptions,
+) -> Result<Option<Path>> {
+    let path = match opts.force {
+        Some(Path::SmallSeq) if decision.path != Path::SmallSeq => {
+            return Err(Error::Unsupported(format!(
+                "small-seq forced on a case the dispatcher declines: {:?}",
+                decision.codes()
+            )))
+        }
+        Some(p) => Some(p),
+        None => Some(decision.path),
+    };
+    if decision.is_empty_batch() {
+        return Ok(backend
+            .gate_defects()
+            .launch_on_empty
+            .then_some(Path::SmallSeq));
+    }
+    Ok(path)
+}
+
 /// Chooses the path to run and plans the workspace.
 fn prepare(
     backend: &dyn Backend,
@@ -118,30 +147,50 @@ fn prepare(
     if let Some(why) = case.config.unsupported_reason() {
         return Err(Error::Unsupported(why));
     }
-    let mut path = match opts.force {
-        Some(Path::SmallSeq) if decision.path != Path::SmallSeq => {
-            return Err(Error::Unsupported(format!(
-                "small-seq forced on a case the dispatcher declines: {:?}",
-                decision.codes()
-            )))
-        }
-        Some(p) => Some(p),
-        None => Some(decision.path),
-    };
-    if decision.is_empty_batch() {
-        path = backend
-            .gate_defects()
-            .launch_on_empty
-            .then_some(Path::SmallSeq);
-    }
+    let path = chosen_path(backend, &decision, opts)?;
     let plan = workspace::plan(dir, path, &shape(case));
-    let mut ws = DevBuf::new(plan.total, f32::from_bits(WS_SENTINEL));
+    // The size a framework allocated at trace time, from the environment it saw then.
+    let sized = match &opts.trace_env {
+        None => plan.total,
+        Some(env) => {
+            let traced = RunOptions {
+                env: env.clone(),
+                ..opts.clone()
+            };
+            let sizing_path = chosen_path(backend, &decide(backend, case, &traced), &traced)?;
+            let sizing = workspace::plan(dir, sizing_path, &shape(case));
+            if sizing != plan && !backend.gate_defects().carve_unsized {
+                return Err(Error::Workspace(format!(
+                    "the dispatch environment changed between sizing and launch: the workspace \
+                     was sized for {} ({} elements), the launch takes {} ({} elements); \
+                     re-plan after changing {}",
+                    path_name(sizing_path),
+                    sizing.total,
+                    path_name(path),
+                    plan.total,
+                    crate::dispatch::facts::ENV_KEYS.join(" or ")
+                )));
+            }
+            sizing.total
+        }
+    };
+    // A defective wrapper carves `plan` out of `sized` elements: the overrun lands in the
+    // trailing guard, where the workspace property sees it.
+    let mut ws = DevBuf::with_tail_guard(
+        sized,
+        f32::from_bits(WS_SENTINEL),
+        plan.total.saturating_sub(sized) + crate::backend::GUARD,
+    );
     if let Some(r) = plan.region(workspace::names::PROBE) {
         // The runtime probe: max actual lengths, written where a device probe would put them.
         ws.put(r.offset, case.layout.q.max_len() as f32);
         ws.put(r.offset + 1, case.layout.kv.max_len() as f32);
     }
     Ok((decision, path, plan, ws))
+}
+
+fn path_name(p: Option<Path>) -> &'static str {
+    p.map_or("no launch", |p| p.name())
 }
 
 fn report(plan: &Plan, bound: usize, bufs: &[(&str, &DevBuf)]) -> WorkspaceReport {

@@ -260,12 +260,16 @@ fn fuzz_writes_reports_and_hits_classes() {
         "workspace",
         "determinism",
         "metamorphic",
+        "emulation_conformance",
     ] {
         assert!(rep["properties"][p]["pass"].as_u64().unwrap() > 0, "{p}");
     }
     assert!(std::fs::read_to_string(dir.join("junit.xml"))
         .unwrap()
         .contains("<testsuite"));
+    assert!(std::fs::read_to_string(dir.join("summary.md"))
+        .unwrap()
+        .contains("| numeric_agreement |"));
     let no_gpu = bin()
         .args(["fuzz", "--backend", "cuda", "--cases", "1"])
         .output()
@@ -278,4 +282,51 @@ fn fuzz_writes_reports_and_hits_classes() {
             .count(),
         1
     );
+}
+
+#[test]
+fn te625_campaign_names_every_modelled_defect() {
+    let dir = tmp("te625-out");
+    let out = bin()
+        .args(["fuzz", "--backend", "te625-model", "--profile", "te625"])
+        .args([
+            "--cases",
+            "150",
+            "--seed",
+            "3",
+            "--shrink-time",
+            "0s",
+            "--out",
+        ])
+        .arg(&dir)
+        .env_remove("NVTE_FUSED_ATTN_CK_SMALLSEQ")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "the model must fail");
+    let findings: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("te625.json")).unwrap()).unwrap();
+    let names: Vec<(String, u64)> = findings
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["defect"].as_str().unwrap().to_string(),
+                f["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for defect in [
+        "lse-permuted",
+        "causal-ignored",
+        "window-ignored",
+        "nan-on-empty-kv",
+        "workspace-env-mismatch",
+        "padded-span-gate",
+    ] {
+        let n = names.iter().find(|(d, _)| d == defect).map(|(_, n)| *n);
+        assert!(n.unwrap_or(0) > 0, "{defect} not found: {names:?}");
+    }
+    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(summary.contains("TE #625 defects"));
 }

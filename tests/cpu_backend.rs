@@ -1,24 +1,15 @@
 //! The CPU backend against the reference and every property, on hundreds of random cases.
 
 use smallseq::backend::cpu::CpuBackend;
-use smallseq::dispatch::{EnvView, Profile};
 use smallseq::harness::campaign::case_seed;
 use smallseq::harness::gen::{build, draw_geometry};
 use smallseq::harness::props::Checker;
 use smallseq::harness::rng::Rng;
-use smallseq::wrapper::RunOptions;
 
 #[test]
 fn cpu_backend_passes_every_property_on_random_cases() {
     let be = CpuBackend::default();
-    let checker = Checker {
-        backend: &be,
-        opts: RunOptions {
-            profile: Profile::Native,
-            env: EnvView::default(),
-            ..RunOptions::default()
-        },
-    };
+    let checker = Checker::isolated(&be);
     let seed = 20_261_130;
     println!("seed {seed}");
     let mut small_seq = 0;

@@ -84,6 +84,8 @@ pub struct Ptrs {
     pub dv: u64,
     /// f32 `[tq, H]` scratch for the fallback backward.
     pub delta: u64,
+    /// f32 `[tq, H]` scratch for the fallback backward (row sums of the recomputed P).
+    pub rowsum: u64,
     pub cu_q: u64,
     pub cu_kv: u64,
     pub off_q: u64,
@@ -397,7 +399,7 @@ impl CudaBackend {
         if blocks > 0 {
             let mut lb = self.stream.launch_builder(&f);
             lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
-            lb.arg(&p.delta).arg(&p.dq);
+            lb.arg(&p.delta).arg(&p.rowsum).arg(&p.dq);
             lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
             lb.arg(&d.b)
                 .arg(&d.heads)
@@ -417,7 +419,7 @@ impl CudaBackend {
         if blocks > 0 {
             let mut lb = self.stream.launch_builder(&f);
             lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
-            lb.arg(&p.delta).arg(&p.dk).arg(&p.dv);
+            lb.arg(&p.delta).arg(&p.rowsum).arg(&p.dk).arg(&p.dv);
             lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
             lb.arg(&d.b)
                 .arg(&d.heads)
@@ -636,16 +638,22 @@ impl CudaBackend {
         };
         if family == Family::Fallback {
             let need = (d.tq.max(0) as usize) * d.heads as usize;
-            let region = f.plan.region(names::DELTA).ok_or_else(|| {
-                backend_err("fallback backward: the plan has no delta region".to_string())
-            })?;
-            if region.len < need || region.offset + region.len > out.workspace.len {
-                return Err(backend_err(format!(
-                    "fallback backward: delta region holds {} of {need} elements (workspace {})",
-                    region.len, out.workspace.len
-                )));
-            }
-            p.delta = self.ptr_body(&ws, &out.workspace) + (region.offset * 4) as u64;
+            let base = self.ptr_body(&ws, &out.workspace);
+            let at = |name: &str| -> Result<u64> {
+                let region = f.plan.region(name).ok_or_else(|| {
+                    backend_err(format!("fallback backward: the plan has no {name} region"))
+                })?;
+                if region.len < need || region.offset + region.len > out.workspace.len {
+                    return Err(backend_err(format!(
+                        "fallback backward: {name} region holds {} of {need} elements \
+                         (workspace {})",
+                        region.len, out.workspace.len
+                    )));
+                }
+                Ok(base + (region.offset * 4) as u64)
+            };
+            p.delta = at(names::DELTA)?;
+            p.rowsum = at(names::ROWSUM)?;
         }
         match family {
             Family::SmallSeq => self.launch_small_seq_bwd(&d, &p)?,

@@ -135,9 +135,6 @@ pub enum HipError {
     /// An argument the kernels cannot take.
     #[error("{0}")]
     Unsupported(String),
-    /// The workspace plan lacks what a kernel needs.
-    #[error("{0}")]
-    Workspace(String),
 }
 
 impl From<HipError> for Error {
@@ -387,6 +384,8 @@ pub struct Ptrs {
     pub dv: u64,
     /// f32 `[tq, H]` scratch for the fallback backward.
     pub delta: u64,
+    /// f32 `[tq, H]` scratch for the fallback backward (row sums of the recomputed P).
+    pub rowsum: u64,
     pub cu_q: u64,
     pub cu_kv: u64,
     pub off_q: u64,
@@ -464,6 +463,7 @@ fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.d_o),
             Ptr(p.lse),
             Ptr(p.delta),
+            Ptr(p.rowsum),
             Ptr(p.dq),
         ],
         Kernel::FallbackBwdKv => vec![
@@ -473,6 +473,7 @@ fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.d_o),
             Ptr(p.lse),
             Ptr(p.delta),
+            Ptr(p.rowsum),
             Ptr(p.dk),
             Ptr(p.dv),
         ],
@@ -1081,17 +1082,22 @@ impl HipBackend {
         };
         if family == Family::Fallback {
             let need = (d.tq.max(0) as usize) * d.heads as usize;
-            let region = f.plan.region(names::DELTA).ok_or_else(|| {
-                HipError::Workspace("fallback backward: the plan has no delta region".into())
-            })?;
-            if region.len < need || region.offset + region.len > out.workspace.len {
-                return Err(HipError::Workspace(format!(
-                    "fallback backward: delta region holds {} of {need} elements (workspace {})",
-                    region.len, out.workspace.len
-                ))
-                .into());
-            }
-            p.delta = body_addr(&ws, &out.workspace) + (region.offset * 4) as u64;
+            let base = body_addr(&ws, &out.workspace);
+            let at = |name: &str| -> Result<u64> {
+                let region = f.plan.region(name).ok_or_else(|| {
+                    Error::Workspace(format!("fallback backward: the plan has no {name} region"))
+                })?;
+                if region.len < need || region.offset + region.len > out.workspace.len {
+                    return Err(Error::Workspace(format!(
+                        "fallback backward: {name} region holds {} of {need} elements \
+                         (workspace {})",
+                        region.len, out.workspace.len
+                    )));
+                }
+                Ok(base + (region.offset * 4) as u64)
+            };
+            p.delta = at(names::DELTA)?;
+            p.rowsum = at(names::ROWSUM)?;
         }
         match family {
             Family::SmallSeq => self.launch_small_seq_bwd(&d, &p)?,

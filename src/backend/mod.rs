@@ -36,7 +36,14 @@ pub struct DevBuf {
 impl DevBuf {
     /// A body of `len` elements set to `fill`, guarded on both sides.
     pub fn new(len: usize, fill: f32) -> Self {
-        let mut data = vec![f32::from_bits(GUARD_BITS); len + 2 * GUARD];
+        Self::with_tail_guard(len, fill, GUARD)
+    }
+
+    /// As [`DevBuf::new`] with a trailing guard of `tail` elements (at least [`GUARD`]): room
+    /// for a known overrun to land in, and be reported, instead of past the allocation.
+    pub fn with_tail_guard(len: usize, fill: f32, tail: usize) -> Self {
+        let tail = tail.max(GUARD);
+        let mut data = vec![f32::from_bits(GUARD_BITS); GUARD + len + tail];
         data[GUARD..GUARD + len].fill(fill);
         DevBuf {
             data,
@@ -51,6 +58,12 @@ impl DevBuf {
 
     pub fn body_mut(&mut self) -> &mut [f32] {
         &mut self.data[self.base..self.base + self.len]
+    }
+
+    /// Reads element `i` of the body, unchecked against the body like [`DevBuf::put`].
+    #[inline]
+    pub fn at(&self, i: usize) -> f32 {
+        self.data[self.base + i]
     }
 
     /// Writes element `i` of the body. Not bounds-checked against the body on purpose: a
@@ -130,6 +143,14 @@ pub trait Backend: Send + Sync {
     /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
     fn zeroes_dont_care(&self) -> bool {
         true
+    }
+    /// Fraction of small-seq output elements allowed to differ from the device-faithful
+    /// emulation by more than one ulp of the output dtype (the `emulation_conformance`
+    /// property). `None` where the backend's roundings have not been calibrated against the
+    /// emulation: a GPU's `exp` and accumulation order move P across rounding boundaries at
+    /// a rate that has to be measured on the device before it can be bounded.
+    fn rounding_budget(&self) -> Option<f64> {
+        None
     }
     /// The small-seq forward kernel. Writes every valid row of `o` and `lse`.
     ///

@@ -178,6 +178,7 @@ mod imp {
         dk: CudaSlice<u16>,
         dv: CudaSlice<u16>,
         delta: CudaSlice<f32>,
+        rowsum: CudaSlice<f32>,
     }
 
     fn rand_bf16(r: &mut Rng, n: usize) -> Vec<u16> {
@@ -242,6 +243,7 @@ mod imp {
                     dk: st.alloc_zeros::<u16>(tk * h * d)?,
                     dv: st.alloc_zeros::<u16>(tk * h * d)?,
                     delta: st.alloc_zeros::<f32>(tq * h)?,
+                    rowsum: st.alloc_zeros::<f32>(tq * h)?,
                 });
             }
             let dims = LaunchDims {
@@ -269,6 +271,7 @@ mod imp {
                 dk: p(&s.dk),
                 dv: p(&s.dv),
                 delta: pf(&s.delta),
+                rowsum: pf(&s.rowsum),
                 cu_q: cu_q.device_ptr(&st).0,
                 cu_kv: cu_kv.device_ptr(&st).0,
                 off_q: cu_q.device_ptr(&st).0,

@@ -7,6 +7,7 @@ use smallseq::backend;
 use smallseq::dispatch::{EnvView, Profile};
 use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report};
 use smallseq::harness::props::Checker;
+use smallseq::harness::te625;
 use smallseq::wrapper::RunOptions;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -40,6 +41,9 @@ pub struct FuzzArgs {
     pub shrink_time: Duration,
 }
 
+/// The variable that switches TE's small-seq path on.
+const TE_SWITCH: &str = "NVTE_FUSED_ATTN_CK_SMALLSEQ";
+
 pub fn seed_or_clock(seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -68,12 +72,19 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         args.profile,
         args.out.display()
     );
+    let mut env = EnvView::from_process();
+    if args.profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
+        // TE's small-seq path is off unless the variable is "1"; a campaign against it
+        // without the variable would only ever test the fallback.
+        eprintln!("smallseq fuzz: {TE_SWITCH} is unset; using {TE_SWITCH}=1 (set it to 0 to test TE with the path off)");
+        env.set(TE_SWITCH, Some("1"));
+    }
     let campaign = Campaign {
         checker: Checker {
             backend: be.as_ref(),
             opts: RunOptions {
                 profile: args.profile,
-                env: EnvView::from_process(),
+                env,
                 ..RunOptions::default()
             },
         },
@@ -86,6 +97,9 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     let report = campaign.run(&stop, &mut progress_printer())?;
     write_reports(&args.out, &report)?;
     summarize(&report, &args.out);
+    if be.name() == "te625-model" {
+        name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
+    }
     Ok(if report.failed() { 1 } else { 0 })
 }
 
@@ -130,6 +144,30 @@ pub fn progress_printer() -> impl FnMut(Progress) {
     }
 }
 
+/// Attributes the failures to the model's defects; prints the table, writes `te625.json` and
+/// appends the table to `summary.md`.
+fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions) -> Result<()> {
+    eprintln!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
+    let findings = te625::attribute(report, out, opts, 60)?;
+    println!("TE #625 defects:");
+    for f in &findings {
+        println!(
+            "  {:<24} {:<4} {:>5}  {}",
+            f.defect,
+            if f.found() { "yes" } else { "no" },
+            f.count,
+            f.example.as_deref().unwrap_or("-")
+        );
+    }
+    let json = serde_json::to_string_pretty(&findings)?;
+    std::fs::write(out.join("te625.json"), json)?;
+    let summary = out.join("summary.md");
+    let mut md = std::fs::read_to_string(&summary).unwrap_or_default();
+    md.push_str(&te625::markdown(&findings));
+    std::fs::write(summary, md)?;
+    Ok(())
+}
+
 fn summarize(r: &Report, out: &std::path::Path) {
     println!(
         "{} cases in {:.1}s ({:.1} cases/s), seed {}, backend {}, profile {}{}",
@@ -147,12 +185,7 @@ fn summarize(r: &Report, out: &std::path::Path) {
             c.pass, c.fail, c.skip
         );
     }
-    let missed: Vec<_> = r
-        .coverage
-        .iter()
-        .filter(|(_, n)| **n == 0)
-        .map(|(k, _)| k.as_str())
-        .collect();
+    let missed = r.classes_missed();
     if !missed.is_empty() {
         println!("  classes not hit: {}", missed.join(", "));
     }

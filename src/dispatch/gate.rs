@@ -32,6 +32,9 @@ pub struct GateDefects {
     pub span_as_length: bool,
     /// Launch a kernel even when the batch is empty.
     pub launch_on_empty: bool,
+    /// Carve the launch-time plan out of a workspace sized with the trace-time environment,
+    /// instead of refusing when they differ.
+    pub carve_unsized: bool,
 }
 
 /// The plan-time half of a decision.

@@ -3,7 +3,7 @@
 
 use super::capsule;
 use super::classes::{self, classify};
-use super::gen::{build, draw_geometry};
+use super::gen::{build, draw_geometry_for};
 use super::props::{Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
@@ -73,6 +73,15 @@ pub struct Report {
 impl Report {
     pub fn failed(&self) -> bool {
         !self.failures.is_empty()
+    }
+
+    /// Classes no case of the campaign hit.
+    pub fn classes_missed(&self) -> Vec<&str> {
+        self.coverage
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(k, _)| k.as_str())
+            .collect()
     }
 }
 
@@ -144,7 +153,7 @@ impl Campaign<'_> {
                 break;
             }
             let cs = case_seed(self.seed, i);
-            let g = draw_geometry(&mut Rng::new(cs));
+            let g = draw_geometry_for(&mut Rng::new(cs), self.checker.opts.profile);
             let case = build(&g, cs ^ 0xda7a)?;
             let run = self.checker.check(&case, cs)?;
             for c in classify(&case, g.segment_split, g.poison) {
@@ -275,7 +284,50 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
     let rp = dir.join("report.json");
     std::fs::write(&rp, json).map_err(io(&rp))?;
     let jp = dir.join("junit.xml");
-    std::fs::write(&jp, junit(rep)).map_err(io(&jp))
+    std::fs::write(&jp, junit(rep)).map_err(io(&jp))?;
+    let mp = dir.join("summary.md");
+    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))
+}
+
+/// A short Markdown summary for CI pages: verdict, per-property counts, every failure with
+/// its capsule and repro command (capsule paths as written, relative to the run directory).
+pub fn markdown(rep: &Report) -> String {
+    let verdict = if rep.failed() {
+        format!("**FAILED**: {} failure(s)", rep.failures.len())
+    } else if rep.interrupted {
+        "interrupted, no failure so far".to_string()
+    } else {
+        "passed".to_string()
+    };
+    let mut m = format!(
+        "### smallseq fuzz: backend `{}`, profile `{}`, seed {}\n\n{verdict}. {} cases in {:.1} s ({:.1} cases/s).\n\n",
+        rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
+    );
+    m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
+    for (name, c) in &rep.properties {
+        m.push_str(&format!(
+            "| {name} | {} | {} | {} |\n",
+            c.pass, c.fail, c.skip
+        ));
+    }
+    let missed = rep.classes_missed();
+    if !missed.is_empty() {
+        m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
+    }
+    if !rep.failures.is_empty() {
+        m.push_str("\n| case | property | detail | capsule | repro |\n|---:|---|---|---|---|\n");
+        for f in &rep.failures {
+            let capsule = f.shrunk_capsule.as_deref().unwrap_or(&f.capsule);
+            m.push_str(&format!(
+                "| {} | {} | {} | `{capsule}` | `{}` |\n",
+                f.case,
+                f.property,
+                f.detail.replace('|', "\\|"),
+                f.repro
+            ));
+        }
+    }
+    m
 }
 
 fn xml_escape(s: &str) -> String {

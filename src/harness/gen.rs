@@ -5,6 +5,7 @@
 use super::rng::{Draw, Rng};
 use crate::case::{bshd_layout, Case};
 use crate::config::{AttnConfig, Bias, LayoutKind};
+use crate::dispatch::Profile;
 use crate::error::Result;
 use crate::segments::SegmentIds;
 use ndarray::Array3;
@@ -182,6 +183,61 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
         dropout,
         layout: layout_kind,
     };
+    with_data(d, config, layout, segment_split)
+}
+
+/// A geometry for the campaign's profile. Under `te625` most cases are shaped for TE's
+/// small-seq gate (bf16, H == Hkv in {16, 32}, D in {128, 256}, padding-class masks, padded
+/// spans around 17), so the small-seq path and its defects are reached at all; the rest
+/// roam like the native campaign. The native profile draws exactly [`draw_geometry`].
+pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
+    if profile == Profile::Native || d.percent(30) {
+        return draw_geometry(d);
+    }
+    let heads = d.weighted(&[(45, 16), (35, 32), (10, 8), (10, 4)]);
+    let head_dim = d.weighted(&[(55, 128), (35, 256), (10, 64)]);
+    let mask = d.weighted(&[
+        (20, Mask::NoMask),
+        (25, Mask::Padding),
+        (25, Mask::PaddingCausal),
+        (25, Mask::PaddingCausalBottomRight),
+        (5, Mask::Causal),
+    ]);
+    let window = if d.percent(25) {
+        Window {
+            left: d.range(0, 4) as i64,
+            right: d.range(0, 2) as i64,
+        }
+    } else {
+        Window::NONE
+    };
+    let bshd = d.percent(10);
+    let layout = if bshd {
+        let s = d.pick(&[2, 8, 16, 17]);
+        bshd_layout(d.range(1, 3), s, s)
+    } else {
+        te_layout(d)
+    };
+    let dtype = if d.percent(90) {
+        Dtype::Bf16
+    } else {
+        Dtype::F16
+    };
+    let mut config = AttnConfig::new(dtype, heads, head_dim, mask);
+    config.params.window = window;
+    if bshd {
+        config.layout = LayoutKind::Bshd;
+    }
+    with_data(d, config, layout, false)
+}
+
+/// The data-side choices every geometry ends with.
+fn with_data<D: Draw>(
+    d: &mut D,
+    config: AttnConfig,
+    layout: Layout,
+    segment_split: bool,
+) -> Geometry {
     Geometry {
         config,
         layout,
@@ -189,6 +245,40 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
         dist: d.pick(&DataDist::ALL),
         poison: d.percent(70),
         segment_split,
+    }
+}
+
+/// A few THD slots of at most 17 tokens, padded gaps that sometimes push a span past 17,
+/// and now and then an empty kv slot with queries.
+fn te_layout<D: Draw>(d: &mut D) -> Layout {
+    let b = d.range(1, 4);
+    let padded = d.percent(60);
+    let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
+    for _ in 0..b {
+        let lq = d.range(1, 17);
+        let lk = if d.percent(10) { 0 } else { d.range(1, 17) };
+        for (side, len) in sides.iter_mut().zip([lq, lk]) {
+            let gap = if padded {
+                d.weighted(&[(60, 0usize), (30, 1), (10, 18usize.saturating_sub(len))])
+            } else {
+                0
+            };
+            let (cu, off) = side;
+            cu.push(cu[cu.len() - 1] + len as i32);
+            off.push(off[off.len() - 1] + (len + gap) as i32);
+        }
+    }
+    let [(cq, oq), (ck, ok)] = sides;
+    let side = |cu: Vec<i32>, off: Vec<i32>, slack: usize| Side {
+        tokens: off[off.len() - 1] as usize + slack,
+        cu,
+        padded: padded.then_some(off),
+    };
+    let slack_q = d.range(0, 2);
+    let slack_kv = d.range(0, 2);
+    Layout {
+        q: side(cq, oq, slack_q),
+        kv: side(ck, ok, slack_kv),
     }
 }
 

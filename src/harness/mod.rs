@@ -3,10 +3,13 @@
 pub mod campaign;
 pub mod capsule;
 pub mod classes;
+pub mod fuzz_input;
 pub mod gen;
+pub mod oracles;
 pub mod props;
 pub mod repro;
 pub mod rng;
 pub mod shrink;
+pub mod te625;
 pub mod tolerance;
 pub mod transform;

@@ -10,13 +10,15 @@
 //! where `emu_err` is the same error of the device-faithful emulation (the yardstick: what a
 //! correct kernel with these roundings gets), `u` the unit roundoff of the tensor's stored type
 //! (the input dtype for o/dq/dk/dv, f32 for lse), and `magnitude = max |reference|` over valid
-//! elements (at least 1 for lse), so the threshold never collapses to zero. `margin =
+//! elements (for lse at least 1 and at least the largest `scale·Σ|q·k|` of a visible score,
+//! the magnitude its f32 rounding error scales with), so the threshold never collapses to
+//! zero. Overflow next to the dtype's limit is judged in `max_err`. `margin =
 //! err / threshold` is recorded for every tensor of every case.
 
-use crate::case::Outputs;
+use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, Dimension};
 use serde::Serialize;
-use smallseq_reference::{Dtype, Layout};
+use smallseq_reference::{visible, Dtype};
 
 /// Multiplier on the emulation's error.
 pub const K: f64 = 4.0;
@@ -63,17 +65,41 @@ fn elem_err(a: f64, r: f64) -> f64 {
 }
 
 /// Max error over rows flagged valid, and where it is.
+/// Whether `x` and `y` both say "at or past the dtype's limit", with the same sign: an
+/// overflow to infinity and a saturation to the largest finite value are the same verdict.
+fn both_past_limit(x: f64, y: f64, max_finite: f64) -> bool {
+    x.abs() >= max_finite && y.abs() >= max_finite && x.signum() == y.signum()
+}
+
+/// Max error over rows flagged valid, and where it is. An infinity of the reference's sign is
+/// no error where the reference lies within `headroom` of the dtype's limit, or where the
+/// yardstick (`yard`, when given) overflowed the same way.
 fn max_err(
     a: &ArrayD<f64>,
     r: &ArrayD<f64>,
     valid: &[bool],
     max_finite: f64,
+    headroom: f64,
+    yard: Option<&ArrayD<f64>>,
 ) -> (f64, Option<(Vec<usize>, f64, f64)>) {
     let mut best = (0.0, None);
     for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
         // A reference value the output dtype cannot hold may legitimately overflow.
         if !valid[idx[0]] || (y.is_finite() && y.abs() >= max_finite) {
             continue;
+        }
+        if both_past_limit(x, y, max_finite) {
+            continue;
+        }
+        if x.is_infinite() && x.signum() == y.signum() {
+            let near = y.abs() + headroom >= max_finite;
+            let yard_overflowed = yard.is_some_and(|e| {
+                let e = e[&idx];
+                e.is_infinite() && e.signum() == y.signum()
+            });
+            if near || yard_overflowed {
+                continue;
+            }
         }
         let e = elem_err(x, y);
         if e > best.0 || (best.1.is_none() && e.is_nan()) {
@@ -104,12 +130,29 @@ pub struct Triple<'a> {
 
 /// Judges one tensor.
 pub fn judge(t: &Triple) -> Judgement {
-    let (err, at) = max_err(&t.actual, &t.reference, t.valid, t.max_finite);
-    let (emu_err, _) = max_err(&t.emulated, &t.reference, t.valid, t.max_finite);
     let mag = magnitude(&t.reference, t.valid)
         .min(t.max_finite)
         .max(t.min_magnitude);
-    let threshold = K * emu_err.min(f64::MAX) + FLOOR * t.unit * mag;
+    let floor = FLOOR * t.unit * mag;
+    // The yardstick's own overflows next to the limit are judged like the kernel's, with the
+    // noise floor as headroom; the kernel then gets the whole threshold as headroom.
+    let (emu_err, _) = max_err(
+        &t.emulated,
+        &t.reference,
+        t.valid,
+        t.max_finite,
+        floor,
+        None,
+    );
+    let threshold = K * emu_err.min(f64::MAX) + floor;
+    let (err, at) = max_err(
+        &t.actual,
+        &t.reference,
+        t.valid,
+        t.max_finite,
+        threshold,
+        Some(&t.emulated),
+    );
     let threshold = if threshold > 0.0 {
         threshold
     } else {
@@ -133,15 +176,46 @@ pub fn judge(t: &Triple) -> Judgement {
     }
 }
 
+/// The largest `scale·Σ_d |q_d·k_d|` over visible (query, key) pairs: the magnitude an f32
+/// score carries before cancellation, so the scale of its rounding error and of LSE's. With
+/// cancellation it far exceeds `|lse|`, which alone would make the noise floor too tight for
+/// any accumulation order but the emulation's.
+pub fn score_magnitude(case: &Case) -> f64 {
+    let p = &case.config.params;
+    let l = &case.layout;
+    let g = p.group_size();
+    let mut best = 0.0f64;
+    for i in 0..l.slots() {
+        let (lq, lk, oq, ok) = (l.q.len(i), l.kv.len(i), l.q.offset(i), l.kv.offset(i));
+        for h in 0..p.num_heads {
+            for r in 0..lq {
+                let q = case.q.slice(ndarray::s![oq + r, h, ..]);
+                for c in (0..lk).filter(|&c| visible(p.mask, p.window, r, c, lq, lk)) {
+                    let k = case.k.slice(ndarray::s![ok + c, h / g, ..]);
+                    let s: f64 = q
+                        .iter()
+                        .zip(k.iter())
+                        .map(|(a, b)| f64::from(*a).abs() * f64::from(*b).abs())
+                        .sum();
+                    best = best.max(s * p.scale.abs());
+                }
+            }
+        }
+    }
+    best
+}
+
 /// Judges every output present in `actual` against reference and emulation (both given as
 /// [`Outputs`] widened to f64).
 pub fn judge_all(
     actual: &Outputs,
     reference: &Outputs,
     emulated: &Outputs,
-    layout: &Layout,
-    dtype: Dtype,
+    case: &Case,
 ) -> Vec<Judgement> {
+    let layout = &case.layout;
+    let dtype = case.config.dtype;
+    let lse_magnitude = score_magnitude(case).max(1.0);
     let vq = layout.q.valid_tokens();
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
@@ -187,7 +261,7 @@ pub fn judge_all(
         emulated.lse.clone().map(|a| a.into_dyn()),
         &vq,
         Dtype::F32.unit_roundoff(),
-        1.0,
+        lse_magnitude,
     );
     add(
         "dq",
@@ -217,4 +291,67 @@ pub fn judge_all(
         0.0,
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::arr3;
+
+    fn triple(actual: f64, reference: f64) -> Judgement {
+        triple_with(actual, reference, reference)
+    }
+
+    fn triple_with(actual: f64, reference: f64, emulated: f64) -> Judgement {
+        let valid = [true];
+        let max = f64::from(Dtype::F16.max_finite());
+        judge(&Triple {
+            name: "dq",
+            actual: arr3(&[[[actual]]]).into_dyn(),
+            reference: arr3(&[[[reference]]]).into_dyn(),
+            emulated: arr3(&[[[emulated]]]).into_dyn(),
+            valid: &valid,
+            unit: Dtype::F16.unit_roundoff(),
+            min_magnitude: 0.0,
+            max_finite: max,
+        })
+    }
+
+    #[test]
+    fn overflow_next_to_the_limit_is_accepted_with_the_right_sign() {
+        // f16 max is 65504; -65464.7 is within the noise floor of overflowing.
+        assert!(triple(f64::NEG_INFINITY, -65464.7).passed());
+        assert!(!triple(f64::INFINITY, -65464.7).passed());
+        assert!(!triple(f64::NEG_INFINITY, -60000.0).passed());
+        assert!(!triple(f64::NAN, -65464.7).passed());
+    }
+
+    #[test]
+    fn saturation_and_overflow_agree_past_the_limit() {
+        let max = f64::from(Dtype::F16.max_finite());
+        assert!(triple(max, f64::INFINITY).passed());
+        assert!(triple(f64::INFINITY, max).passed());
+        assert!(!triple(-max, f64::INFINITY).passed());
+    }
+
+    #[test]
+    fn an_overflow_the_yardstick_shares_is_no_error() {
+        // The emulation overflows too (dS rounded past the f16 limit): same verdict.
+        let j = triple_with(f64::NEG_INFINITY, -20251.0, f64::NEG_INFINITY);
+        assert!(j.passed(), "{j:?}");
+        assert!(!triple_with(f64::INFINITY, -20251.0, f64::NEG_INFINITY).passed());
+    }
+
+    #[test]
+    fn score_magnitude_is_the_largest_visible_abs_dot_product() {
+        use smallseq_reference::{Layout, Mask};
+        let layout = Layout::packed(&[(2, 2)]);
+        let q = ndarray::Array3::from_shape_vec((2, 1, 2), vec![1.0, -2.0, 3.0, 4.0]).unwrap();
+        let k = ndarray::Array3::from_shape_vec((2, 1, 2), vec![1.0, 1.0, -1.0, 2.0]).unwrap();
+        let mut config = crate::AttnConfig::new(Dtype::F32, 1, 2, Mask::Causal);
+        config.params.scale = 0.5;
+        let case = Case::new(config, layout, q, k.clone(), k, None).unwrap();
+        // Row 0 sees key 0 only: |1·1| + |−2·1| = 3; row 1 sees both: max(3+4, 3+8) = 11.
+        assert_eq!(score_magnitude(&case), 0.5 * 11.0);
+    }
 }

@@ -382,7 +382,7 @@ struct Buffers {
   std::vector<typename E::T> q, k, v, d_o;
   std::vector<double> qd, kd, vd, dod;
   std::vector<typename O::T> o, dq, dk, dv;
-  std::vector<float> lse, delta;
+  std::vector<float> lse, delta, rowsum;
   typename O::T sentinel;
 
   Buffers(std::mt19937& rng, const Geometry& g) {
@@ -408,6 +408,7 @@ struct Buffers {
     dv.assign(g.tk * g.Hkv * g.Dv, sentinel);
     lse.assign(g.tq * g.H, NAN);
     delta.assign(g.tq * g.H, NAN);
+    rowsum.assign(g.tq * g.H, NAN);
   }
 };
 
@@ -494,13 +495,15 @@ static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int
   check(model::run_waves(grid(g.tq * H), fwd, why), "fallback fwd uniform: " + why);
   auto bq = [&](long long) {
     fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
-                   bu.delta.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(), g.off_q.data(),
+                   bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
+                   g.off_q.data(),
                    g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
   };
   check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
   auto bkv = [&](long long) {
     fb_bwd_kv<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
-                    bu.delta.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(), g.cu_kv.data(),
+                    bu.delta.data(), bu.rowsum.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(),
+                    g.cu_kv.data(),
                     g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tk, g.scale, mask, wl,
                     wr, fb_smem);
   };

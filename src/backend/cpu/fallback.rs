@@ -194,7 +194,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let sum: f32 = members
                         .iter()
                         .map(|&h| match dk_at {
-                            Some(base) => out.workspace.body()[base + (tk * heads + h) * d + j],
+                            Some(base) => out.workspace.at(base + (tk * heads + h) * d + j),
                             None => r.dk[(c * heads + h) * d + j],
                         })
                         .sum();
@@ -204,7 +204,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let sum: f32 = members
                         .iter()
                         .map(|&h| match dv_at {
-                            Some(base) => out.workspace.body()[base + (tk * heads + h) * dvd + j],
+                            Some(base) => out.workspace.at(base + (tk * heads + h) * dvd + j),
                             None => r.dv[(c * heads + h) * dvd + j],
                         })
                         .sum();

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target for a bounded time and prints the executions per target.
+#   ci/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default: 20 s, every target)
+# Installs cargo-fuzz when missing. Uses the nightly toolchain (AddressSanitizer) when one is
+# installed; otherwise stable with RUSTC_BOOTSTRAP=1 and --sanitizer none (coverage-guided,
+# no ASan: Rust's own bounds checks still turn memory errors into crashes).
+# New corpus entries go to target/fuzz-corpus/TARGET; the committed seeds in fuzz/corpus are
+# read, never written. A crash leaves its input in fuzz/artifacts/TARGET and fails the script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-20}
+shift || true
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "== installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+fi
+# SMALLSEQ_FUZZ_TOOLCHAIN=stable forces the stable path (to test it where nightly exists).
+if [ "${SMALLSEQ_FUZZ_TOOLCHAIN:-}" != stable ] && cargo +nightly --version >/dev/null 2>&1; then
+  toolchain=(+nightly); sanitizer=()
+else
+  echo "no nightly toolchain: fuzzing on stable with RUSTC_BOOTSTRAP=1 --sanitizer none"
+  export RUSTC_BOOTSTRAP=1
+  toolchain=(); sanitizer=(--sanitizer none)
+fi
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  mapfile -t targets < <(cargo "${toolchain[@]}" fuzz list)
+fi
+export SMALLSEQ_FUZZ_QUIET=1
+mkdir -p target/l0
+stats=target/l0/fuzz-stats.txt
+: > "$stats"
+total=0
+for t in "${targets[@]}"; do
+  mkdir -p "target/fuzz-corpus/$t"
+  log="target/l0/fuzz-$t.log"
+  if ! cargo "${toolchain[@]}" fuzz run -O "${sanitizer[@]}" "$t" "target/fuzz-corpus/$t" "fuzz/corpus/$t" \
+      -- -max_total_time="$secs" -print_final_stats=1 >"$log" 2>&1; then
+    grep -E "panicked|violat|ERROR|SUMMARY|Test unit written" "$log" | head -20 || true
+    echo "fuzz target $t crashed; log: $log; reproduce: cargo fuzz run $t fuzz/artifacts/$t/<crash file>"
+    exit 1
+  fi
+  n=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  n=${n:-0}
+  total=$((total + n))
+  echo "$t: $n executions in ${secs}s" | tee -a "$stats"
+done
+echo "all targets: $total executions" | tee -a "$stats"

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Nightly GPU CI: L1, a fixed seeded case set (the same cases every night, so a new failure
+# is a regression), then L2, an open-ended campaign with a fresh seed and a time budget.
+#
+#   ci/nightly-gpu.sh --backend {cuda|hip|cpu} --time DURATION --artifacts DIR
+#                     [--l1-cases N] [--seed N] [--binary PATH]
+#
+# Builds smallseq with the backend's feature (or uses --binary, e.g. one built elsewhere),
+# and leaves in DIR: l1/ and l2/ (report.json, junit.xml, summary.md, capsules/), a combined
+# summary.md, and build.log. Exit status: 0 all passed, 1 a property failed, 2 the run could
+# not start (build failure, no device when SMALLSEQ_REQUIRE_GPU=1, bad arguments).
+# `cpu` exists so the script can be tried on any machine.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+backend="" time="" artifacts="" l1_cases=400 seed="" binary=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --backend) backend=${2:-}; shift 2 ;;
+    --time) time=${2:-}; shift 2 ;;
+    --artifacts) artifacts=${2:-}; shift 2 ;;
+    --l1-cases) l1_cases=${2:-}; shift 2 ;;
+    --seed) seed=${2:-}; shift 2 ;;
+    --binary) binary=${2:-}; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "nightly-gpu: unknown argument $1" >&2; usage ;;
+  esac
+done
+case "$backend" in cuda|hip|cpu) ;; *) echo "nightly-gpu: --backend must be cuda, hip or cpu" >&2; exit 2 ;; esac
+[ -n "$time" ] && [ -n "$artifacts" ] || { echo "nightly-gpu: --time and --artifacts are required" >&2; exit 2; }
+mkdir -p "$artifacts" || exit 2
+artifacts=$(cd "$artifacts" && pwd)
+
+built=no
+features=()
+if [ -z "$binary" ]; then
+  built=yes
+  [ "$backend" != cpu ] && features=(--features "$backend")
+  echo "== build (${backend})"
+  if ! cargo build --release "${features[@]}" >"$artifacts/build.log" 2>&1; then
+    tail -30 "$artifacts/build.log"; echo "nightly-gpu: build failed (log: $artifacts/build.log)"; exit 2
+  fi
+  binary=target/release/smallseq
+fi
+[ -x "$binary" ] || { echo "nightly-gpu: no executable at $binary" >&2; exit 2; }
+binary=$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary")
+seed=${seed:-$(date +%s)}
+
+status=0
+run_tier() {  # name, then smallseq fuzz arguments
+  local name=$1; shift
+  echo "== $name: smallseq fuzz --backend $backend $*"
+  # Run inside DIR so capsule paths and repro commands are relative to the artifact's root.
+  (cd "$artifacts" && "$binary" fuzz --backend "$backend" --out "$name" "$@")
+  local rc=$?
+  case $rc in
+    0) ;;
+    1) status=1 ;;
+    *) echo "nightly-gpu: $name could not run (exit $rc)"; exit 2 ;;
+  esac
+}
+# L1: the property suites with their committed regression seeds (when built here), then the
+# fixed seed and case count. L2: the rest of the night, a new seed each run (printed).
+proptests="not run (prebuilt --binary)"
+if [ "$built" = yes ]; then
+  echo "== l1: proptests (PROPTEST_CASES=${PROPTEST_CASES:=512})"
+  if PROPTEST_CASES=$PROPTEST_CASES cargo test --release -p smallseq-proptests "${features[@]}" \
+      >"$artifacts/proptests.log" 2>&1; then
+    proptests="passed (PROPTEST_CASES=$PROPTEST_CASES)"
+  else
+    proptests="**FAILED** (PROPTEST_CASES=$PROPTEST_CASES): see proptests.log"; status=1
+    grep -E "SKIP|Test failed|reproduce:|panicked" "$artifacts/proptests.log" | head -20
+  fi
+  grep -E "^SKIP" "$artifacts/proptests.log" || true
+fi
+run_tier l1 --cases "$l1_cases" --seed 1
+run_tier l2 --time "$time" --seed "$seed"
+
+{
+  echo "# smallseq nightly: backend $backend, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "Binary: \`$("$binary" --version)\`. Reproduce a failure on a laptop: download this"
+  echo "artifact, then run the repro command shown with the capsule's path inside it (drop"
+  echo "\`--backend\` to re-judge the stored outputs on the CPU)."
+  echo
+  echo "## L1 (fixed: proptests, then $l1_cases cases, seed 1)"; echo
+  echo "Proptests: $proptests."; echo; cat "$artifacts/l1/summary.md"; echo
+  echo "## L2 ($time, seed $seed)"; echo; cat "$artifacts/l2/summary.md"
+} > "$artifacts/summary.md"
+echo "== artifacts in $artifacts (summary.md, l1/, l2/)"
+exit $status
