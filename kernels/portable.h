@@ -5,8 +5,18 @@
 // packed 16-bit pairs, thread/block ids, barriers, warp shuffles and reductions, and the
 // "fragment" primitives of a 32-lane logical warp (an m16n8k16 matrix multiply-accumulate and
 // an 8x8 16-bit transpose). On CUDA sm_80+ the fragment primitives are tensor-core
-// instructions; elsewhere they are emulated with shuffles inside a 32-lane logical warp, with
-// the same data layout, so the same kernel body runs (slower) on a 64-wide wavefront.
+// instructions; on gfx90a/gfx94x/gfx950 the multiply-accumulate runs on the matrix cores
+// (v_mfma, see "Matrix cores" below); elsewhere both are emulated with shuffles inside a 32-lane
+// logical warp, with the same data layout, so the same kernel body runs on a 64-wide wavefront.
+//
+// Logical warps and wavefronts: a kernel that uses the fragment primitives takes its work item
+// from pt_lwarp(). On CUDA a logical warp is a hardware warp (32 threads). On HIP it is a whole
+// 64-lane wavefront whose two 32-lane halves are replicas: both halves run the same work item on
+// the same data, so every branch the body takes on per-item values (lengths, empty slots, the
+// grid tail) is uniform across the wavefront. The matrix cores need that: an MFMA reads its
+// operands from all 64 lanes, and a lane switched off by a divergent branch would feed it stale
+// registers. The replicas compute bitwise-identical values, so their duplicate stores are
+// harmless. The launch gives such kernels 64 threads per work item on HIP, 32 on CUDA.
 #pragma once
 
 #if defined(__HIP__) || defined(__HIPCC__) || defined(__AMDGCN__)
@@ -29,9 +39,20 @@ typedef unsigned long long pt_u64;
 #ifndef __shared__
 #define __shared__ __attribute__((shared))
 #endif
+// 64-lane wavefronts (gfx9 / CDNA). A wave32 target (RDNA's default) would break every
+// cross-lane index here, so it is refused at compile time.
+#if defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 64
+#error "portable.h needs 64-lane wavefronts (gfx90a, gfx942, gfx950; or -mwavefrontsize64)"
+#endif
 #define PT_WARP 64
+#define PT_LWARP_THREADS 64
 #define PT_INLINE __device__ inline __attribute__((always_inline))
-#define PT_KERNEL extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(1, 256)))
+// 256 threads: four 64-lane logical warps (small-seq) or wavefronts (fallback) per block. A host
+// model of the kernels (tests/hip_model) predefines it empty: the attribute needs a GPU target.
+#ifndef PT_HIP_KERNEL_ATTR
+#define PT_HIP_KERNEL_ATTR __attribute__((amdgpu_flat_work_group_size(1, 256)))
+#endif
+#define PT_KERNEL extern "C" __global__ PT_HIP_KERNEL_ATTR
 PT_INLINE int pt_tid() { return (int)__builtin_amdgcn_workitem_id_x(); }
 PT_INLINE long long pt_bid() { return (long long)__builtin_amdgcn_workgroup_id_x(); }
 PT_INLINE void pt_sync() {
@@ -77,6 +98,7 @@ PT_INLINE pt_u16 pt_f_to_f16(float f) {
 }
 #else  // CUDA / NVRTC
 #define PT_WARP 32
+#define PT_LWARP_THREADS 32
 #define PT_INLINE __device__ __forceinline__
 #define PT_KERNEL extern "C" __global__
 PT_INLINE int pt_tid() { return (int)threadIdx.x; }
@@ -109,6 +131,9 @@ PT_INLINE pt_u16 pt_f_to_f16(float f) {
   return h;
 }
 #endif
+
+// Index of this thread's logical warp in the block (see the header).
+PT_INLINE int pt_lwarp() { return pt_tid() / PT_LWARP_THREADS; }
 
 PT_INLINE float pt_shfl(float v, int src) { return pt_u2f(pt_shfl_u(pt_f2u(v), src)); }
 PT_INLINE float pt_shfl_xor(float v, int m) { return pt_shfl(v, pt_lane() ^ m); }
@@ -238,10 +263,100 @@ PT_INLINE pt_u32 pt_trans8(pt_u32 x) {
   return y;
 }
 #else
-// Emulation inside a 32-lane logical warp (both halves of a 64-wide wavefront work apart).
+// Shuffle inside a 32-lane logical warp (on HIP: inside this lane's half of the wavefront).
 PT_INLINE pt_u32 pt_lshfl(pt_u32 v, int src_llane) {
   return pt_shfl_u(v, (pt_lane() & ~31) | src_llane);
 }
+#if defined(PT_HIP) && (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || \
+                        defined(__gfx942__) || defined(__gfx950__))
+// -------------------------------------------------------------------------------------------
+// Matrix cores. One m16n8k16 product of the logical warp is one v_mfma_f32_16x16x16 (bf16_1k or
+// f16) of the wavefront, with the fragments moved between the two layouts by ds_bpermute.
+//
+// MFMA 16x16x16 layout (lane L of 64, element e of the 4 per lane; the CDNA3 ISA's matrix
+// instructions, as AMD's matrix instruction calculator prints them):
+//   A[m][k]: L = m + 16*(k/4), e = k%4      B[k][n]: L = n + 16*(k/4), e = k%4
+//   D[m][n]: L = n + 16*(m/4), e = m%4
+// 16-bit operands are two words per lane, word w holding elements 2w (low half) and 2w+1.
+// The fragment layout (above) holds one 16-bit pair (k even, k+1) per word, so a MFMA operand
+// word is one fragment word: only whole words move. Both halves of the wavefront hold the same
+// fragments (replicas, see the header), which gives every word two sources:
+//
+// A, 2 rounds. Destination L (m = L%16, q = L/16) needs word w from fragment register
+//   a[u + 2v] (u = m/8, v = q/2) of half-lane 4*(m%8) + 2*(q%2) + w. It reads word w in round
+//   w^u from the replica in half v. So in round r a source lane S serves exactly the
+//   destinations with v = S/32 and u = r ^ (S%2), all wanting register a[(r ^ (S%2)) + 2*(S/32)],
+//   which S selects before the shuffle. Each round every destination gets one word: 2 rounds.
+// B, 2 rounds. Destination L (n = L%16, q = L/16) needs word w = B[4q+2w..][n] from register
+//   b[q/2] of half-lane 4*(n%8) + 2*(q%2) + w; it reads it in round w from half q/2, where
+//   every lane offers b[S/32]. Columns n >= 8 of the MFMA's B repeat columns n-8: the MFMA's
+//   output columns 8..15 are never read back, so they only need to be something harmless.
+// D, 4 rounds. Fragment lane (g, t) (half-lane 4g+t; both replicas) needs c_j = D[g + 8*(j/2)]
+//   [2t + j%2], found at MFMA lane S = 2t + j%2 + 16*(g/4) + 32*(j/2), element g%4. It reads
+//   c_j in round (g%4 + j) % 4. A source S is read for one c index only, j(S) = S%2 + 2*(S/32),
+//   so in round r all its readers want element (r - j(S)) % 4, which it selects.
+// The MFMA accumulates into zero and the product is added to c afterwards: c never has to move
+// into the MFMA layout (4 more rounds), at the cost of one f32 rounding of the partial sum,
+// which is of the order of the accumulation error of any ordering of the sum.
+// tests/hip_model/model.cpp runs this code on the host, with a model of the MFMA and of
+// ds_bpermute, and checks every output element (tests/hip_lane_model.rs).
+typedef short pt_s16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 pt_h16x4 __attribute__((ext_vector_type(4)));
+typedef float pt_f32x4 __attribute__((ext_vector_type(4)));
+typedef pt_u32 pt_u32x2 __attribute__((ext_vector_type(2)));
+#define PT_MFMA 1
+
+PT_INLINE pt_u32 pt_pick4(int i, pt_u32 x0, pt_u32 x1, pt_u32 x2, pt_u32 x3) {
+  return i == 0 ? x0 : (i == 1 ? x1 : (i == 2 ? x2 : x3));
+}
+
+template <class E>
+PT_INLINE pt_f32x4 pt_mfma16(pt_u32 a_lo, pt_u32 a_hi, pt_u32 b_lo, pt_u32 b_hi) {
+  pt_u32x2 a = {a_lo, a_hi}, b = {b_lo, b_hi};
+  const pt_f32x4 zero = {0.f, 0.f, 0.f, 0.f};
+  if (E::KIND == 0)
+    return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(pt_s16x4, a),
+                                                     __builtin_bit_cast(pt_s16x4, b), zero, 0,
+                                                     0, 0);
+  return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(pt_h16x4, a),
+                                               __builtin_bit_cast(pt_h16x4, b), zero, 0, 0, 0);
+}
+
+template <class E>
+PT_INLINE void pt_mma(float* c, pt_u32 a0, pt_u32 a1, pt_u32 a2, pt_u32 a3, pt_u32 b0,
+                      pt_u32 b1) {
+  const int L = pt_lane(), half = L >> 5, odd = L & 1;
+  // A operand.
+  const int m = L & 15, q = L >> 4, u = m >> 3, v = q >> 1;
+  const int sa = 32 * v + 4 * (m & 7) + 2 * (q & 1);
+  const pt_u32 ar0 = pt_shfl_u(pt_pick4(odd + 2 * half, a0, a1, a2, a3), sa + u);
+  const pt_u32 ar1 = pt_shfl_u(pt_pick4((1 ^ odd) + 2 * half, a0, a1, a2, a3), sa + (1 ^ u));
+  const pt_u32 aw0 = u ? ar1 : ar0, aw1 = u ? ar0 : ar1;
+  // B operand.
+  const int sb = 32 * v + 4 * (L & 7) + 2 * (q & 1);
+  const pt_u32 boff = half ? b1 : b0;
+  const pt_u32 bw0 = pt_shfl_u(boff, sb), bw1 = pt_shfl_u(boff, sb + 1);
+  const pt_f32x4 d = pt_mfma16<E>(aw0, aw1, bw0, bw1);
+  // Back to the fragment layout.
+  const int l = pt_llane(), g = l >> 2, t = l & 3, i = g & 3;
+  const int js = odd + 2 * half;
+  pt_u32 z[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int j = (r - i) & 3;
+    const int src = 2 * t + (j & 1) + 16 * (g >> 2) + 32 * (j >> 1);
+    const int e = (r - js) & 3;
+    const pt_u32 mine = pt_f2u(e == 0 ? d[0] : (e == 1 ? d[1] : (e == 2 ? d[2] : d[3])));
+    z[r] = pt_shfl_u(mine, src);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = (i + j) & 3;
+    c[j] += pt_u2f(pt_pick4(r, z[0], z[1], z[2], z[3]));
+  }
+}
+#else
+// Emulation inside a 32-lane logical warp.
 template <class E>
 PT_INLINE void pt_mma(float* c, pt_u32 a0, pt_u32 a1, pt_u32 a2, pt_u32 a3, pt_u32 b0,
                       pt_u32 b1) {
@@ -262,6 +377,7 @@ PT_INLINE void pt_mma(float* c, pt_u32 a0, pt_u32 a1, pt_u32 a2, pt_u32 a3, pt_u
             pt_lo<E>(A3) * pt_lo<E>(B11) + pt_hi<E>(A3) * pt_hi<E>(B11);
   }
 }
+#endif  // matrix cores / emulated mma
 PT_INLINE pt_u32 pt_trans8(pt_u32 x) {
   // out(g, 2t+j) = in(2t+j, g): element (r, c) lives in lane 4r + c/2, half c%2.
   const int l = pt_llane(), g = l >> 2, t = l & 3;

@@ -68,7 +68,7 @@ struct SsItem {
 // Decodes the warp's work item; false when there is nothing to do (warp-uniform).
 PT_INLINE bool ss_item(SsItem& it, const int* cu_q, const int* cu_kv, const int* off_q,
                        const int* off_kv, int b, int H) {
-  long long item = pt_bid() * SS_WPB + (pt_tid() >> 5);
+  long long item = pt_bid() * SS_WPB + pt_lwarp();
   if (item >= (long long)b * H) return false;
   int slot = (int)(item / H);
   it.h = (int)(item % H);

@@ -21,6 +21,10 @@ pub enum Error {
     Workspace(String),
     #[error("backend {backend}: {detail}")]
     Backend { backend: String, detail: String },
+    /// A failure of the HIP backend: a HIP call, a code object, a launch.
+    #[cfg(feature = "hip")]
+    #[error("backend hip: {0}")]
+    Hip(crate::backend::hip::HipError),
     #[error("backend {backend} is not available: {detail}")]
     NoDevice { backend: String, detail: String },
     #[error("smallseq was built without the `{feature}` feature")]

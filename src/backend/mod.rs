@@ -9,6 +9,8 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
@@ -188,11 +190,10 @@ pub fn open(name: &str) -> Result<Box<dyn Backend>> {
         "cuda" => Ok(Box::new(cuda::CudaBackend::new()?)),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(Error::NotCompiledWith { feature: "cuda" }),
-        // The HIP runtime path is not written yet (issue 7): say so instead of pretending.
-        "hip" => Err(Error::NoDevice {
-            backend: "hip".into(),
-            detail: "the HIP backend is not implemented in this version".into(),
-        }),
+        #[cfg(feature = "hip")]
+        "hip" => Ok(Box::new(hip::HipBackend::new()?)),
+        #[cfg(not(feature = "hip"))]
+        "hip" => Err(Error::NotCompiledWith { feature: "hip" }),
         other => Err(Error::config(format!(
             "unknown backend {other:?} (expected one of {})",
             NAMES.join(", ")

@@ -1,0 +1,193 @@
+//! With the `hip` feature: compiles the portable kernels of `kernels/` into AMD GPU code objects
+//! and embeds them (`$OUT_DIR/hip_code_objects.rs`), so the binary carries its gfx942 kernels.
+//!
+//! The compiler is `SMALLSEQ_HIP_CLANG` when set (a clang with the AMDGPU target, ROCm's
+//! `llvm/bin/clang`, or `hipcc`; `none` embeds nothing), else the first of ROCm's clang,
+//! `clang-19`, `clang-20`, `clang-18`, `clang` that accepts `--offload-arch=gfx942`. The flags
+//! are `kernels/hip.flags` (shared with `ci/hip-compile-check.sh`). Targets are
+//! `SMALLSEQ_HIP_ARCHS` (default `gfx942,gfx90a,gfx950`); an arch the compiler does not know is
+//! skipped with a warning, but gfx942 must build when a compiler was found.
+//! `SMALLSEQ_HIP_PREBUILT=DIR` embeds `DIR/{small_seq,fallback}.<arch>.hsaco` instead of
+//! compiling (CI compiles once and checks what it embeds).
+//! Without a compiler nothing is embedded and the backend needs `SMALLSEQ_HIP_CODE_OBJECTS=DIR`
+//! at run time; it says so when opened.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const STEMS: [&str; 2] = ["small_seq", "fallback"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_HIP");
+    if std::env::var_os("CARGO_FEATURE_HIP").is_none() {
+        return;
+    }
+    for v in [
+        "SMALLSEQ_HIP_CLANG",
+        "SMALLSEQ_HIP_ARCHS",
+        "SMALLSEQ_HIP_PREBUILT",
+        "ROCM_PATH",
+    ] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    for f in ["portable.h", "small_seq.cu", "fallback.cu", "hip.flags"] {
+        println!("cargo:rerun-if-changed=kernels/{f}");
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let archs: Vec<String> = std::env::var("SMALLSEQ_HIP_ARCHS")
+        .unwrap_or_else(|_| "gfx942,gfx90a,gfx950".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let objects = match std::env::var_os("SMALLSEQ_HIP_PREBUILT") {
+        Some(dir) => prebuilt(Path::new(&dir), &archs),
+        None => match compiler() {
+            Some(cc) => compile(&cc, &archs, &out),
+            None => {
+                println!(
+                    "cargo:warning=smallseq: no HIP compiler found (set SMALLSEQ_HIP_CLANG): no \
+                     code objects embedded; the hip backend will need SMALLSEQ_HIP_CODE_OBJECTS"
+                );
+                Vec::new()
+            }
+        },
+    };
+    let mut rs = String::from(
+        "/// Embedded code objects: (arch, kernel file stem, path of the object at build time).\n\
+         pub const EMBEDDED: &[(&str, &str, &[u8])] = &[\n",
+    );
+    for (arch, stem, path) in &objects {
+        rs.push_str(&format!(
+            "    ({arch:?}, {stem:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    rs.push_str("];\n");
+    std::fs::write(out.join("hip_code_objects.rs"), rs).expect("writing hip_code_objects.rs");
+}
+
+fn prebuilt(dir: &Path, archs: &[String]) -> Vec<(String, String, PathBuf)> {
+    let mut v = Vec::new();
+    for arch in archs {
+        let paths: Vec<PathBuf> = STEMS
+            .iter()
+            .map(|s| dir.join(format!("{s}.{arch}.hsaco")))
+            .collect();
+        if paths.iter().all(|p| p.is_file()) {
+            for (s, p) in STEMS.iter().zip(paths) {
+                println!("cargo:rerun-if-changed={}", p.display());
+                v.push((arch.clone(), s.to_string(), p));
+            }
+        } else if arch == "gfx942" {
+            panic!(
+                "SMALLSEQ_HIP_PREBUILT={} lacks the gfx942 code objects",
+                dir.display()
+            );
+        }
+    }
+    v
+}
+
+fn flags() -> Vec<String> {
+    std::fs::read_to_string("kernels/hip.flags")
+        .expect("kernels/hip.flags")
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+fn accepts_gfx942(cc: &Path) -> bool {
+    Command::new(cc)
+        .args([
+            "--offload-arch=gfx942",
+            "-x",
+            "hip",
+            "--cuda-device-only",
+            "-nogpulib",
+        ])
+        .args(["-nogpuinc", "-fsyntax-only", "-"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn compiler() -> Option<PathBuf> {
+    if let Ok(cc) = std::env::var("SMALLSEQ_HIP_CLANG") {
+        if cc == "none" {
+            return None;
+        }
+        return Some(PathBuf::from(cc));
+    }
+    let mut cands: Vec<PathBuf> = Vec::new();
+    if let Ok(r) = std::env::var("ROCM_PATH") {
+        cands.push(Path::new(&r).join("llvm/bin/clang"));
+    }
+    cands.push("/opt/rocm/llvm/bin/clang".into());
+    for c in ["clang-19", "clang-20", "clang-18", "clang"] {
+        cands.push(c.into());
+    }
+    cands.into_iter().find(|c| accepts_gfx942(c))
+}
+
+fn compile(cc: &Path, archs: &[String], out: &Path) -> Vec<(String, String, PathBuf)> {
+    let jobs: Vec<(String, &str)> = archs
+        .iter()
+        .flat_map(|a| STEMS.iter().map(move |s| (a.clone(), *s)))
+        .collect();
+    // Each object is one compiler process; the small-seq file dominates (about a minute per
+    // arch), so they run side by side.
+    let results: Vec<(String, &str, PathBuf, std::io::Result<std::process::Output>)> =
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = jobs
+                .iter()
+                .map(|(arch, stem)| {
+                    sc.spawn(move || {
+                        let obj = out.join(format!("{stem}.{arch}.hsaco"));
+                        let r = Command::new(cc)
+                            .args(flags())
+                            .arg(format!("--offload-arch={arch}"))
+                            .arg("-o")
+                            .arg(&obj)
+                            .arg(format!("kernels/{stem}.cu"))
+                            .output();
+                        (arch.clone(), *stem, obj, r)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("compiler thread"))
+                .collect()
+        });
+    let mut ok = Vec::new();
+    let mut failed_archs: Vec<String> = Vec::new();
+    for (arch, stem, obj, r) in results {
+        match r {
+            Ok(o) if o.status.success() => ok.push((arch, stem.to_string(), obj)),
+            Ok(o) => {
+                let log = String::from_utf8_lossy(&o.stderr);
+                if arch == "gfx942" {
+                    panic!(
+                        "{} failed on kernels/{stem}.cu for gfx942:\n{log}",
+                        cc.display()
+                    );
+                }
+                if !failed_archs.contains(&arch) {
+                    println!(
+                        "cargo:warning=smallseq: {} cannot build {arch} ({}): skipped",
+                        cc.display(),
+                        log.lines().next().unwrap_or("")
+                    );
+                    failed_archs.push(arch);
+                }
+            }
+            Err(e) => panic!("running {}: {e}", cc.display()),
+        }
+    }
+    // An arch is embedded whole or not at all.
+    ok.retain(|(a, _, _)| !failed_archs.contains(a));
+    ok
+}

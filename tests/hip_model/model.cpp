@@ -1,0 +1,536 @@
+// Host model of a gfx942 wavefront running the HIP branch of kernels/portable.h, so the
+// matrix-core lane mapping (which cannot run here: no AMD GPU) is checked on a CPU.
+//
+// 64 fibers (ucontext, one host thread) play the 64 lanes of one wavefront in lockstep: each
+// runs until its next cross-lane operation, and the scheduler resumes them round by round. The amdgcn builtins that
+// portable.h uses are replaced by models: ds_bpermute exchanges a word through a shared array,
+// and v_mfma_f32_16x16x16 {bf16_1k, f16} computes D = A*B + C from the operand layout that the
+// CDNA3 ISA documents (A[m][k] at lane m + 16*(k/4), element k%4; B[k][n] at lane n + 16*(k/4),
+// element k%4; D[m][n] at lane n + 16*(m/4), element m%4). Every cross-lane operation is also a
+// uniformity check: all 64 lanes must reach the same operation, as the matrix cores need (a lane
+// that skipped it, or returned early, is reported as divergence).
+//
+// The kernel sources are included unchanged, so what is checked is the code the device
+// compiler sees, with the same macro selection (__gfx942__): the fragment moves of pt_mma, the
+// one-item-per-wavefront mapping of pt_lwarp(), and the small-seq forward and backward kernels
+// end to end against a double-precision reference of semantics.md §1.
+//
+// Build: clang++ -std=c++20 -O0 tests/hip_model/model.cpp (clang: ext_vector_type).
+// Run: prints "N passed, 0 failed" and exits 0, or names the first failure and exits 1.
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#define __HIPCC__ 1
+#define __gfx942__ 1
+#define __global__
+#define __device__
+#define __shared__
+#define PT_HIP_KERNEL_ATTR
+
+typedef short m_s16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 m_h16x4 __attribute__((ext_vector_type(4)));
+typedef float m_f32x4 __attribute__((ext_vector_type(4)));
+
+namespace model {
+constexpr int W = 64;
+// The running fiber's lane and ids (the scheduler sets them before resuming a fiber).
+int lane = 0, tid = 0, bid = 0;
+
+enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, WAVE_SYNC, DONE };
+
+struct Divergence {};
+
+struct Wave {
+  ucontext_t sched, fiber[W];
+  std::vector<char> stack[W];
+  int fiber_tid[W], fiber_bid[W];
+  bool finished[W];
+  int op[W];
+  uint32_t word[W];
+  uint16_t a[W][4], b[W][4];
+  float c[W][4];
+  bool diverged = false;
+  std::string why;
+};
+Wave* wave = nullptr;
+
+// Every lane reaches this point before any goes on: back to the scheduler, which resumes each
+// fiber once per round.
+inline void wait() {
+  wave->fiber_tid[lane] = tid;
+  wave->fiber_bid[lane] = bid;
+  swapcontext(&wave->fiber[lane], &wave->sched);
+}
+
+// All lanes arrive with their operation; every lane then sees the same verdict.
+inline void arrive(int o) {
+  wave->op[lane] = o;
+  wait();
+  for (int l = 1; l < W; ++l)
+    if (wave->op[l] != wave->op[0]) {
+      if (!wave->diverged) wave->diverged = true,
+        wave->why = "lane " + std::to_string(l) + " at op " + std::to_string(wave->op[l]) +
+                    ", lane 0 at op " + std::to_string(wave->op[0]);
+      throw Divergence{};
+    }
+}
+
+inline int bpermute(int addr, int v) {
+  wave->word[lane] = (uint32_t)v;
+  arrive(BPERM);
+  int r = (int)wave->word[(addr >> 2) & (W - 1)];
+  wait();
+  return r;
+}
+
+// A barrier of the wavefront: lanes run apart between exchanges in this model, so the
+// fallback's pt_syncwarp (shared-memory row written, then read by every lane) must wait here.
+inline void wave_sync() {
+  arrive(WAVE_SYNC);
+  wait();
+}
+
+inline float bf16f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float f16f(uint16_t h) {
+  _Float16 x;
+  std::memcpy(&x, &h, 2);
+  return (float)x;
+}
+
+template <class V>
+m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
+  std::memcpy(wave->a[lane], &av, 8);
+  std::memcpy(wave->b[lane], &bv, 8);
+  for (int e = 0; e < 4; ++e) wave->c[lane][e] = cv[e];
+  arrive(kind);
+  auto cvt = [&](uint16_t h) { return kind == MFMA_BF16 ? bf16f(h) : f16f(h); };
+  m_f32x4 d;
+  const int n = lane % 16;
+  for (int e = 0; e < 4; ++e) {
+    const int m = 4 * (lane / 16) + e;
+    double s = wave->c[n + 16 * (m / 4)][m % 4];
+    for (int k = 0; k < 16; ++k)
+      s += (double)cvt(wave->a[m + 16 * (k / 4)][k % 4]) *
+           (double)cvt(wave->b[n + 16 * (k / 4)][k % 4]);
+    d[e] = (float)s;
+  }
+  wait();
+  return d;
+}
+}  // namespace model
+
+#define __builtin_amdgcn_ds_bpermute(addr, v) model::bpermute((addr), (v))
+#define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, x, y, z) \
+  model::mfma<m_s16x4>((a), (b), (c), model::MFMA_BF16)
+#define __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, x, y, z) \
+  model::mfma<m_h16x4>((a), (b), (c), model::MFMA_F16)
+#define __builtin_amdgcn_workitem_id_x() model::tid
+#define __builtin_amdgcn_workgroup_id_x() model::bid
+// Barriers: the small-seq kernels have none, and a wavefront in this model is in lockstep at
+// every exchange anyway.
+#define __builtin_amdgcn_fence(order, scope) ((void)0)
+#define __builtin_amdgcn_s_barrier() model::wave_sync()
+#define __builtin_amdgcn_wave_barrier() model::wave_sync()
+
+#include "../../kernels/small_seq.cu"
+#include "../../kernels/fallback.cu"
+// The fallback kernels' dynamic shared memory: 4 wavefronts of (Dqk + Dv) floats at most.
+float fb_smem[FB_WPB * 2 * FB_MAXD];
+
+#ifndef PT_MFMA
+#error "the model must see the matrix-core branch of portable.h"
+#endif
+
+namespace model {
+// Runs `body(wave_index)` on every wavefront of a grid of `waves` waves, 64 lanes in lockstep.
+// Returns false (with the reason) on divergence.
+struct Job {
+  long long waves;
+  const std::function<void(long long)>* body;
+};
+Job job;
+
+void fiber_main(int l) {
+  lane = l;
+  try {
+    for (long long i = 0; i < job.waves; ++i) {
+      // SS_WPB (= FB_WPB) wavefronts per block: wavefront i is block i / 4, warp i % 4.
+      bid = (int)(i / SS_WPB);
+      tid = (int)(i % SS_WPB) * W + l;
+      (*job.body)(i);
+      arrive(DONE);
+      // No lane may start the next wavefront's exchanges before all have checked this one.
+      wait();
+    }
+  } catch (Divergence&) {
+  }
+  wave->finished[l] = true;
+  swapcontext(&wave->fiber[l], &wave->sched);
+}
+
+bool run_waves(long long waves, const std::function<void(long long)>& body, std::string& why) {
+  Wave* w = new Wave();
+  wave = w;
+  job = Job{waves, &body};
+  for (int l = 0; l < W; ++l) {
+    w->stack[l].resize(1 << 20);
+    w->finished[l] = false;
+    w->fiber_tid[l] = w->fiber_bid[l] = 0;
+    getcontext(&w->fiber[l]);
+    w->fiber[l].uc_stack.ss_sp = w->stack[l].data();
+    w->fiber[l].uc_stack.ss_size = w->stack[l].size();
+    w->fiber[l].uc_link = nullptr;
+    makecontext(&w->fiber[l], (void (*)())fiber_main, 1, l);
+  }
+  for (;;) {
+    int running = 0;
+    for (int l = 0; l < W; ++l) {
+      if (w->finished[l]) continue;
+      ++running;
+      lane = l;
+      tid = w->fiber_tid[l];
+      bid = w->fiber_bid[l];
+      swapcontext(&w->sched, &w->fiber[l]);
+    }
+    if (running == 0) break;
+  }
+  wave = nullptr;
+  const bool ok = !w->diverged;
+  if (!ok) why = w->why;
+  delete w;
+  return ok;
+}
+
+uint16_t to_bf16(float f) { return pt_f_to_bf16(f); }
+}  // namespace model
+
+static int passed = 0, failed = 0;
+static void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++passed;
+  } else {
+    ++failed;
+    std::printf("FAIL %s\n", what.c_str());
+  }
+}
+
+// pt_mma against the exact product, for random fragments, both element types; pt_trans8.
+template <class E>
+static void test_mma(std::mt19937& rng, const char* name) {
+  std::uniform_int_distribution<int> small(-8, 8);
+  float A[16][16], B[16][8], C[16][8];
+  for (auto& r : A)
+    for (auto& x : r) x = small(rng) * 0.25f;
+  for (auto& r : B)
+    for (auto& x : r) x = small(rng) * 0.5f;
+  for (auto& r : C)
+    for (auto& x : r) x = (float)small(rng);
+  float out[64][4];
+  uint32_t tr[64], trin[64];
+  std::string why;
+  bool uniform = model::run_waves(1, [&](long long) {
+    const int l = model::lane & 31, g = l >> 2, t = l & 3;
+    auto pk = [&](float x, float y) { return E::pack2(x, y); };
+    pt_u32 a0 = pk(A[g][2 * t], A[g][2 * t + 1]), a1 = pk(A[g + 8][2 * t], A[g + 8][2 * t + 1]);
+    pt_u32 a2 = pk(A[g][2 * t + 8], A[g][2 * t + 9]);
+    pt_u32 a3 = pk(A[g + 8][2 * t + 8], A[g + 8][2 * t + 9]);
+    pt_u32 b0 = pk(B[2 * t][g], B[2 * t + 1][g]), b1 = pk(B[2 * t + 8][g], B[2 * t + 9][g]);
+    float c[4] = {C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1]};
+    pt_mma<E>(c, a0, a1, a2, a3, b0, b1);
+    for (int e = 0; e < 4; ++e) out[model::lane][e] = c[e];
+    trin[model::lane] = a0;
+    tr[model::lane] = pt_trans8(a0);
+  }, why);
+  check(uniform, std::string("pt_mma<") + name + "> uniform: " + why);
+  int bad = 0;
+  for (int L = 0; L < 64; ++L) {
+    const int l = L & 31, g = l >> 2, t = l & 3;
+    for (int e = 0; e < 4; ++e) {
+      const int m = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+      double s = C[m][n];
+      for (int k = 0; k < 16; ++k) s += (double)A[m][k] * B[k][n];
+      if (out[L][e] != (float)s) ++bad;
+    }
+    // trans8: out(g, 2t+j) = in(2t+j, g), element (r, c) of the 8x8 in lane 4r + c/2, half c%2.
+    for (int j = 0; j < 2; ++j) {
+      const int r = 2 * t + j, cc = g;
+      const uint32_t src = trin[(L & 32) + 4 * r + cc / 2];
+      const uint16_t want = (uint16_t)((cc & 1) ? src >> 16 : src & 0xffff);
+      const uint16_t got = (uint16_t)(j ? tr[L] >> 16 : tr[L] & 0xffff);
+      if (want != got) ++bad;
+    }
+  }
+  check(bad == 0, std::string("pt_mma<") + name + "> and pt_trans8: " + std::to_string(bad) +
+                      " wrong elements");
+}
+
+// ---------------------------------------------------------------------------------------------
+// End-to-end cases against a double reference of semantics.md §1 (GQA, masks, windows), on the
+// inputs as the kernels see them (rounded to E). A wrong lane mapping gives errors of the order
+// of the values; the kernels' own roundings (P, dS and outputs in E) are of order 2^-8.
+
+struct Geometry {
+  int b, H, Hkv, Dqk, Dv, mask, wl, wr;
+  std::vector<int> cu_q{0}, cu_kv{0}, off_q{0}, off_kv{0};
+  long long tq = 0, tk = 0;
+  float scale = 0;
+};
+
+static Geometry make_geometry(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv,
+                              int mask, int wl, int wr, int min_len, int max_len) {
+  Geometry g{b, H, Hkv, Dqk, Dv, mask, wl, wr};
+  std::uniform_int_distribution<int> len(min_len, max_len), gap(0, 2);
+  for (int i = 0; i < b; ++i) {
+    int lq = len(rng), lk = len(rng);
+    if (lk == 0 && lq > 0) lk = 1;
+    g.cu_q.push_back(g.cu_q.back() + lq);
+    g.cu_kv.push_back(g.cu_kv.back() + lk);
+    g.off_q.push_back(g.off_q.back() + lq + gap(rng));
+    g.off_kv.push_back(g.off_kv.back() + lk + gap(rng));
+  }
+  g.tq = g.off_q.back();
+  g.tk = g.off_kv.back();
+  g.scale = 1.0f / std::sqrt((float)Dqk);
+  return g;
+}
+
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+  std::vector<char> valid_q, valid_k;
+};
+
+static Reference reference(const Geometry& g, const std::vector<double>& q,
+                           const std::vector<double>& k, const std::vector<double>& v,
+                           const std::vector<double>& d_o) {
+  const int H = g.H, Hkv = g.Hkv, Dqk = g.Dqk, Dv = g.Dv, grp = H / Hkv;
+  Reference r;
+  r.o.assign(g.tq * H * Dv, 0);
+  r.lse.assign(g.tq * H, -INFINITY);
+  r.dq.assign(g.tq * H * Dqk, 0);
+  r.dk.assign(g.tk * Hkv * Dqk, 0);
+  r.dv.assign(g.tk * Hkv * Dv, 0);
+  r.valid_q.assign(g.tq, 0);
+  r.valid_k.assign(g.tk, 0);
+  for (int i = 0; i < g.b; ++i) {
+    const int lq = g.cu_q[i + 1] - g.cu_q[i], lk = g.cu_kv[i + 1] - g.cu_kv[i];
+    for (int x = 0; x < lq; ++x) r.valid_q[g.off_q[i] + x] = 1;
+    for (int c = 0; c < lk; ++c) r.valid_k[g.off_kv[i] + c] = 1;
+    for (int h = 0; h < H; ++h) {
+      const int hk = h / grp;
+      for (int row = 0; row < lq; ++row) {
+        const long long t = g.off_q[i] + row;
+        std::vector<double> s(lk), p(lk, 0.0), dp(lk, 0.0);
+        double m = -INFINITY;
+        const int diag = row + (lk - lq);
+        for (int c = 0; c < lk; ++c) {
+          bool vis = g.mask == 0 || (g.mask == 1 ? c <= row : c <= diag);
+          if (g.wl >= 0 && c < diag - g.wl) vis = false;
+          if (g.wr >= 0 && c > diag + g.wr) vis = false;
+          double x = 0;
+          for (int d = 0; d < Dqk; ++d)
+            x += q[(t * H + h) * Dqk + d] * k[((g.off_kv[i] + c) * Hkv + hk) * Dqk + d];
+          s[c] = vis ? x * g.scale : -INFINITY;
+          m = std::max(m, s[c]);
+        }
+        double l = 0;
+        for (int c = 0; c < lk; ++c) l += s[c] == -INFINITY ? 0 : std::exp(s[c] - m);
+        if (l > 0) r.lse[t * H + h] = m + std::log(l);
+        for (int c = 0; c < lk; ++c) p[c] = l > 0 && s[c] != -INFINITY ? std::exp(s[c] - m) / l : 0;
+        double dsum = 0;
+        for (int c = 0; c < lk; ++c) {
+          double x = 0;
+          for (int d = 0; d < Dv; ++d)
+            x += d_o[(t * H + h) * Dv + d] * v[((g.off_kv[i] + c) * Hkv + hk) * Dv + d];
+          dp[c] = x;
+          dsum += p[c] * x;
+        }
+        for (int c = 0; c < lk; ++c) {
+          const long long kr = (g.off_kv[i] + c) * Hkv + hk;
+          const double ds = p[c] * (dp[c] - dsum);
+          for (int d = 0; d < Dv; ++d) {
+            r.o[(t * H + h) * Dv + d] += p[c] * v[kr * Dv + d];
+            r.dv[kr * Dv + d] += p[c] * d_o[(t * H + h) * Dv + d];
+          }
+          for (int d = 0; d < Dqk; ++d) {
+            r.dq[(t * H + h) * Dqk + d] += g.scale * ds * k[kr * Dqk + d];
+            r.dk[kr * Dqk + d] += g.scale * ds * q[(t * H + h) * Dqk + d];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Device-side buffers of one case in E (inputs) and O (outputs), filled with sentinels.
+template <class E, class O>
+struct Buffers {
+  std::vector<typename E::T> q, k, v, d_o;
+  std::vector<double> qd, kd, vd, dod;
+  std::vector<typename O::T> o, dq, dk, dv;
+  std::vector<float> lse, delta, rowsum;
+  typename O::T sentinel;
+
+  Buffers(std::mt19937& rng, const Geometry& g) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](std::vector<typename E::T>& x, std::vector<double>& xd, long long n) {
+      x.resize(n);
+      xd.resize(n);
+      for (long long i = 0; i < n; ++i) {
+        E::store(x.data(), i, nd(rng));
+        xd[i] = E::load(x.data(), i);
+      }
+    };
+    fill(q, qd, g.tq * g.H * g.Dqk);
+    fill(k, kd, g.tk * g.Hkv * g.Dqk);
+    fill(v, vd, g.tk * g.Hkv * g.Dv);
+    fill(d_o, dod, g.tq * g.H * g.Dv);
+    typename O::T s[1];
+    O::store(s, 0, 12345.f);  // a value no output takes
+    sentinel = s[0];
+    o.assign(g.tq * g.H * g.Dv, sentinel);
+    dq.assign(g.tq * g.H * g.Dqk, sentinel);
+    dk.assign(g.tk * g.Hkv * g.Dqk, sentinel);
+    dv.assign(g.tk * g.Hkv * g.Dv, sentinel);
+    lse.assign(g.tq * g.H, NAN);
+    delta.assign(g.tq * g.H, NAN);
+    rowsum.assign(g.tq * g.H, NAN);
+  }
+};
+
+template <class E, class O>
+static void judge(const char* family, const Geometry& g, const Buffers<E, O>& bu) {
+  const Reference r = reference(g, bu.qd, bu.kd, bu.vd, bu.dod);
+  long long dont_care_writes = 0;
+  char buf[600];
+  int n = std::snprintf(buf, sizeof buf, "%s E=%d O=%d b=%d H=%d Hkv=%d D=%d/%d mask=%d win=(%d,%d):",
+                        family, E::KIND, O::KIND, g.b, g.H, g.Hkv, g.Dqk, g.Dv, g.mask, g.wl, g.wr);
+  bool ok = true;
+  auto cmp = [&](const char* name, const std::vector<typename O::T>& got,
+                 const std::vector<double>& want, const std::vector<char>& valid, long long row) {
+    double err = 0, mx = 0;
+    for (long long i = 0; i < (long long)got.size(); ++i) {
+      if (!valid[i / row]) {
+        if (std::memcmp(&got[i], &bu.sentinel, sizeof bu.sentinel) != 0) ++dont_care_writes;
+        continue;
+      }
+      const double x = O::load(got.data(), i);
+      err = std::max(err, std::isnan(x) ? INFINITY : std::fabs(x - want[i]));
+      mx = std::max(mx, std::fabs(want[i]));
+    }
+    ok = ok && err <= std::max(1.0, mx) / 32;
+    n += std::snprintf(buf + n, sizeof buf - n, " %s %.3g/%.3g", name, err, mx);
+  };
+  cmp("o", bu.o, r.o, r.valid_q, (long long)g.H * g.Dv);
+  double lerr = 0;
+  for (long long i = 0; i < (long long)bu.lse.size(); ++i) {
+    if (!r.valid_q[i / g.H]) continue;
+    const double want = r.lse[i], got = bu.lse[i];
+    const double e = want == -INFINITY ? (got == -INFINITY ? 0.0 : INFINITY)
+                                        : std::fabs(got - want) / std::max(1.0, std::fabs(want));
+    lerr = std::max(lerr, std::isnan(e) ? INFINITY : e);
+  }
+  ok = ok && lerr <= 1e-5;
+  n += std::snprintf(buf + n, sizeof buf - n, " lse %.3g", lerr);
+  cmp("dq", bu.dq, r.dq, r.valid_q, (long long)g.H * g.Dqk);
+  cmp("dk", bu.dk, r.dk, r.valid_k, (long long)g.Hkv * g.Dqk);
+  cmp("dv", bu.dv, r.dv, r.valid_k, (long long)g.Hkv * g.Dv);
+  ok = ok && dont_care_writes == 0;
+  std::snprintf(buf + n, sizeof buf - n, " don't-care writes %lld", dont_care_writes);
+  check(ok, buf);
+  if (std::getenv("HIP_MODEL_VERBOSE")) std::printf("%s\n", buf);
+}
+
+// The small-seq kernels (one item per wavefront, matrix cores).
+template <class E, class O, int D>
+static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slots) {
+  const Geometry g = make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17);
+  Buffers<E, O> bu(rng, g);
+  const long long waves = (long long)b * H;
+  std::string why;
+  auto fwd = [&](long long) {
+    ss_fwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+                    g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, g.scale,
+                    mask);
+  };
+  // Whole blocks, as the launch does: the items past b*H are the grid tail.
+  const long long grid = (waves + SS_WPB - 1) / SS_WPB * SS_WPB;
+  check(model::run_waves(grid, fwd, why), "small-seq fwd uniform: " + why);
+  auto bwd = [&](long long) {
+    ss_bwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                    bu.dq.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(), g.cu_kv.data(),
+                    g.off_q.data(), g.off_kv.data(), b, H, g.scale, mask);
+  };
+  check(model::run_waves(grid, bwd, why), "small-seq bwd uniform: " + why);
+  judge("small-seq", g, bu);
+}
+
+// The fallback kernels (one item per wavefront, 64-lane reductions and broadcasts).
+template <class E, class O>
+static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv, int mask,
+                          int wl, int wr, int min_len, int max_len) {
+  const Geometry g = make_geometry(rng, b, H, Hkv, Dqk, Dv, mask, wl, wr, min_len, max_len);
+  Buffers<E, O> bu(rng, g);
+  std::string why;
+  auto grid = [](long long items) { return (items + FB_WPB - 1) / FB_WPB * FB_WPB; };
+  auto fwd = [&](long long) {
+    fb_fwd<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+                 g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk,
+                 Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tq * H), fwd, why), "fallback fwd uniform: " + why);
+  auto bq = [&](long long) {
+    fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                   bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
+                   g.off_q.data(),
+                   g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
+  auto bkv = [&](long long) {
+    fb_bwd_kv<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                    bu.delta.data(), bu.rowsum.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(),
+                    g.cu_kv.data(),
+                    g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tk, g.scale, mask, wl,
+                    wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tk * Hkv), bkv, why), "fallback bwd_kv uniform: " + why);
+  judge("fallback", g, bu);
+}
+
+int main() {
+  std::mt19937 rng(7);
+  for (int rep = 0; rep < 4; ++rep) {
+    test_mma<BF16>(rng, "bf16");
+    test_mma<F16>(rng, "f16");
+  }
+  // Every head dim, every mask, both element types and f32 outputs, full-length (17) and empty
+  // slots, a grid tail (b*H not a multiple of the 4 items of a block).
+  test_small<BF16, BF16, 64>(rng, 3, 2, 0, false);
+  test_small<F16, F16, 64>(rng, 5, 1, 1, true);
+  test_small<BF16, F32, 128>(rng, 2, 3, 2, true);
+  test_small<F16, F32, 128>(rng, 1, 1, 1, false);
+  test_small<BF16, BF16, 256>(rng, 2, 1, 0, false);
+  // Fallback: GQA, Dqk != Dv, windows, f32, empty slots, and slots of 40..70 tokens, so that
+  // rows see more than 32 keys (a reduction over half a wavefront would be wrong) and more than
+  // 64 (two key tiles of a wavefront).
+  test_fallback<BF16, BF16>(rng, 3, 4, 2, 64, 64, 0, -1, -1, 0, 20);
+  test_fallback<F16, F32>(rng, 2, 2, 1, 40, 24, 2, 3, 1, 0, 70);
+  test_fallback<F32, F32>(rng, 2, 3, 3, 16, 8, 1, -1, 2, 40, 70);
+  test_fallback<BF16, F32>(rng, 2, 2, 1, 32, 32, 0, -1, -1, 40, 70);
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
