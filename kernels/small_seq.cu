@@ -19,8 +19,30 @@
 
 #define SS_WPB 4
 
+// Planted bugs of the mutation catalogue (src/mutants.rs), compiled in only when the harness
+// asks for one (`SMALLSEQ_MUTANT_*` defines): the same names as the CPU backend's mutants, so
+// a GPU campaign's power can be measured with the kernels themselves.
+PT_INLINE float ss_scaled(float dot, float scale) {
+#ifdef SMALLSEQ_MUTANT_SCALE_TWICE
+  return pt_mul_rn(pt_mul_rn(dot, scale), scale);
+#else
+  return pt_mul_rn(dot, scale);
+#endif
+}
+
+PT_INLINE float ss_lse(float mx, float sum) {
+#ifdef SMALLSEQ_MUTANT_LSE_LOG2
+  return (mx + pt_log(sum)) * 1.44269504f;
+#else
+  return mx + pt_log(sum);
+#endif
+}
+
 PT_INLINE bool ss_visible(int r, int c, int lq, int lk, int mask) {
   if (r >= lq || c >= lk) return false;
+#ifdef SMALLSEQ_MUTANT_CAUSAL_IGNORED
+  mask = 0;
+#endif
   if (mask == 1) return c <= r;
   if (mask == 2) return c <= r + (lk - lq);
   return true;
@@ -296,7 +318,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + 2 * t + e;
-          float x = pt_mul_rn(s[mt][nt][hh * 2 + e], scale);
+          float x = ss_scaled(s[mt][nt][hh * 2 + e], scale);
           x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
           s[mt][nt][hh * 2 + e] = x;
           mx = pt_fmax(mx, x);
@@ -322,7 +344,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
           s[mt][nt][hh * 2 + e] = sum > 0.f ? ex * rcp : 0.f;
         }
       if (t == 0 && row < it.lq)
-        lse[(it.oq + row) * H + it.h] = sum > 0.f ? mx + pt_log(sum) : ninf;
+        lse[(it.oq + row) * H + it.h] = sum > 0.f ? ss_lse(mx, sum) : ninf;
     }
   pt_u32 pa[2][2][4];
   ss_afrag<E>(pa, s);
@@ -371,7 +393,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + 2 * t + e;
           const bool vis = ss_visible(row, key, it.lq, it.lk, mask) && lr != ninf;
-          float p = vis ? pt_exp(pt_mul_rn(s[mt][nt][hh * 2 + e], scale) - lr) : 0.f;
+          float p = vis ? pt_exp(ss_scaled(s[mt][nt][hh * 2 + e], scale) - lr) : 0.f;
           s[mt][nt][hh * 2 + e] = p;
           dsum += p * dp[mt][nt][hh * 2 + e];
         }

@@ -96,6 +96,17 @@ impl Mutant {
         Mutant::WorkspaceEnvMismatch,
     ];
 
+    /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
+    /// kernels carry it.
+    pub fn kernel_define(self) -> Option<&'static str> {
+        match self {
+            Mutant::ScaleTwice => Some("SMALLSEQ_MUTANT_SCALE_TWICE"),
+            Mutant::LseLog2 => Some("SMALLSEQ_MUTANT_LSE_LOG2"),
+            Mutant::CausalIgnored => Some("SMALLSEQ_MUTANT_CAUSAL_IGNORED"),
+            _ => None,
+        }
+    }
+
     /// Stable kebab-case name.
     pub fn name(self) -> &'static str {
         match self {

@@ -33,39 +33,76 @@ fn clang() -> Option<String> {
         .map(String::from)
 }
 
-#[test]
-fn gfx942_wavefront_model() {
-    let Some(cc) = clang() else {
-        assert_ne!(
-            std::env::var("SMALLSEQ_REQUIRE_HIP_MODEL").as_deref(),
-            Ok("1"),
-            "SMALLSEQ_REQUIRE_HIP_MODEL=1 but no clang found"
-        );
-        eprintln!("SKIP gfx942_wavefront_model: no clang (ci/hip-compile-check.sh installs one)");
-        return;
-    };
+/// Builds the model with `defines` and runs it: (exit success, stdout).
+fn build_and_run(cc: &str, name: &str, defines: &[&str]) -> (bool, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip_wavefront_model");
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     // -O0: the model's run time is its thread exchanges; optimising the kernels' host copy
     // only costs compile time (a minute at -O1, seconds at -O0).
-    let build = Command::new(&cc)
-        .args(["--driver-mode=g++", "-std=c++20", "-O0", "-o"])
+    let build = Command::new(cc)
+        .args(["--driver-mode=g++", "-std=c++20", "-O0"])
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
         .arg(&exe)
         .arg(root.join("tests/hip_model/model.cpp"))
         .output()
         .expect("running the compiler");
     assert!(
         build.status.success(),
-        "{cc} failed on tests/hip_model/model.cpp:\n{}",
+        "{cc} failed on tests/hip_model/model.cpp {defines:?}:\n{}",
         String::from_utf8_lossy(&build.stderr)
     );
     let run = Command::new(&exe).output().expect("running the model");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        run.status.success(),
-        "model failed:\n{stdout}{}",
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
+    (run.status.success(), out)
+}
+
+fn clang_or_skip(test: &str) -> Option<String> {
+    let cc = clang();
+    if cc.is_none() {
+        assert_ne!(
+            std::env::var("SMALLSEQ_REQUIRE_HIP_MODEL").as_deref(),
+            Ok("1"),
+            "SMALLSEQ_REQUIRE_HIP_MODEL=1 but no clang found"
+        );
+        eprintln!("SKIP {test}: no clang (ci/hip-compile-check.sh installs one)");
+    }
+    cc
+}
+
+#[test]
+fn gfx942_wavefront_model() {
+    let Some(cc) = clang_or_skip("gfx942_wavefront_model") else {
+        return;
+    };
+    let (ok, stdout) = build_and_run(&cc, "hip_wavefront_model", &[]);
+    eprintln!("{stdout}");
+    assert!(ok, "model failed:\n{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
+
+/// The kernels' planted bugs (`SMALLSEQ_MUTANT_*`, the catalogue's GPU side) are live: the
+/// model's end-to-end check against its double reference fails with each one.
+#[test]
+fn kernel_mutants_fail_the_model() {
+    let Some(cc) = clang_or_skip("kernel_mutants_fail_the_model") else {
+        return;
+    };
+    for m in smallseq::mutants::Mutant::ALL {
+        let Some(define) = m.kernel_define() else {
+            continue;
+        };
+        let (ok, stdout) = build_and_run(&cc, &format!("hip_model_{}", m.name()), &[define]);
+        let fails = stdout.lines().filter(|l| l.starts_with("FAIL")).count();
+        eprintln!("{}: {fails} failing checks", m.name());
+        assert!(
+            !ok && fails > 0,
+            "mutant {} survived the model:\n{stdout}",
+            m.name()
+        );
+    }
 }

@@ -106,6 +106,8 @@ pub struct CudaBackend {
     cc: (i32, i32),
     modules: OnceLock<std::result::Result<Modules, String>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
+    /// Preprocessor defines the kernels are compiled with (planted bugs for mutation runs).
+    defines: Vec<String>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -168,7 +170,19 @@ impl CudaBackend {
             cc,
             modules: OnceLock::new(),
             funcs: Mutex::new(HashMap::new()),
+            defines: Vec::new(),
         })
+    }
+
+    /// Opens device 0 with kernels compiled under `defines` (e.g. a
+    /// [`crate::mutants::Mutant::kernel_define`] for a mutation run).
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`].
+    pub fn with_defines(defines: &[&str]) -> Result<Self> {
+        let mut be = Self::new()?;
+        be.defines = defines.iter().map(|d| d.to_string()).collect();
+        Ok(be)
     }
 
     /// The stream every launch goes to.
@@ -184,11 +198,14 @@ impl CudaBackend {
     fn compile(&self, name: &str, body: &str) -> std::result::Result<Arc<CudaModule>, String> {
         let src = body.replace("#include \"portable.h\"", PORTABLE_H);
         let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![
+            options: [
                 format!("--gpu-architecture={}", self.arch_name),
                 "--std=c++17".into(),
                 "-lineinfo".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.defines.iter().map(|d| format!("-D{d}")))
+            .collect(),
             name: Some(name.into()),
             ..Default::default()
         };

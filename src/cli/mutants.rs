@@ -5,11 +5,10 @@ use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
 use smallseq::backend::cpu::CpuBackend;
-use smallseq::dispatch::{EnvView, Profile};
+use smallseq::backend::Backend;
 use smallseq::harness::campaign::{Budget, Campaign};
 use smallseq::harness::props::Checker;
 use smallseq::mutants::{Defects, Mutant};
-use smallseq::wrapper::RunOptions;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -17,6 +16,10 @@ use std::time::Duration;
 /// Run the campaign against each planted bug; exit 1 if any survives.
 #[derive(clap::Args, Debug)]
 pub struct MutantsArgs {
+    /// Where the bugs are planted: cpu (the whole catalogue) or cuda (the mutants the kernels
+    /// carry as `SMALLSEQ_MUTANT_*` defines).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
     /// Cases per mutant (overrides --time).
     #[arg(long)]
     pub cases: Option<u64>,
@@ -48,15 +51,33 @@ struct Row {
     capsule: Option<String>,
 }
 
+/// A backend with `m` planted.
+fn mutant_backend(backend: &str, m: Mutant) -> smallseq::Result<Box<dyn Backend>> {
+    match (backend, m.kernel_define()) {
+        ("cpu", _) => Ok(Box::new(CpuBackend::mutant(Defects::of(&[m])))),
+        #[cfg(feature = "cuda")]
+        ("cuda", Some(define)) => Ok(Box::new(
+            smallseq::backend::cuda::CudaBackend::with_defines(&[define])?,
+        )),
+        #[cfg(not(feature = "cuda"))]
+        ("cuda", _) => Err(smallseq::Error::NotCompiledWith { feature: "cuda" }),
+        (other, _) => Err(smallseq::Error::config(format!(
+            "mutants: --backend {other}: planted bugs exist for cpu and cuda"
+        ))),
+    }
+}
+
 pub fn run(args: &MutantsArgs) -> Result<i32> {
     let list: Vec<Mutant> = if args.only.is_empty() {
         Mutant::ALL.to_vec()
     } else {
         args.only.clone()
     };
+    let on_gpu = args.backend != "cpu";
     let list: Vec<Mutant> = list
         .into_iter()
         .filter(|m| !args.skip.contains(m))
+        .filter(|m| !on_gpu || m.kernel_define().is_some())
         .collect();
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
@@ -68,44 +89,40 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
         args.seed
     );
     let stop = AtomicBool::new(false);
-    let rows: Vec<Row> = list
-        .par_iter()
-        .map(|&m| -> Result<Row> {
-            let be = CpuBackend::mutant(Defects::of(&[m]));
-            let campaign = Campaign {
-                checker: Checker {
-                    backend: &be,
-                    opts: RunOptions {
-                        profile: Profile::Native,
-                        env: EnvView::default(),
-                        ..RunOptions::default()
-                    },
-                },
-                seed: args.seed,
-                budget,
-                out: args.out.join(m.name()),
-                shrink_budget: Duration::from_secs(20),
-                stop_on_failure: true,
-            };
-            let rep = campaign.run(&stop, &mut |_| {})?;
-            let f = rep.failures.first();
-            let row = Row {
-                mutant: m.name().into(),
-                killed: f.is_some(),
-                cases_to_kill: f.map(|f| f.case + 1),
-                property: f.map(|f| f.property.clone()),
-                shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.0)),
-                shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
-                capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
-            };
-            eprintln!(
-                "  {:<28} {}",
-                m.name(),
-                if row.killed { "killed" } else { "SURVIVED" }
-            );
-            Ok(row)
-        })
-        .collect::<Result<_>>()?;
+    let one = |&m: &Mutant| -> Result<Row> {
+        let be = mutant_backend(&args.backend, m)?;
+        let campaign = Campaign {
+            checker: Checker::isolated(be.as_ref()),
+            seed: args.seed,
+            budget,
+            out: args.out.join(m.name()),
+            shrink_budget: Duration::from_secs(20),
+            stop_on_failure: true,
+        };
+        let rep = campaign.run(&stop, &mut |_| {})?;
+        let f = rep.failures.first();
+        let row = Row {
+            mutant: m.name().into(),
+            killed: f.is_some(),
+            cases_to_kill: f.map(|f| f.case + 1),
+            property: f.map(|f| f.property.clone()),
+            shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.0)),
+            shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
+            capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
+        };
+        eprintln!(
+            "  {:<28} {}",
+            m.name(),
+            if row.killed { "killed" } else { "SURVIVED" }
+        );
+        Ok(row)
+    };
+    // The CPU mutants run in parallel; a GPU runs one campaign at a time.
+    let rows: Vec<Row> = if on_gpu {
+        list.iter().map(one).collect::<Result<_>>()?
+    } else {
+        list.par_iter().map(one).collect::<Result<_>>()?
+    };
     println!("| mutant | result | cases to kill | property | shrunk slots | shrunk max tokens |");
     println!("|---|---|---|---|---|---|");
     let opt = |x: Option<String>| x.unwrap_or_else(|| "-".into());
