@@ -273,6 +273,12 @@ fn poison_value(dtype: Dtype) -> impl Strategy<Value = f32> {
 /// Small cases of one dtype: geometry first (heads, dims, mask, window, layout around the
 /// 17-token limit), then every tensor sized from it; don't-care rows sometimes poisoned.
 pub fn tiny_case(dtype: Dtype) -> impl Strategy<Value = Case> {
+    tiny_case_grouped(dtype, vec![1, 1, 2])
+}
+
+/// As [`tiny_case`], with the GQA group size drawn from `groups` (e.g. `[2, 3]` for GQA
+/// only, so a GQA relation needs no filtering).
+pub fn tiny_case_grouped(dtype: Dtype, groups: Vec<usize>) -> impl Strategy<Value = Case> {
     let dims = if dtype == Dtype::F32 {
         vec![8usize, 16, 64]
     } else {
@@ -280,7 +286,7 @@ pub fn tiny_case(dtype: Dtype) -> impl Strategy<Value = Case> {
     };
     (
         1..3usize,
-        select(vec![1usize, 1, 2]),
+        select(groups),
         select(dims),
         select(Mask::ALL.to_vec()),
         option::weighted(0.2, (-1i64..5, -1i64..5)),

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use smallseq::harness::props::oracle;
 use smallseq::harness::transform::{repeat_kv, select_slots};
 use smallseq::{Case, Outputs};
-use smallseq_proptests::strategies::tiny_case;
+use smallseq_proptests::strategies::{tiny_case, tiny_case_grouped};
 use smallseq_reference::{naive, Dtype};
 
 fn reference(case: &Case) -> Outputs {
@@ -112,9 +112,12 @@ proptest! {
 
     /// GQA equals MHA with K and V repeated over each group, dK/dV summed over the group.
     #[test]
-    fn gqa_is_mha_with_repeated_kv(case in any_dtype()) {
+    fn gqa_is_mha_with_repeated_kv(case in prop_oneof![
+        tiny_case_grouped(Dtype::Bf16, vec![2, 3]),
+        tiny_case_grouped(Dtype::F16, vec![2, 3]),
+        tiny_case_grouped(Dtype::F32, vec![2, 3]),
+    ]) {
         let g = case.config.params.group_size();
-        prop_assume!(g > 1);
         let base = reference(&case);
         let mha = reference(&repeat_kv(&case));
         let sum = |t: &Array3<f64>| {
@@ -135,8 +138,8 @@ proptest! {
         }
     }
 
-    /// Doubling v doubles o exactly and leaves lse unchanged; doubling d_o too doubles dv
-    /// and quadruples dq and dk.
+    /// Doubling v doubles o (to the ulp) and leaves lse unchanged; doubling d_o too doubles
+    /// dv and quadruples dq and dk.
     #[test]
     fn scaling_v_and_d_o_by_two_is_exact(case in any_dtype()) {
         let base = reference(&case);
@@ -151,11 +154,16 @@ proptest! {
         for ((name, a), (_, b)) in tensors(&base).into_iter().zip(tensors(&got)) {
             let (f, valid) = match name { "o" => (2.0, &valid_q), "dv" => (2.0, &valid_k), "dq" => (4.0, &valid_q), _ => (4.0, &valid_k) };
             for ((t, h, d), x) in a.indexed_iter() {
-                // Power-of-two scaling is exact except where intermediates reach the f64
-                // subnormal range (P = exp(-10^5) with large logits): below 2^-100 a value
-                // may be built from such terms (the harness's scale relation uses the same cut).
+                // Power-of-two scaling commutes with every f64 operation except a product
+                // that lands in the subnormal range (P = exp(-10^5) with large logits): such
+                // a term is rounded to an absolute quantum, which can tip a later exact tie,
+                // so a result may move by one ulp; below 2^-100 it may be made of such terms
+                // alone (the harness's own scale relation uses the same cut).
+                let want = x * f;
+                let got = b[(t, h, d)];
+                let one_ulp = want.to_bits().abs_diff(got.to_bits()) <= 1 && want.signum() == got.signum();
                 if valid[t] && x.abs() > 2f64.powi(-100) {
-                    prop_assert_eq!((x * f).to_bits(), b[(t, h, d)].to_bits(), "{}[{}, {}, {}]", name, t, h, d);
+                    prop_assert!(one_ulp, "{}[{}, {}, {}]: {} x {} = {}, got {}", name, t, h, d, f, x, want, got);
                 }
             }
         }
