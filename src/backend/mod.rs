@@ -11,6 +11,8 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod launch;
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
