@@ -6,7 +6,9 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
-pub use super::launch::{dims_of, mask_code, Family, LaunchDims, Ptrs};
+pub use super::launch::{
+    dims_of, mask_code, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM, SMALL_SEQ_HEAD_DIMS,
+};
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
@@ -27,10 +29,6 @@ const FALLBACK_CU: &str = include_str!("../../kernels/fallback.cu");
 
 /// Warps (work items) per block, as `SS_WPB` / `FB_WPB` in the kernels.
 const WARPS_PER_BLOCK: u32 = 4;
-/// Largest head dim the fallback kernels take (`FB_MAXD`).
-pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
-/// Head dims the small-seq kernels are instantiated for.
-pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 fn backend_err(detail: impl Into<String>) -> Error {
     Error::Backend {
@@ -218,35 +216,13 @@ impl CudaBackend {
     }
 
     fn dtype_suffix(d: &LaunchDims, allow_f32: bool) -> Result<&'static str> {
-        Ok(match (d.dtype, d.out_f32) {
-            (Dtype::Bf16, false) => "bf16",
-            (Dtype::F16, false) => "f16",
-            (Dtype::Bf16, true) => "bf16_o32",
-            (Dtype::F16, true) => "f16_o32",
-            (Dtype::F32, _) if allow_f32 => "f32",
-            (Dtype::F32, _) => {
-                return Err(Error::Unsupported(
-                    "cuda small-seq kernels take bf16 or f16, not f32".into(),
-                ))
-            }
-        })
+        d.dtype_suffix(allow_f32)
+            .map_err(|m| Error::Unsupported(format!("cuda {m}")))
     }
 
     fn check_small(d: &LaunchDims) -> Result<()> {
-        let ok = d.heads == d.kv_heads
-            && d.dqk == d.dv
-            && SMALL_SEQ_HEAD_DIMS.contains(&(d.dqk as usize))
-            && d.window.0 < 0
-            && d.window.1 < 0;
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::Unsupported(format!(
-                "cuda small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?} and \
-                 no window (got H={} Hkv={} Dqk={} Dv={} window={:?})",
-                d.heads, d.kv_heads, d.dqk, d.dv, d.window
-            )))
-        }
+        d.small_seq_unsupported()
+            .map_or(Ok(()), |m| Err(Error::Unsupported(format!("cuda {m}"))))
     }
 
     fn blocks(items: i64) -> Result<u32> {
@@ -310,15 +286,8 @@ impl CudaBackend {
     }
 
     fn check_fallback(d: &LaunchDims) -> Result<()> {
-        let max = FALLBACK_MAX_HEAD_DIM as i32;
-        if d.dqk > max || d.dv > max || d.kv_heads <= 0 || d.heads % d.kv_heads != 0 {
-            return Err(Error::Unsupported(format!(
-                "cuda fallback kernel: head dims up to {max} and H % Hkv == 0 (got Dqk={} Dv={} \
-                 H={} Hkv={})",
-                d.dqk, d.dv, d.heads, d.kv_heads
-            )));
-        }
-        Ok(())
+        d.fallback_unsupported()
+            .map_or(Ok(()), |m| Err(Error::Unsupported(format!("cuda {m}"))))
     }
 
     /// Fallback forward on raw pointers.

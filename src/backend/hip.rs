@@ -18,7 +18,9 @@
 //! would be undefined behaviour there. `hip-sys` provides the link to `libamdhip64` and the
 //! `hipDeviceProp_t` layout.
 
-pub use super::launch::{dims_of, mask_code, Family, LaunchDims, Ptrs};
+pub use super::launch::{
+    dims_of, mask_code, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM, SMALL_SEQ_HEAD_DIMS,
+};
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
@@ -39,10 +41,6 @@ mod embedded {
 const ITEMS_PER_BLOCK: u32 = 4;
 /// Threads per work item on HIP: one wavefront (`PT_LWARP_THREADS`, `PT_WARP`).
 const THREADS_PER_ITEM: u32 = 64;
-/// Largest head dim the fallback kernels take (`FB_MAXD`).
-pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
-/// Head dims the small-seq kernels are instantiated for.
-pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Architectures code objects are built for, in order of preference.
 pub const ARCHS: [&str; 3] = ["gfx942", "gfx90a", "gfx950"];
 /// The kernel files, each one code object per architecture.
@@ -644,33 +642,14 @@ impl HipBackend {
         d: &LaunchDims,
         allow_f32: bool,
     ) -> std::result::Result<&'static str, HipError> {
-        Ok(match (d.dtype, d.out_f32) {
-            (Dtype::Bf16, false) => "bf16",
-            (Dtype::F16, false) => "f16",
-            (Dtype::Bf16, true) => "bf16_o32",
-            (Dtype::F16, true) => "f16_o32",
-            (Dtype::F32, _) if allow_f32 => "f32",
-            (Dtype::F32, _) => {
-                return Err(HipError::Unsupported(
-                    "hip small-seq kernels take bf16 or f16, not f32".into(),
-                ))
-            }
-        })
+        d.dtype_suffix(allow_f32)
+            .map_err(|m| HipError::Unsupported(format!("hip {m}")))
     }
 
     /// Name of the small-seq kernel (`small_seq_fwd_bf16_d128_o32`, …).
     pub fn small_name(dir: &str, d: &LaunchDims) -> std::result::Result<String, HipError> {
-        let ok = d.heads == d.kv_heads
-            && d.dqk == d.dv
-            && SMALL_SEQ_HEAD_DIMS.contains(&(d.dqk as usize))
-            && d.window.0 < 0
-            && d.window.1 < 0;
-        if !ok {
-            return Err(HipError::Unsupported(format!(
-                "hip small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?} and \
-                 no window (got H={} Hkv={} Dqk={} Dv={} window={:?})",
-                d.heads, d.kv_heads, d.dqk, d.dv, d.window
-            )));
+        if let Some(m) = d.small_seq_unsupported() {
+            return Err(HipError::Unsupported(format!("hip {m}")));
         }
         let base = match (d.dtype, d.out_f32) {
             (Dtype::Bf16, _) => "bf16",
@@ -682,15 +661,8 @@ impl HipBackend {
     }
 
     fn check_fallback(d: &LaunchDims) -> std::result::Result<(), HipError> {
-        let max = FALLBACK_MAX_HEAD_DIM as i32;
-        if d.dqk > max || d.dv > max || d.kv_heads <= 0 || d.heads % d.kv_heads != 0 {
-            return Err(HipError::Unsupported(format!(
-                "hip fallback kernel: head dims up to {max} and H % Hkv == 0 (got Dqk={} Dv={} \
-                 H={} Hkv={})",
-                d.dqk, d.dv, d.heads, d.kv_heads
-            )));
-        }
-        Ok(())
+        d.fallback_unsupported()
+            .map_or(Ok(()), |m| Err(HipError::Unsupported(format!("hip {m}"))))
     }
 
     /// Small-seq forward on raw pointers (`q, k, v, o, lse`, offsets).

@@ -4,6 +4,11 @@
 use crate::config::AttnConfig;
 use smallseq_reference::{CausalAlign, Dtype, Layout, Side};
 
+/// Largest head dim the fallback kernels take.
+pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
+/// Head dims the small-seq kernels are instantiated for.
+pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
 /// Which kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -87,5 +92,55 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         scale: p.scale as f32,
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
+    }
+}
+
+impl LaunchDims {
+    /// Kernel-name suffix of the element types (`bf16`, `f16_o32`, `f32`, …); f32 only where
+    /// the family has f32 kernels (`allow_f32`).
+    ///
+    /// # Errors
+    /// f32 where it is not allowed.
+    pub fn dtype_suffix(&self, allow_f32: bool) -> Result<&'static str, String> {
+        Ok(match (self.dtype, self.out_f32) {
+            (Dtype::Bf16, false) => "bf16",
+            (Dtype::F16, false) => "f16",
+            (Dtype::Bf16, true) => "bf16_o32",
+            (Dtype::F16, true) => "f16_o32",
+            (Dtype::F32, _) if allow_f32 => "f32",
+            (Dtype::F32, _) => return Err("small-seq kernels take bf16 or f16, not f32".into()),
+        })
+    }
+
+    /// Why the small-seq kernels cannot take this launch, if they cannot.
+    pub fn small_seq_unsupported(&self) -> Option<String> {
+        let ok = self.heads == self.kv_heads
+            && self.dqk == self.dv
+            && SMALL_SEQ_HEAD_DIMS.contains(&(self.dqk as usize))
+            && self.window.0 < 0
+            && self.window.1 < 0;
+        (!ok).then(|| {
+            format!(
+                "small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?} and no \
+                 window (got H={} Hkv={} Dqk={} Dv={} window={:?})",
+                self.heads, self.kv_heads, self.dqk, self.dv, self.window
+            )
+        })
+    }
+
+    /// Why the fallback kernels cannot take this launch, if they cannot.
+    pub fn fallback_unsupported(&self) -> Option<String> {
+        let max = FALLBACK_MAX_HEAD_DIM as i32;
+        let ok = self.dqk <= max
+            && self.dv <= max
+            && self.kv_heads > 0
+            && self.heads % self.kv_heads == 0;
+        (!ok).then(|| {
+            format!(
+                "fallback kernel: head dims up to {max} and H % Hkv == 0 (got Dqk={} Dv={} H={} \
+                 Hkv={})",
+                self.dqk, self.dv, self.heads, self.kv_heads
+            )
+        })
     }
 }
