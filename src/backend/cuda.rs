@@ -7,7 +7,8 @@
 //! raw device pointers and are what the benchmark times.
 
 pub use super::launch::{
-    dims_of, mask_code, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM, SMALL_SEQ_HEAD_DIMS,
+    dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
+    SMALL_SEQ_HEAD_DIMS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
@@ -537,21 +538,9 @@ impl CudaBackend {
             ..self.base_ptrs(&inp)
         };
         if family == Family::Fallback {
-            let need = (d.tq.max(0) as usize) * d.heads as usize;
             let base = self.ptr_body(&ws, &out.workspace);
-            let at = |name: &str| -> Result<u64> {
-                let region = f.plan.region(name).ok_or_else(|| {
-                    backend_err(format!("fallback backward: the plan has no {name} region"))
-                })?;
-                if region.len < need || region.offset + region.len > out.workspace.len {
-                    return Err(backend_err(format!(
-                        "fallback backward: {name} region holds {} of {need} elements \
-                         (workspace {})",
-                        region.len, out.workspace.len
-                    )));
-                }
-                Ok(base + (region.offset * 4) as u64)
-            };
+            let at =
+                |name| scratch_addr(f.plan, name, &d, base, out.workspace.len).map_err(backend_err);
             p.delta = at(names::DELTA)?;
             p.rowsum = at(names::ROWSUM)?;
         }

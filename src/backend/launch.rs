@@ -2,6 +2,7 @@
 //! launch scalars and the raw device pointers, and how a call's config becomes them.
 
 use crate::config::AttnConfig;
+use crate::workspace::Plan;
 use smallseq_reference::{CausalAlign, Dtype, Layout, Side};
 
 /// Largest head dim the fallback kernels take.
@@ -143,4 +144,29 @@ impl LaunchDims {
             )
         })
     }
+}
+
+/// Device address of the fallback backward's `[tq, H]` f32 scratch region `name` in a
+/// workspace of `ws_len` elements whose body starts at `base`.
+///
+/// # Errors
+/// The plan lacks the region, or it is too small or past the workspace.
+pub fn scratch_addr(
+    plan: &Plan,
+    name: &str,
+    d: &LaunchDims,
+    base: u64,
+    ws_len: usize,
+) -> Result<u64, String> {
+    let need = (d.tq.max(0) as usize) * d.heads as usize;
+    let region = plan
+        .region(name)
+        .ok_or_else(|| format!("fallback backward: the plan has no {name} region"))?;
+    if region.len < need || region.offset + region.len > ws_len {
+        return Err(format!(
+            "fallback backward: {name} region holds {} of {need} elements (workspace {ws_len})",
+            region.len
+        ));
+    }
+    Ok(base + (region.offset * 4) as u64)
 }
