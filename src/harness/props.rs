@@ -4,7 +4,7 @@
 use super::gen::{dont_care_rows, poison};
 use super::oracles;
 use super::rng::Rng;
-use super::tolerance::{judge_all, Judgement, Worst};
+use super::tolerance::{judge_all, score_magnitude, Judgement, Worst};
 use super::transform::{repeat_kv, select_slots};
 use crate::backend::Backend;
 use crate::case::{Case, Outputs};
@@ -149,8 +149,18 @@ pub fn run_pair(be: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<Pair
     Ok(Pair { fwd, bwd })
 }
 
-/// The f64 reference and the emulation of a case, as outputs.
-pub fn oracle(case: &Case) -> Result<(Outputs, Outputs)> {
+/// What a case's outputs are judged by, computed once per case.
+pub struct Yardstick {
+    /// The f64 reference.
+    pub reference: Outputs,
+    /// The device-faithful emulation.
+    pub emulated: Outputs,
+    /// [`score_magnitude`] of the case: the LSE noise floor's scale.
+    pub lse_magnitude: f64,
+}
+
+/// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
+pub fn oracle(case: &Case) -> Result<Yardstick> {
     let problem = case.problem()?;
     let (f, g) = forward_backward(&problem);
     let reference = Outputs {
@@ -168,17 +178,16 @@ pub fn oracle(case: &Case) -> Result<(Outputs, Outputs)> {
         dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
         dv: eg.map(|g| g.dv.mapv(f64::from)),
     };
-    Ok((reference, emulated))
+    Ok(Yardstick {
+        reference,
+        emulated,
+        lse_magnitude: score_magnitude(case),
+    })
 }
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
-pub fn numeric(
-    case: &Case,
-    actual: &Outputs,
-    reference: &Outputs,
-    emulated: &Outputs,
-) -> (Outcome, Vec<Judgement>) {
-    let js = judge_all(actual, reference, emulated, case);
+pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Judgement>) {
+    let js = judge_all(actual, &y.reference, &y.emulated, case, y.lse_magnitude);
     let worst = js
         .iter()
         .filter(|j| !j.passed())
@@ -330,23 +339,23 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let (reference, emulated) = oracle(case)?;
-        let (num, judgements) = numeric(case, &actual, &reference, &emulated);
+        let y = oracle(case)?;
+        let (num, judgements) = numeric(case, &actual, &y);
         outcomes.push((Prop::NumericAgreement, num));
         outcomes.push((
             Prop::EmulationConformance,
-            self.emulation_conformance(case, &base, &actual, &emulated),
+            self.emulation_conformance(case, &base, &actual, &y.emulated),
         ));
         outcomes.push((Prop::Workspace, self.workspace(case, &base)));
         outcomes.push((Prop::DontCare, self.dont_care(case, &actual, salt)));
         outcomes.push((Prop::Determinism, self.determinism(case, &actual)));
         outcomes.push((
             Prop::FallbackEquivalence,
-            self.fallback_equivalence(case, &base, &actual, &reference, &emulated, &judgements),
+            self.fallback_equivalence(case, &base, &actual, &y, &judgements),
         ));
         outcomes.push((
             Prop::Metamorphic,
-            self.metamorphic(case, &base, &actual, &judgements, salt),
+            self.metamorphic(case, &base, &actual, &judgements, &y, salt),
         ));
         Ok(CaseRun {
             outcomes,
@@ -515,8 +524,7 @@ impl<'a> Checker<'a> {
         case: &Case,
         base: &Pair,
         actual: &Outputs,
-        reference: &Outputs,
-        emulated: &Outputs,
+        y: &Yardstick,
         judgements: &[Judgement],
     ) -> Outcome {
         if base.fwd.path != Some(Path::SmallSeq) {
@@ -536,9 +544,9 @@ impl<'a> Checker<'a> {
             }
         };
         let fb_out = fb.outputs();
-        let (_, fb_js) = numeric(case, &fb_out, reference, emulated);
+        let (_, fb_js) = numeric(case, &fb_out, y);
         // Distances between the two paths, one per tensor, in the same order as the judgements.
-        let between_js = judge_all(actual, &fb_out, emulated, case);
+        let between_js = judge_all(actual, &fb_out, &y.emulated, case, y.lse_magnitude);
         for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
             let between = between.err;
             let limit = a.threshold + b.threshold;
@@ -571,7 +579,7 @@ impl<'a> Checker<'a> {
                         dv: Some(b.dv.mapv(f64::from)),
                         ..Outputs::default()
                     };
-                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, reference, emulated) {
+                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, y) {
                         f.prop = Prop::FallbackEquivalence;
                         f.detail = format!("small-seq forward + fallback backward: {}", f.detail);
                         return Outcome::Fail(f);
@@ -588,6 +596,7 @@ impl<'a> Checker<'a> {
         base: &Pair,
         actual: &Outputs,
         js: &[Judgement],
+        y: &Yardstick,
         salt: u64,
     ) -> Outcome {
         let b = case.layout.slots();
@@ -617,7 +626,7 @@ impl<'a> Checker<'a> {
                     "splitting the batch in two launches",
                 )
             }
-            "gqa" => self.gqa_relation(case, actual, js),
+            "gqa" => self.gqa_relation(case, actual, js, y.lse_magnitude),
             _ => self.scale_relation(case, actual),
         }
     }
@@ -667,7 +676,13 @@ impl<'a> Checker<'a> {
         Outcome::Pass
     }
 
-    fn gqa_relation(&self, case: &Case, actual: &Outputs, js: &[Judgement]) -> Outcome {
+    fn gqa_relation(
+        &self,
+        case: &Case,
+        actual: &Outputs,
+        js: &[Judgement],
+        lse_magnitude: f64,
+    ) -> Outcome {
         let mha = repeat_kv(case);
         let p = match run_pair(self.backend, &mha, &self.opts) {
             Ok(p) => p,
@@ -702,7 +717,7 @@ impl<'a> Checker<'a> {
         if near_overflow(actual) || near_overflow(&summed) {
             return skip("dK/dV next to the dtype's overflow");
         }
-        let diffs = judge_all(actual, &summed, actual, case);
+        let diffs = judge_all(actual, &summed, actual, case, lse_magnitude);
         for (d, j) in diffs.iter().zip(js) {
             // Both sides are within tolerance of the reference; the group sum adds at most
             // g roundings of the MHA side.

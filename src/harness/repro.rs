@@ -32,8 +32,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Some(v) = case.meta.get("smallseq.verdict") {
         d.say(format!("recorded verdict: {v}"));
     }
-    let (reference, emulated) = oracle(case)?;
-    let (num, js) = numeric(case, &case.outputs, &reference, &emulated);
+    let (num, js) = numeric(case, &case.outputs, &oracle(case)?);
     for j in &js {
         d.say(format!(
             "{:>4}: max error {:.3e}, threshold {:.3e}, margin {:.3} {}",

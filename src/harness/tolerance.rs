@@ -207,15 +207,17 @@ pub fn score_magnitude(case: &Case) -> f64 {
 
 /// Judges every output present in `actual` against reference and emulation (both given as
 /// [`Outputs`] widened to f64).
+/// `lse_magnitude` is the case's [`score_magnitude`] (computed once per case by the caller).
 pub fn judge_all(
     actual: &Outputs,
     reference: &Outputs,
     emulated: &Outputs,
     case: &Case,
+    lse_magnitude: f64,
 ) -> Vec<Judgement> {
     let layout = &case.layout;
     let dtype = case.config.dtype;
-    let lse_magnitude = score_magnitude(case).max(1.0);
+    let lse_magnitude = lse_magnitude.max(1.0);
     let vq = layout.q.valid_tokens();
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
