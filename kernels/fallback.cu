@@ -299,7 +299,238 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tiled forward on the matrix cores: 16-bit inputs, Dqk == Dv == D in {64, 128}.
+//
+// One block of 4 logical warps per (64-row query tile of a slot, head), each warp owning 16 rows;
+// the grid is 1-D over (head, slot, tile) with the tile fastest, so neighbouring blocks read the
+// same keys (L2 hits). Key tiles of 64 rows are copied to shared memory asynchronously: V(j)
+// while S = Q·K(j)ᵀ is computed, K(j+1) while P·V(j) is. Q stays in registers as matrix
+// fragments, with the reduction dimension permuted identically for Q and K (lane t of a quad
+// owns dims 8t..8t+7 of each 32-dim chunk) so both load 16 bytes at a time. Online softmax (one
+// pass): P = exp(s - m) with the running row max m, rounded to the input type for P·V, the
+// accumulator rescaled when m grows, divided by the row sum l at the end; lse = m + log l.
+// Numerics otherwise as above: s = fl(dot · scale), each 32-product chunk of Q·Kᵀ (two chained
+// tensor-core steps) starts from zero and is added in f32 (the small-seq kernel's comment says
+// why; one partial per 16 products, as there, took 255 registers and spilled at D = 128), f32
+// accumulation.
+//
+// Shared-memory row strides are padded so that the 16-byte reads of a quarter-warp hit distinct
+// banks: K rows are read two per quarter-warp (64 bytes each: stride = 64 mod 128 bytes), V rows
+// four (rows 2t, 32 bytes each: stride = 16 mod 64 bytes).
+#define FT_BM 64
+#define FT_THREADS (4 * PT_LWARP_THREADS)
+
+template <int D>
+struct FtShape {
+  static const int BN = D > 64 ? 32 : 64;  // keys per tile (registers: see the report)
+  static const int NT = BN / 8;      // n-tiles of S
+  static const int KS = D + 32;  // K row stride in elements
+  static const int VS = D + 8;   // V row stride in elements
+  static const int ELEMS = BN * (KS + VS);
+};
+
+// Copies rows [0, BN) of a key tile (rows past n zero-filled) into shared memory.
+template <class E, int D, int SS, int BN>
+PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
+  const int CH = D / 8;
+  for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < n;
+    pt_cp_async16(dst + r * SS + c * 8, ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
+                  ok);
+  }
+}
+
+template <class E, class O, int D>
+PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                      typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
+                      const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,
+                      float scale, int mask, int wl, int wr, typename E::T* sm) {
+  typedef FtShape<D> S;
+  const long long item = pt_bid();
+  const int tile = (int)(item % tiles);
+  const long long rest = item / tiles;
+  const int slot = (int)(rest % b), h = (int)(rest / b);
+  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const int row0 = tile * FT_BM;
+  if (row0 >= lq) return;  // block-uniform
+  const int hk = h / (H / Hkv);
+  const long long rq = (long long)H * D, rk = (long long)Hkv * D;
+  const typename E::T* qb = q + (long long)off_q[slot] * rq + (long long)h * D;
+  const typename E::T* kb = k + (long long)off_kv[slot] * rk + (long long)hk * D;
+  const typename E::T* vb = v + (long long)off_kv[slot] * rk + (long long)hk * D;
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const int wrow = row0 + pt_lwarp() * 16;
+  // Keys any row of the block sees: lo of its first row to hi of its last (both monotone).
+  int lo_b, hi_b, unused;
+  fb_range(row0, lq, lk, mask, wl, wr, lo_b, unused);
+  fb_range((row0 + FT_BM < lq ? row0 + FT_BM : lq) - 1, lq, lk, mask, wl, wr, unused, hi_b);
+  int lo_r[2], hi_r[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = wrow + g + 8 * hh;
+    fb_range(r, lq, lk, mask, wl, wr, lo_r[hh], hi_r[hh]);
+    if (r >= lq) lo_r[hh] = 1, hi_r[hh] = 0;
+  }
+  pt_v4 xa[D / 32][2];
+#pragma unroll
+  for (int ch = 0; ch < D / 32; ++ch)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = wrow + g + 8 * hh;
+      xa[ch][hh] = r < lq ? pt_ld16(qb + r * rq + ch * 32 + t * 8) : pt_zero4();
+    }
+  typename E::T* ks = sm;
+  typename E::T* vs = sm + S::BN * S::KS;
+  const float ninf = -pt_inf();
+  float m[2] = {ninf, ninf}, lsum[2] = {0.f, 0.f};
+  float acc[D / 64][8][4];
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][j][e] = 0.f;
+  const int kt0 = lo_b <= hi_b ? (lo_b / S::BN) * S::BN : lk;
+  if (kt0 <= hi_b) {
+    ft_copy<E, D, S::KS, S::BN>(ks, kb + kt0 * rk, rk, lk - kt0);
+    pt_cp_commit();
+  }
+  for (int kt = kt0; kt <= hi_b; kt += S::BN) {
+    pt_cp_wait<0>();
+    pt_sync();  // K(kt) visible; every warp done with V of the previous tile
+    ft_copy<E, D, S::VS, S::BN>(vs, vb + kt * rk, rk, lk - kt);
+    pt_cp_commit();
+    float s[S::NT][4];
+#pragma unroll
+    for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+      for (int ch = 0; ch < D / 32; ++ch) {
+        const pt_v4 yb = pt_ld16(ks + (nt * 8 + g) * S::KS + ch * 32 + t * 8);
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          pt_mma<E>(part, pt_word(xa[ch][0], 2 * j), pt_word(xa[ch][1], 2 * j),
+                    pt_word(xa[ch][0], 2 * j + 1), pt_word(xa[ch][1], 2 * j + 1),
+                    pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += part[e];
+      }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = ninf;
+#pragma unroll
+      for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = kt + nt * 8 + 2 * t + e;
+          const bool vis = key >= lo_r[hh] && key <= hi_r[hh];
+          const float x = vis ? pt_mul_rn(s[nt][2 * hh + e], scale) : ninf;
+          s[nt][2 * hh + e] = x;
+          mx = pt_fmax(mx, x);
+        }
+      mx = pt_fmax(mx, pt_shfl_xor(mx, 1));
+      mx = pt_fmax(mx, pt_shfl_xor(mx, 2));
+      const float mn = pt_fmax(m[hh], mx);
+      const float alpha = mn == ninf ? 1.f : pt_exp(m[hh] - mn);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = s[nt][2 * hh + e];
+          const float p = x == ninf ? 0.f : pt_exp(x - mn);
+          s[nt][2 * hh + e] = p;
+          sum += p;
+        }
+      lsum[hh] = lsum[hh] * alpha + sum;
+      m[hh] = mn;
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[c][j][2 * hh] *= alpha;
+          acc[c][j][2 * hh + 1] *= alpha;
+        }
+    }
+    pt_u32 pa[S::BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < S::BN / 16; ++kk) {
+      pa[kk][0] = E::pack2(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = E::pack2(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = E::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = E::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    pt_sync();  // every warp done with K(kt)
+    if (kt + S::BN <= hi_b) {
+      ft_copy<E, D, S::KS, S::BN>(ks, kb + (kt + S::BN) * rk, rk, lk - kt - S::BN);
+      pt_cp_commit();
+      pt_cp_wait<1>();
+    } else {
+      pt_cp_wait<0>();
+    }
+    pt_sync();  // V(kt) visible
+#pragma unroll
+    for (int kk = 0; kk < S::BN / 16; ++kk)
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const typename E::T* vr = vs + (kk * 16 + 2 * t) * S::VS + c * 64 + g * 8;
+        const pt_v4 v0 = pt_ld16(vr), v1 = pt_ld16(vr + S::VS);
+        const pt_v4 v8 = pt_ld16(vr + 8 * S::VS), v9 = pt_ld16(vr + 9 * S::VS);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          pt_mma<E>(acc[c][j], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], pt_bsel(v0, v1, j),
+                    pt_bsel(v8, v9, j));
+      }
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float L = lsum[hh];
+    L += pt_shfl_xor(L, 1);
+    L += pt_shfl_xor(L, 2);
+    const int r = wrow + g + 8 * hh;
+    if (r < lq) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          x[i] = acc[c][i][2 * hh];
+          x[i + 8] = acc[c][i][2 * hh + 1];
+        }
+        pt_store16<E, O>(o + ((long long)off_q[slot] + r) * rq + (long long)h * D + c * 64 +
+                             t * 16,
+                         x, inv);
+      }
+      if (t == 0) lse[((long long)off_q[slot] + r) * H + h] = L > 0.f ? m[hh] + pt_log(L) : ninf;
+    }
+  }
+}
+
 extern __shared__ float fb_smem[];
+
+#define FT_KERNEL(SUF, E, O, D)                                                                \
+  PT_KERNEL void fallback_fwd_tc_##SUF##_d##D(                                                  \
+      const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse, const int* cu_q,         \
+      const int* cu_kv, const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,   \
+      float scale, int mask, int wl, int wr) {                                                  \
+    ft_fwd<E, O, D>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, tiles, scale, mask, \
+                    wl, wr, (E::T*)fb_smem);                                                    \
+  }
+#define FT_KERNELS(D)                    \
+  FT_KERNEL(bf16, BF16, BF16, D)         \
+  FT_KERNEL(f16, F16, F16, D)            \
+  FT_KERNEL(bf16_o32, BF16, F32, D)      \
+  FT_KERNEL(f16_o32, F16, F32, D)
+FT_KERNELS(64)
+FT_KERNELS(128)
+
 
 #define FB_KERNELS(SUF, E, O)                                                                  \
   PT_KERNEL void fallback_fwd_##SUF(const E::T* q, const E::T* k, const E::T* v, O::T* o,       \

@@ -229,6 +229,69 @@ PT_INLINE pt_u32 pt_word(const pt_v4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
+// Asynchronous 16-byte copies from global to shared memory, zero-filled where `valid` is false
+// (nothing is read then). On CUDA sm_80+ they are cp.async (the copy runs while the thread
+// computes; pt_cp_commit closes a group, pt_cp_wait<N> waits until at most N groups are in
+// flight, and a block barrier must follow before other threads read the data). On HIP they are
+// plain loads and stores, complete when the call returns.
+#if defined(PT_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+PT_INLINE void pt_cp_async16(void* dst, const void* src, bool valid) {
+  pt_u32 d;
+  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+               : "=r"(d)
+               : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+               "r"(valid ? 16u : 0u)
+               : "memory");
+}
+PT_INLINE void pt_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+PT_INLINE void pt_cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+PT_INLINE void pt_cp_async16(void* dst, const void* src, bool valid) {
+  pt_st16(dst, valid ? pt_ld16(src) : pt_zero4());
+}
+PT_INLINE void pt_cp_commit() {}
+template <int N>
+PT_INLINE void pt_cp_wait() {}
+#endif
+
+// B-operand word for n-tile j from two rows A (k even) and B (k odd), each 8 consecutive dims.
+PT_INLINE pt_u32 pt_bsel(const pt_v4& a, const pt_v4& b, int j) {
+  pt_u32 wa = pt_word(a, j >> 1), wb = pt_word(b, j >> 1);
+  return (j & 1) ? ((wa >> 16) | (wb & 0xffff0000u)) : ((wa & 0xffffu) | (wb << 16));
+}
+
+// Stores 16 consecutive values (rounded to E) of one row.
+template <class E, class O>
+PT_INLINE void pt_store16(typename O::T* p, const float* x, float mul) {
+  if (O::IS16) {
+    pt_v4 a, b;
+    a.x = E::pack2(x[0] * mul, x[1] * mul);
+    a.y = E::pack2(x[2] * mul, x[3] * mul);
+    a.z = E::pack2(x[4] * mul, x[5] * mul);
+    a.w = E::pack2(x[6] * mul, x[7] * mul);
+    b.x = E::pack2(x[8] * mul, x[9] * mul);
+    b.y = E::pack2(x[10] * mul, x[11] * mul);
+    b.z = E::pack2(x[12] * mul, x[13] * mul);
+    b.w = E::pack2(x[14] * mul, x[15] * mul);
+    pt_st16((void*)p, a);
+    pt_st16((void*)(p + 8), b);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) {
+      pt_v4 a;
+      a.x = pt_f2u(E::round(x[i] * mul));
+      a.y = pt_f2u(E::round(x[i + 1] * mul));
+      a.z = pt_f2u(E::round(x[i + 2] * mul));
+      a.w = pt_f2u(E::round(x[i + 3] * mul));
+      pt_st16((void*)(p + i), a);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fragment primitives of a 32-lane logical warp (lane l = 4*g + t, g = l/4, t = l%4), with the
 // layouts of PTX mma.m16n8k16 (row.col): A (16x16): a0=(g, 2t..2t+1) a1=(g+8, 2t..) a2=(g, 2t+8..)

@@ -48,40 +48,6 @@ PT_INLINE bool ss_visible(int r, int c, int lq, int lk, int mask) {
   return true;
 }
 
-// B-operand word for n-tile j from two rows A (k even) and B (k odd), each 8 consecutive dims.
-PT_INLINE pt_u32 ss_sel(const pt_v4& a, const pt_v4& b, int j) {
-  pt_u32 wa = pt_word(a, j >> 1), wb = pt_word(b, j >> 1);
-  return (j & 1) ? ((wa >> 16) | (wb & 0xffff0000u)) : ((wa & 0xffffu) | (wb << 16));
-}
-
-// Stores 16 consecutive values (rounded to E) of one row.
-template <class E, class O>
-PT_INLINE void ss_store16(typename O::T* p, const float* x, float mul) {
-  if (O::IS16) {
-    pt_v4 a, b;
-    a.x = E::pack2(x[0] * mul, x[1] * mul);
-    a.y = E::pack2(x[2] * mul, x[3] * mul);
-    a.z = E::pack2(x[4] * mul, x[5] * mul);
-    a.w = E::pack2(x[6] * mul, x[7] * mul);
-    b.x = E::pack2(x[8] * mul, x[9] * mul);
-    b.y = E::pack2(x[10] * mul, x[11] * mul);
-    b.z = E::pack2(x[12] * mul, x[13] * mul);
-    b.w = E::pack2(x[14] * mul, x[15] * mul);
-    pt_st16((void*)p, a);
-    pt_st16((void*)(p + 8), b);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; i += 4) {
-      pt_v4 a;
-      a.x = pt_f2u(E::round(x[i] * mul));
-      a.y = pt_f2u(E::round(x[i + 1] * mul));
-      a.z = pt_f2u(E::round(x[i + 2] * mul));
-      a.w = pt_f2u(E::round(x[i + 3] * mul));
-      pt_st16((void*)(p + i), a);
-    }
-  }
-}
-
 struct SsItem {
   int lq, lk, h;
   long long oq, ok;
@@ -188,7 +154,7 @@ PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long lo
       pt_v4 v9 = k0 + 9 < ny ? pt_ld16(yb + (k0 + 9) * rs) : pt_zero4();
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        pt_u32 b0 = ss_sel(v0, v1, j), b1 = ss_sel(v8, v9, j);
+        pt_u32 b0 = pt_bsel(v0, v1, j), b1 = pt_bsel(v8, v9, j);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           if (mt == 1 && !m1) continue;
@@ -208,7 +174,7 @@ PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long lo
             x[i] = acc[mt][i][hh * 2];
             x[i + 8] = acc[mt][i][hh * 2 + 1];
           }
-          ss_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, mul);
+          pt_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, mul);
         }
       }
   }
@@ -253,7 +219,7 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
       pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        pt_u32 b0 = ss_sel(v0, v1, j), b1 = ss_sel(v8, v9, j);
+        pt_u32 b0 = pt_bsel(v0, v1, j), b1 = pt_bsel(v8, v9, j);
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
           if (kk == 1 && !kt1) continue;
@@ -274,7 +240,7 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
             x[i] = acc[kk][i][hh * 2];
             x[i + 8] = acc[kk][i][hh * 2 + 1];
           }
-          ss_store16<E, O>(out + key * rs + c64 * 64 + t * 16, x, mul);
+          pt_store16<E, O>(out + key * rs + c64 * 64 + t * 16, x, mul);
         }
       }
   }

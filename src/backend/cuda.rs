@@ -297,6 +297,9 @@ impl CudaBackend {
     /// Unsupported shapes, driver errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
+        if let Some((name, tiles)) = d.tiled_fwd() {
+            return self.launch_tiled_fwd(d, p, &name, tiles);
+        }
         let name = format!("fallback_fwd_{}", Self::dtype_suffix(d, true)?);
         let f = self.func(Family::Fallback, &name)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
@@ -318,6 +321,26 @@ impl CudaBackend {
             .arg(&d.window.0)
             .arg(&d.window.1);
         drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) }).map(|_| ())
+    }
+
+    fn launch_tiled_fwd(&self, d: &LaunchDims, p: &Ptrs, name: &str, tiles: i32) -> Result<()> {
+        let f = self.func(Family::Fallback, name)?;
+        let items = d.heads as i64 * d.b as i64 * tiles as i64;
+        // One block per item: `blocks` counts warps.
+        let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
+        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
+        lb.arg(&d.b).arg(&d.heads).arg(&d.kv_heads).arg(&tiles);
+        lb.arg(&d.scale)
+            .arg(&d.mask)
+            .arg(&d.window.0)
+            .arg(&d.window.1);
+        let cfg = Self::cfg(blocks, d.tiled_fwd_smem());
+        drv(name, unsafe { lb.launch(cfg) }).map(|_| ())
     }
 
     /// Fallback backward on raw pointers (two kernels: query side with `delta`, key side).

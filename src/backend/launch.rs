@@ -10,6 +10,11 @@ pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
 /// Head dims the small-seq kernels are instantiated for.
 pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
+/// Head dims the tiled (matrix-core) fallback forward is instantiated for.
+pub const TILED_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Query rows per block of the tiled fallback forward (`FT_BM` in kernels/fallback.cu).
+pub const TILED_ROWS: i32 = 64;
+
 /// Which kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -31,6 +36,8 @@ pub struct LaunchDims {
     /// Query / key tokens the kernels can address (`off_q[b]`, `off_kv[b]`).
     pub tq: i64,
     pub tk: i64,
+    /// Longest query side of a slot.
+    pub max_lq: i32,
     pub scale: f32,
     /// 0: none/padding, 1: causal top-left, 2: causal bottom-right.
     pub mask: i32,
@@ -90,6 +97,7 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         dv: p.head_dim_v as i32,
         tq: last(&layout.q),
         tk: last(&layout.kv),
+        max_lq: layout.q.max_len() as i32,
         scale: p.scale as f32,
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
@@ -127,6 +135,26 @@ impl LaunchDims {
                 self.heads, self.kv_heads, self.dqk, self.dv, self.window
             )
         })
+    }
+
+    /// The tiled fallback forward's kernel name and query tiles per slot, when it takes this
+    /// launch: 16-bit inputs, `Dqk == Dv` in [`TILED_HEAD_DIMS`]. Its grid is
+    /// `heads * b * tiles` blocks of 4 logical warps.
+    pub fn tiled_fwd(&self) -> Option<(String, i32)> {
+        let suffix = self.dtype_suffix(false).ok()?;
+        let fits = self.dqk == self.dv && TILED_HEAD_DIMS.contains(&(self.dqk as usize));
+        fits.then(|| {
+            let tiles = (self.max_lq.max(0) + TILED_ROWS - 1) / TILED_ROWS;
+            (format!("fallback_fwd_tc_{suffix}_d{}", self.dqk), tiles)
+        })
+    }
+
+    /// Dynamic shared memory of the tiled fallback forward: one key tile of K and one of V, rows
+    /// padded (`FtShape` in kernels/fallback.cu: 32 keys per tile above D = 64, else 64).
+    pub fn tiled_fwd_smem(&self) -> u32 {
+        let d = self.dqk.max(0) as u32;
+        let keys = if d > 64 { 32 } else { 64 };
+        keys * ((d + 32) + (d + 8)) * 2
     }
 
     /// Why the fallback kernels cannot take this launch, if they cannot.

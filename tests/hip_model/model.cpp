@@ -42,6 +42,10 @@ typedef float m_f32x4 __attribute__((ext_vector_type(4)));
 
 namespace model {
 constexpr int W = 64;
+// A job runs either single wavefronts (W fibers) or whole blocks of 4 wavefronts (WMAX fibers,
+// for kernels with block barriers and shared memory); `nl` is the fiber count of the job.
+constexpr int WMAX = 4 * W;
+int nl = W;
 // The running fiber's lane and ids (the scheduler sets them before resuming a fiber).
 int lane = 0, tid = 0, bid = 0;
 
@@ -50,14 +54,14 @@ enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, WAVE_SYNC, DONE };
 struct Divergence {};
 
 struct Wave {
-  ucontext_t sched, fiber[W];
-  std::vector<char> stack[W];
-  int fiber_tid[W], fiber_bid[W];
-  bool finished[W];
-  int op[W];
-  uint32_t word[W];
-  uint16_t a[W][4], b[W][4];
-  float c[W][4];
+  ucontext_t sched, fiber[WMAX];
+  std::vector<char> stack[WMAX];
+  int fiber_tid[WMAX], fiber_bid[WMAX];
+  bool finished[WMAX];
+  int op[WMAX];
+  uint32_t word[WMAX];
+  uint16_t a[WMAX][4], b[WMAX][4];
+  float c[WMAX][4];
   bool diverged = false;
   std::string why;
 };
@@ -71,11 +75,12 @@ inline void wait() {
   swapcontext(&wave->fiber[lane], &wave->sched);
 }
 
-// All lanes arrive with their operation; every lane then sees the same verdict.
+// All lanes arrive with their operation; every lane then sees the same verdict. In a block job
+// that means every lane of the block: the waves run in lockstep, so a barrier is one round.
 inline void arrive(int o) {
   wave->op[lane] = o;
   wait();
-  for (int l = 1; l < W; ++l)
+  for (int l = 1; l < nl; ++l)
     if (wave->op[l] != wave->op[0]) {
       if (!wave->diverged) wave->diverged = true,
         wave->why = "lane " + std::to_string(l) + " at op " + std::to_string(wave->op[l]) +
@@ -87,7 +92,7 @@ inline void arrive(int o) {
 inline int bpermute(int addr, int v) {
   wave->word[lane] = (uint32_t)v;
   arrive(BPERM);
-  int r = (int)wave->word[(addr >> 2) & (W - 1)];
+  int r = (int)wave->word[(lane & ~(W - 1)) + ((addr >> 2) & (W - 1))];
   wait();
   return r;
 }
@@ -119,13 +124,13 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
   arrive(kind);
   auto cvt = [&](uint16_t h) { return kind == MFMA_BF16 ? bf16f(h) : f16f(h); };
   m_f32x4 d;
-  const int n = lane % 16;
+  const int base = lane & ~(W - 1), n = (lane - base) % 16;
   for (int e = 0; e < 4; ++e) {
-    const int m = 4 * (lane / 16) + e;
-    double s = wave->c[n + 16 * (m / 4)][m % 4];
+    const int m = 4 * ((lane - base) / 16) + e;
+    double s = wave->c[base + n + 16 * (m / 4)][m % 4];
     for (int k = 0; k < 16; ++k)
-      s += (double)cvt(wave->a[m + 16 * (k / 4)][k % 4]) *
-           (double)cvt(wave->b[n + 16 * (k / 4)][k % 4]);
+      s += (double)cvt(wave->a[base + m + 16 * (k / 4)][k % 4]) *
+           (double)cvt(wave->b[base + n + 16 * (k / 4)][k % 4]);
     d[e] = (float)s;
   }
   wait();
@@ -168,9 +173,10 @@ void fiber_main(int l) {
   lane = l;
   try {
     for (long long i = 0; i < job.waves; ++i) {
-      // SS_WPB (= FB_WPB) wavefronts per block: wavefront i is block i / 4, warp i % 4.
-      bid = (int)(i / SS_WPB);
-      tid = (int)(i % SS_WPB) * W + l;
+      // Wave jobs: SS_WPB (= FB_WPB) wavefronts per block, wavefront i is block i / 4, warp
+      // i % 4. Block jobs: job i is block i, fiber l is thread l.
+      bid = nl == W ? (int)(i / SS_WPB) : (int)i;
+      tid = nl == W ? (int)(i % SS_WPB) * W + l : l;
       (*job.body)(i);
       arrive(DONE);
       // No lane may start the next wavefront's exchanges before all have checked this one.
@@ -182,12 +188,14 @@ void fiber_main(int l) {
   swapcontext(&wave->fiber[l], &wave->sched);
 }
 
-bool run_waves(long long waves, const std::function<void(long long)>& body, std::string& why) {
+bool run_job(int lanes, long long waves, const std::function<void(long long)>& body,
+             std::string& why) {
   Wave* w = new Wave();
   wave = w;
+  nl = lanes;
   job = Job{waves, &body};
-  for (int l = 0; l < W; ++l) {
-    w->stack[l].resize(1 << 20);
+  for (int l = 0; l < nl; ++l) {
+    w->stack[l].resize(1 << 19);
     w->finished[l] = false;
     w->fiber_tid[l] = w->fiber_bid[l] = 0;
     getcontext(&w->fiber[l]);
@@ -198,7 +206,7 @@ bool run_waves(long long waves, const std::function<void(long long)>& body, std:
   }
   for (;;) {
     int running = 0;
-    for (int l = 0; l < W; ++l) {
+    for (int l = 0; l < nl; ++l) {
       if (w->finished[l]) continue;
       ++running;
       lane = l;
@@ -213,6 +221,14 @@ bool run_waves(long long waves, const std::function<void(long long)>& body, std:
   if (!ok) why = w->why;
   delete w;
   return ok;
+}
+
+bool run_waves(long long waves, const std::function<void(long long)>& body, std::string& why) {
+  return run_job(W, waves, body, why);
+}
+// Runs `body(block)` on every block of a grid, its 4 wavefronts in lockstep.
+bool run_blocks(long long blocks, const std::function<void(long long)>& body, std::string& why) {
+  return run_job(WMAX, blocks, body, why);
 }
 
 uint16_t to_bf16(float f) { return pt_f_to_bf16(f); }
@@ -511,6 +527,43 @@ static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int
   judge("fallback", g, bu);
 }
 
+// The tiled fallback forward (blocks of 4 wavefronts, shared memory, block barriers), then the
+// fallback backward on its lse: masks, windows, GQA, slots longer than one 64-row query tile and
+// than one key tile, and slots without queries or keys.
+template <class E, class O, int D>
+static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int wl, int wr,
+                       int min_len, int max_len) {
+  const Geometry g = make_geometry(rng, b, H, Hkv, D, D, mask, wl, wr, min_len, max_len);
+  Buffers<E, O> bu(rng, g);
+  int max_lq = 0;
+  for (int i = 0; i < b; ++i) max_lq = std::max(max_lq, g.cu_q[i + 1] - g.cu_q[i]);
+  const int tiles = (max_lq + FT_BM - 1) / FT_BM;
+  std::vector<typename E::T> sm(FtShape<D>::ELEMS);
+  std::string why;
+  auto fwd = [&](long long) {
+    ft_fwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+                    g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv,
+                    tiles, g.scale, mask, wl, wr, sm.data());
+  };
+  check(model::run_blocks((long long)H * b * tiles, fwd, why), "tiled fwd uniform: " + why);
+  auto grid = [](long long items) { return (items + FB_WPB - 1) / FB_WPB * FB_WPB; };
+  auto bq = [&](long long) {
+    fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                   bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
+                   g.off_q.data(), g.off_kv.data(), b, H, Hkv, D, D, g.tq, g.scale, mask, wl, wr,
+                   fb_smem);
+  };
+  check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
+  auto bkv = [&](long long) {
+    fb_bwd_kv<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+                    bu.delta.data(), bu.rowsum.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(),
+                    g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv, D, D, g.tk,
+                    g.scale, mask, wl, wr, fb_smem);
+  };
+  check(model::run_waves(grid(g.tk * Hkv), bkv, why), "fallback bwd_kv uniform: " + why);
+  judge("tiled", g, bu);
+}
+
 int main() {
   std::mt19937 rng(7);
   for (int rep = 0; rep < 4; ++rep) {
@@ -531,6 +584,12 @@ int main() {
   test_fallback<F16, F32>(rng, 2, 2, 1, 40, 24, 2, 3, 1, 0, 70);
   test_fallback<F32, F32>(rng, 2, 3, 3, 16, 8, 1, -1, 2, 40, 70);
   test_fallback<BF16, F32>(rng, 2, 2, 1, 32, 32, 0, -1, -1, 40, 70);
+  // Tiled fallback forward: two query tiles and several key tiles per slot, every mask, a
+  // window, GQA, empty slots.
+  test_tiled<BF16, BF16, 64>(rng, 2, 2, 1, 0, -1, -1, 0, 100);
+  test_tiled<F16, F32, 128>(rng, 2, 1, 1, 2, -1, -1, 50, 90);
+  test_tiled<BF16, BF16, 128>(rng, 2, 2, 2, 1, -1, -1, 60, 80);
+  test_tiled<F16, F16, 64>(rng, 3, 2, 2, 2, 20, 5, 0, 80);
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }
