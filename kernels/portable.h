@@ -229,6 +229,14 @@ PT_INLINE pt_u32 pt_word(const pt_v4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
+// A hint that the 128-byte line at p will be read soon: fetched into L2 without a register or a
+// wait (CUDA); nothing on HIP.
+#if defined(PT_CUDA)
+PT_INLINE void pt_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+#else
+PT_INLINE void pt_prefetch(const void*) {}
+#endif
+
 // Asynchronous 16-byte copies from global to shared memory, zero-filled where `valid` is false
 // (nothing is read then). On CUDA sm_80+ they are cp.async (the copy runs while the thread
 // computes; pt_cp_commit closes a group, pt_cp_wait<N> waits until at most N groups are in

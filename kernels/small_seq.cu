@@ -18,6 +18,19 @@
 #include "portable.h"
 
 #define SS_WPB 4
+// Blocks per multiprocessor the register allocation must allow (CUDA): the kernels are
+// memory-bound, and more resident warps keep more loads in flight.
+#ifndef SS_FWD_BLOCKS
+#define SS_FWD_BLOCKS 4
+#endif
+#ifndef SS_BWD_BLOCKS
+#define SS_BWD_BLOCKS 3
+#endif
+#ifdef PT_CUDA
+#define SS_BOUNDS(N) __launch_bounds__(SS_WPB * PT_LWARP_THREADS, N)
+#else
+#define SS_BOUNDS(N)
+#endif
 
 // Planted bugs of the mutation catalogue (src/mutants.rs), compiled in only when the harness
 // asks for one (`SMALLSEQ_MUTANT_*` defines): the same names as the CPU backend's mutants, so
@@ -65,6 +78,14 @@ PT_INLINE bool ss_item(SsItem& it, const int* cu_q, const int* cu_kv, const int*
   it.oq = off_q[slot];
   it.ok = off_kv[slot];
   return true;
+}
+
+// Asks L2 for the first n rows of Y (row stride rs): a later phase of the item reads them, and
+// without the hint its loads wait for memory a second time after the first phase's did.
+template <class E, int D>
+PT_INLINE void ss_prefetch(const typename E::T* y, long long rs, int n) {
+  const int LINES = D * (int)sizeof(typename E::T) / 128;  // 128-byte lines per row
+  for (int i = pt_llane(); i < n * LINES; i += 32) pt_prefetch(y + (i / LINES) * rs + (i % LINES) * 64);
 }
 
 // Accumulates S = X·Yᵀ over D for rows of X (up to 32) and rows of Y (up to 24) into
@@ -127,67 +148,66 @@ PT_INLINE void ss_afrag(pt_u32 (&a)[2][2][4], const float (&p)[2][3][4]) {
   }
 }
 
-// out[rows][D] = A[rows][keys] · Y[keys][D] (Y rows past ny zero), stored (times mul) for rows
-// < nrows at out + row * rs.
+// out[o][D] = F[o][r] · Y[r][D] for F held as A fragments f[ot][rt] (16-row output tile ot,
+// 16-wide reduction tile rt); Y rows past ny are zero and not read; stored (times mul) for
+// output rows < nout. The output tiles run one after the other: tile 1 holds only row 16 of a
+// 17-token side, and holding both accumulators at once cost 32 registers per lane (occupancy)
+// for that one row; tile 1 re-reads Y from cache instead.
 template <class E, class O, int D>
-PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
-                     int nrows, typename O::T* out, float mul) {
+PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long long rs, int ny,
+                     int nout, typename O::T* out, float mul) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
-  const bool m1 = nrows > 16, k1 = ny > 16;
 #pragma unroll 1
-  for (int c64 = 0; c64 < D / 64; ++c64) {
-    float acc[2][8][4];
+  for (int c64 = 0; c64 < D / 64; ++c64)
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int ot = 0; ot < 2; ++ot) {
+      if (ot == 1 && nout <= 16) continue;
+      float acc[8][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      if (kk == 1 && !k1) continue;
-      const typename E::T* yb = y + c64 * 64 + g * 8;
-      int k0 = kk * 16 + 2 * t;
-      pt_v4 v0 = k0 < ny ? pt_ld16(yb + k0 * rs) : pt_zero4();
-      pt_v4 v1 = k0 + 1 < ny ? pt_ld16(yb + (k0 + 1) * rs) : pt_zero4();
-      pt_v4 v8 = k0 + 8 < ny ? pt_ld16(yb + (k0 + 8) * rs) : pt_zero4();
-      pt_v4 v9 = k0 + 9 < ny ? pt_ld16(yb + (k0 + 9) * rs) : pt_zero4();
+      for (int rt = 0; rt < 2; ++rt) {
+        if (rt == 1 && ny <= 16) continue;
+        const typename E::T* yb = y + c64 * 64 + g * 8;
+        const int r0 = rt * 16 + 2 * t;
+        pt_v4 v0 = r0 < ny ? pt_ld16(yb + r0 * rs) : pt_zero4();
+        pt_v4 v1 = r0 + 1 < ny ? pt_ld16(yb + (r0 + 1) * rs) : pt_zero4();
+        pt_v4 v8 = r0 + 8 < ny ? pt_ld16(yb + (r0 + 8) * rs) : pt_zero4();
+        pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        pt_u32 b0 = pt_bsel(v0, v1, j), b1 = pt_bsel(v8, v9, j);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          if (mt == 1 && !m1) continue;
-          pt_mma<E>(acc[mt][j], a[mt][kk][0], a[mt][kk][1], a[mt][kk][2], a[mt][kk][3], b0, b1);
-        }
+        for (int j = 0; j < 8; ++j)
+          pt_mma<E>(acc[j], f[ot][rt][0], f[ot][rt][1], f[ot][rt][2], f[ot][rt][3],
+                    pt_bsel(v0, v1, j), pt_bsel(v8, v9, j));
       }
-    }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        int row = mt * 16 + hh * 8 + g;
-        if (row < nrows) {
+        const int row = ot * 16 + hh * 8 + g;
+        if (row < nout) {
           float x[16];
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            x[i] = acc[mt][i][hh * 2];
-            x[i + 8] = acc[mt][i][hh * 2 + 1];
+            x[i] = acc[i][hh * 2];
+            x[i + 8] = acc[i][hh * 2 + 1];
           }
           pt_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, mul);
         }
       }
-  }
+    }
 }
 
-// out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments;
-// Y rows past ny are zero; stored (times mul) for keys < nkeys.
+// out[rows][D] = A[rows][keys] · Y[keys][D] (a: A fragments [row tile][key tile]).
+template <class E, class O, int D>
+PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
+                     int nrows, typename O::T* out, float mul) {
+  ss_fy<E, O, D>(a, y, rs, ny, nrows, out, mul);
+}
+
+// out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments.
 template <class E, class O, int D>
 PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
                       int nkeys, typename O::T* out, float mul) {
-  const int l = pt_llane(), g = l >> 2, t = l & 3;
-  const bool k1 = ny > 16;
-  // Transposed fragments: for key tile kk and row step mt.
   pt_u32 at[2][2][4];
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
@@ -198,52 +218,7 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
       at[kk][mt][2] = pt_trans8(a[mt][kk][1]);
       at[kk][mt][3] = pt_trans8(a[mt][kk][3]);
     }
-  const bool kt1 = nkeys > 16;
-#pragma unroll 1
-  for (int c64 = 0; c64 < D / 64; ++c64) {
-    float acc[2][8][4];
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[kk][j][e] = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      if (mt == 1 && !k1) continue;
-      const typename E::T* yb = y + c64 * 64 + g * 8;
-      int r0 = mt * 16 + 2 * t;
-      pt_v4 v0 = r0 < ny ? pt_ld16(yb + r0 * rs) : pt_zero4();
-      pt_v4 v1 = r0 + 1 < ny ? pt_ld16(yb + (r0 + 1) * rs) : pt_zero4();
-      pt_v4 v8 = r0 + 8 < ny ? pt_ld16(yb + (r0 + 8) * rs) : pt_zero4();
-      pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        pt_u32 b0 = pt_bsel(v0, v1, j), b1 = pt_bsel(v8, v9, j);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          if (kk == 1 && !kt1) continue;
-          pt_mma<E>(acc[kk][j], at[kk][mt][0], at[kk][mt][1], at[kk][mt][2], at[kk][mt][3], b0,
-                    b1);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        int key = kk * 16 + hh * 8 + g;
-        if (key < nkeys) {
-          float x[16];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            x[i] = acc[kk][i][hh * 2];
-            x[i + 8] = acc[kk][i][hh * 2 + 1];
-          }
-          pt_store16<E, O>(out + key * rs + c64 * 64 + t * 16, x, mul);
-        }
-      }
-  }
+  ss_fy<E, O, D>(at, y, rs, ny, nkeys, out, mul);
 }
 
 PT_INLINE float ss_quad_max(float x) {
@@ -271,6 +246,8 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
     for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+  ss_prefetch<E, D>(k + hk, rs, it.lk);
+  ss_prefetch<E, D>(v + hk, rs, it.lk);
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
   const float ninf = -pt_inf();
 #pragma unroll
@@ -343,6 +320,8 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+  ss_prefetch<E, D>(d_o + hq, rs, it.lq);
+  ss_prefetch<E, D>(v + hk, rs, it.lk);
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
   ss_xyt<E, D>(dp, d_o + hq, v + hk, rs, it.lq, it.lk);
   const float ninf = -pt_inf();
@@ -381,13 +360,15 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
 }
 
 #define SS_FWD(NAME, E, O, D)                                                                  \
-  PT_KERNEL void NAME(const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse,         \
+  PT_KERNEL SS_BOUNDS(SS_FWD_BLOCKS) void NAME(                                                 \
+      const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse,                          \
                       const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,   \
                       int b, int H, float scale, int mask) {                                    \
     ss_fwd<E, O, D>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, scale, mask);            \
   }
 #define SS_BWD(NAME, E, O, D)                                                                  \
-  PT_KERNEL void NAME(const E::T* q, const E::T* k, const E::T* v, const E::T* d_o,             \
+  PT_KERNEL SS_BOUNDS(SS_BWD_BLOCKS) void NAME(                                                 \
+      const E::T* q, const E::T* k, const E::T* v, const E::T* d_o,                             \
                       const float* lse, O::T* dq, O::T* dk, O::T* dv, const int* cu_q,          \
                       const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,      \
                       float scale, int mask) {                                                  \

@@ -34,6 +34,8 @@ enum Command {
     BenchReference(cli::reference_bench::BenchReferenceArgs),
     /// Time the GPU kernels against a same-bytes device copy.
     Bench(cli::bench::BenchArgs),
+    /// Measure how often a backend's small-seq outputs sit more than one ulp from the emulation.
+    Calibrate(cli::calibrate::CalibrateArgs),
 }
 
 /// Keeps freed heap memory in the process instead of giving it back to the kernel.
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::Mutants(a) => cli::mutants::run(a),
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
+        Command::Calibrate(a) => cli::calibrate::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

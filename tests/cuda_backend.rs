@@ -505,6 +505,7 @@ fn bench_when_asked() {
         filter: std::env::var("SMALLSEQ_BENCH_FILTER").ok(),
         rotate_mb: 256,
         fallback: true,
+        forward_only: false,
         out,
     };
     bench::run(&args).unwrap();

@@ -20,7 +20,7 @@
 
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
-    SMALL_SEQ_HEAD_DIMS,
+    SMALL_SEQ_HEAD_DIMS, TILED_HEAD_DIMS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
@@ -369,6 +369,7 @@ enum Kernel {
     SmallSeqFwd,
     SmallSeqBwd,
     FallbackFwd,
+    TiledFwd,
     FallbackBwdQ,
     FallbackBwdKv,
 }
@@ -393,7 +394,7 @@ fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
     };
     let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
     let mut v = match k {
-        Kernel::SmallSeqFwd | Kernel::FallbackFwd => {
+        Kernel::SmallSeqFwd | Kernel::FallbackFwd | Kernel::TiledFwd => {
             vec![Ptr(p.q), Ptr(p.k), Ptr(p.v), Ptr(p.o), Ptr(p.lse)]
         }
         Kernel::SmallSeqBwd => vec![
@@ -433,6 +434,19 @@ fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
+        Kernel::TiledFwd => {
+            let tiles = d.tiled_fwd().map_or(0, |(_, t)| t);
+            v.extend([
+                I32(d.b),
+                I32(d.heads),
+                I32(d.kv_heads),
+                I32(tiles),
+                F32(d.scale),
+                I32(d.mask),
+                I32(d.window.0),
+                I32(d.window.1),
+            ]);
+        }
     }
     v
 }
@@ -700,6 +714,17 @@ impl HipBackend {
     /// Unsupported shapes, HIP errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
+        if let Some((name, tiles)) = d.tiled_fwd() {
+            // One block per (head, slot, query tile): `blocks` counts items.
+            let items = d.heads as i64 * d.b as i64 * tiles as i64;
+            let blocks = Self::blocks(items * ITEMS_PER_BLOCK as i64)?;
+            if blocks == 0 {
+                return Ok(());
+            }
+            let args = args_of(Kernel::TiledFwd, d, p);
+            let smem = d.tiled_fwd_smem();
+            return Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?);
+        }
         let [name, _, _] = Self::fallback_names(d)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks == 0 || d.b == 0 {
@@ -776,6 +801,8 @@ pub fn kernels() -> Vec<KernelInfo> {
                 } else {
                     Kernel::SmallSeqBwd
                 }
+            } else if name.starts_with("fallback_fwd_tc") {
+                Kernel::TiledFwd
             } else if name.starts_with("fallback_fwd") {
                 Kernel::FallbackFwd
             } else if name.starts_with("fallback_bwd_q") {
@@ -838,6 +865,13 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         };
         if let Ok(names) = HipBackend::fallback_names(&d) {
             v.extend(names.into_iter().map(|n| ("fallback", n)));
+        }
+        for dim in TILED_HEAD_DIMS {
+            d.dqk = dim as i32;
+            d.dv = dim as i32;
+            if let Some((n, _)) = d.tiled_fwd() {
+                v.push(("fallback", n));
+            }
         }
         for dim in SMALL_SEQ_HEAD_DIMS {
             d.dqk = dim as i32;

@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// Also time the fallback kernels on the small-seq workloads.
     #[arg(long, default_value_t = true)]
     pub fallback: bool,
+    /// Time the forward kernels only (e.g. under a sanitizer, where the scalar fallback
+    /// backward on 512-token sequences takes minutes).
+    #[arg(long)]
+    pub forward_only: bool,
     /// Write the figures as JSON here.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -344,14 +348,18 @@ mod imp {
             if w.small {
                 let t = time(&|pp| be.launch_small_seq_fwd(&dims, pp))?;
                 emit("small_seq_fwd", t, fwd_bytes);
-                let t = time(&|pp| be.launch_small_seq_bwd(&dims, pp))?;
-                emit("small_seq_bwd", t, bwd_bytes);
+                if !args.forward_only {
+                    let t = time(&|pp| be.launch_small_seq_bwd(&dims, pp))?;
+                    emit("small_seq_bwd", t, bwd_bytes);
+                }
             }
             if args.fallback || !w.small {
                 let t = time(&|pp| be.launch_fallback_fwd(&dims, pp))?;
                 emit("fallback_fwd", t, fwd_bytes);
-                let t = time(&|pp| be.launch_fallback_bwd(&dims, pp))?;
-                emit("fallback_bwd", t, bwd_bytes);
+                if !args.forward_only {
+                    let t = time(&|pp| be.launch_fallback_bwd(&dims, pp))?;
+                    emit("fallback_bwd", t, bwd_bytes);
+                }
             }
         }
         if let Some(path) = &args.out {

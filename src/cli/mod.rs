@@ -2,6 +2,7 @@
 //! live here only.
 
 pub mod bench;
+pub mod calibrate;
 pub mod explain;
 pub mod fuzz;
 pub mod mutants;

@@ -265,7 +265,8 @@ fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
 }
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
-const MIN_CONFORMANCE_ELEMENTS: usize = 256;
+/// Fewest elements of a tensor whose conformance rate is judged.
+pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
 
 /// Runs the property suite on one case.
 pub struct Checker<'a> {
@@ -391,35 +392,9 @@ impl<'a> Checker<'a> {
         if base.fwd.path != Some(Path::SmallSeq) {
             return skip("not on the small-seq path");
         }
-        let bwd_small = base.bwd.as_ref().and_then(|b| b.path) == Some(Path::SmallSeq);
-        let vq = case.layout.q.valid_tokens();
-        let vk = case.layout.kv.valid_tokens();
-        let u = case.config.dtype.unit_roundoff();
-        let tensors = [
-            ("o", &actual.o, &emulated.o, &vq, true),
-            ("dq", &actual.dq, &emulated.dq, &vq, bwd_small),
-            ("dk", &actual.dk, &emulated.dk, &vk, bwd_small),
-            ("dv", &actual.dv, &emulated.dv, &vk, bwd_small),
-        ];
         let mut judged = false;
         let mut worst: Option<(f64, String)> = None;
-        for (name, a, e, valid, on_path) in tensors {
-            let (Some(a), Some(e), true) = (a, e, on_path) else {
-                continue;
-            };
-            let pairs = a
-                .indexed_iter()
-                .filter(|((t, _, _), _)| valid[*t])
-                .map(|(i, &x)| (x, e[i]));
-            let (n, off) = pairs.fold((0usize, 0usize), |(n, off), (x, y)| {
-                let ulp = 2.0 * u * y.abs();
-                let differs = if x.is_finite() && y.is_finite() {
-                    (x - y).abs() > ulp * 1.01
-                } else {
-                    x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
-                };
-                (n + 1, off + usize::from(differs))
-            });
+        for (name, n, off) in conformance_counts(case, base, actual, emulated) {
             // A rate needs enough elements to mean anything.
             if n < MIN_CONFORMANCE_ELEMENTS {
                 continue;
@@ -887,4 +862,47 @@ fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
             }
         }
     }
+}
+
+/// Per output tensor the small-seq path computed: its name, the valid elements compared, and
+/// how many of them lie more than one ulp of the dtype from the emulation's value (the count
+/// `emulation_conformance` bounds and `smallseq calibrate` measures).
+pub fn conformance_counts(
+    case: &Case,
+    base: &Pair,
+    actual: &Outputs,
+    emulated: &Outputs,
+) -> Vec<(&'static str, usize, usize)> {
+    let fwd_small = base.fwd.path == Some(Path::SmallSeq);
+    let bwd_small = base.bwd.as_ref().and_then(|b| b.path) == Some(Path::SmallSeq);
+    let vq = case.layout.q.valid_tokens();
+    let vk = case.layout.kv.valid_tokens();
+    let u = case.config.dtype.unit_roundoff();
+    let tensors = [
+        ("o", &actual.o, &emulated.o, &vq, fwd_small),
+        ("dq", &actual.dq, &emulated.dq, &vq, bwd_small),
+        ("dk", &actual.dk, &emulated.dk, &vk, bwd_small),
+        ("dv", &actual.dv, &emulated.dv, &vk, bwd_small),
+    ];
+    let mut out = Vec::new();
+    for (name, a, e, valid, on_path) in tensors {
+        let (Some(a), Some(e), true) = (a, e, on_path) else {
+            continue;
+        };
+        let pairs = a
+            .indexed_iter()
+            .filter(|((t, _, _), _)| valid[*t])
+            .map(|(i, &x)| (x, e[i]));
+        let (n, off) = pairs.fold((0usize, 0usize), |(n, off), (x, y)| {
+            let ulp = 2.0 * u * y.abs();
+            let differs = if x.is_finite() && y.is_finite() {
+                (x - y).abs() > ulp * 1.01
+            } else {
+                x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+            };
+            (n + 1, off + usize::from(differs))
+        });
+        out.push((name, n, off));
+    }
+    out
 }

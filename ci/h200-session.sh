@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU work for one call of the `device` tool (an H200): correctness tests, the conformance
+# calibration, the benchmark with the PyTorch peers timed in the same run, ncu's register and
+# occupancy figures, compute-sanitizer, the kernel mutants and a fuzz campaign. Every stage has
+# its own time limit, so the whole call ends inside the tool's 10 minutes.
+#
+#   ci/h200-session.sh BIN_DIR OUT_DIR FUZZ_TIME [STAGE ...]
+#
+# BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
+# tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
+# Stages, in the order given: tests calibrate bench ncu sanitize mutants fuzz (default: all). Results go to OUT_DIR
+# (log.txt, bench.json, peers.json, calibrate.json, fuzz-report.json, fuzz-summary.md,
+# capsules.tar.gz): at most 8 files, the tool's limit.
+set -u
+bin=$1 out=$2 fuzz_time=$3
+shift 3
+stages=${*:-tests calibrate bench ncu sanitize mutants fuzz}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+log=$out/log.txt
+ss=$bin/smallseq
+# The whole script stops inside SESSION_LIMIT seconds (default 560): each command's limit is
+# cut to what is left, and a command with under 15 s left is skipped.
+deadline=$((SECONDS + ${SESSION_LIMIT:-560}))
+run() { # limit, command...
+  local limit=$1 left=$((deadline - SECONDS))
+  shift
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then
+    echo "SKIP (session time): $*" | tee -a "$log"
+    return
+  fi
+  echo "\$ $*" | tee -a "$log"
+  timeout "$limit" "$@" 2>&1 | tee -a "$log" | tail -40
+  echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
+for s in $stages; do
+  echo "== $s $(date +%T)" | tee -a "$log"
+  case $s in
+    tests)
+      SMALLSEQ_REQUIRE_GPU=1 run 150 "$bin/cuda_backend" --test-threads 1
+      SMALLSEQ_REQUIRE_GPU=1 run 150 "$bin/backends" ;;
+    calibrate)
+      run 120 "$ss" calibrate --backend cuda --cases 3000 --seed 1 --out "$out/calibrate.json" ;;
+    bench)
+      run 150 "$ss" bench --backend cuda --out "$out/bench.json"
+      run 150 python3 bench/peers.py "$out/bench.json" ;;
+    ncu)
+      run 120 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd|fallback_fwd_tc' \
+        --launch-count 6 --metrics launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+        "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix ;;
+    sanitize)
+      run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --out /tmp/san-m
+      run 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --forward-only --filter fix512
+      run 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 6 --seed 6 --shrink-time 0 --out /tmp/san-r ;;
+    mutants)
+      run 150 "$ss" mutants --backend cuda --cases 150 --seed 1 ;;
+    fuzz)
+      run $(( ${fuzz_time%s} + 40 )) "$ss" fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz
+      cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
+      cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
+      tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null ;;
+    *) echo "unknown stage $s" | tee -a "$log" ;;
+  esac
+done
+echo "== done $(date +%T)" | tee -a "$log"

@@ -1,0 +1,129 @@
+//! `smallseq calibrate`: how often a backend's small-seq outputs land more than one ulp from the
+//! device-faithful emulation, per dtype, head dim and tensor. `emulation_conformance` fails a
+//! case whose rate exceeds `Backend::rounding_budget`; this measures the rates a correct
+//! backend shows, so the budget is set from figures and not guessed.
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use smallseq::backend;
+use smallseq::dispatch::{Path, Profile};
+use smallseq::harness::campaign::case_seed;
+use smallseq::harness::gen::{build, draw_geometry_for};
+use smallseq::harness::props::{conformance_counts, oracle, run_pair, MIN_CONFORMANCE_ELEMENTS};
+use smallseq::harness::rng::Rng;
+use smallseq::wrapper::RunOptions;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Measure a backend's small-seq conformance rates against the emulation.
+#[derive(clap::Args, Debug)]
+pub struct CalibrateArgs {
+    /// Backend to measure: cpu, cuda, hip.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Cases drawn (the fuzz campaign's generator; only small-seq cases are measured).
+    #[arg(long, default_value_t = 400)]
+    pub cases: u64,
+    /// Seed of the cases (printed).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write the rates as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Default, Serialize)]
+struct Rates {
+    /// Tensors judged (at least MIN_CONFORMANCE_ELEMENTS valid elements).
+    tensors: usize,
+    elements: usize,
+    off: usize,
+    max_rate: f64,
+}
+
+pub fn run(args: &CalibrateArgs) -> Result<i32> {
+    let be = match backend::open(&args.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("smallseq: {e}");
+            return Ok(super::EXIT_USAGE);
+        }
+    };
+    eprintln!(
+        "smallseq calibrate: backend {} ({}), {} cases, seed {}",
+        be.name(),
+        be.arch(),
+        args.cases,
+        args.seed
+    );
+    let opts = RunOptions::default();
+    let bar = ProgressBar::new(args.cases);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} cases {eta}",
+    )?);
+    let mut rates: BTreeMap<String, Rates> = BTreeMap::new();
+    let mut small = 0usize;
+    for i in 0..args.cases {
+        bar.inc(1);
+        let cs = case_seed(args.seed, i);
+        let case = build(
+            &draw_geometry_for(&mut Rng::new(cs), Profile::Native),
+            cs ^ 0xda7a,
+        )?;
+        let Ok(pair) = run_pair(be.as_ref(), &case, &opts) else {
+            continue; // a failing run is the fuzz campaign's business, not a rate
+        };
+        if pair.fwd.path != Some(Path::SmallSeq) {
+            continue;
+        }
+        small += 1;
+        let y = oracle(&case).with_context(|| format!("case {i} (seed {cs})"))?;
+        for (name, n, off) in conformance_counts(&case, &pair, &pair.outputs(), &y.emulated) {
+            if n < MIN_CONFORMANCE_ELEMENTS {
+                continue;
+            }
+            let key = format!(
+                "{} d{} {name}",
+                case.config.dtype.name(),
+                case.config.params.head_dim_qk
+            );
+            let r = rates.entry(key).or_default();
+            r.tensors += 1;
+            r.elements += n;
+            r.off += off;
+            r.max_rate = r.max_rate.max(off as f64 / n as f64);
+        }
+    }
+    bar.finish_and_clear();
+    println!(
+        "{:22} {:>8} {:>10} {:>9} {:>9}",
+        "dtype d tensor", "tensors", "elements", "mean %", "max %"
+    );
+    let mut max = 0.0f64;
+    for (k, r) in &rates {
+        max = max.max(r.max_rate);
+        println!(
+            "{k:22} {:>8} {:>10} {:>9.3} {:>9.3}",
+            r.tensors,
+            r.elements,
+            100.0 * r.off as f64 / r.elements.max(1) as f64,
+            100.0 * r.max_rate
+        );
+    }
+    println!(
+        "{small} small-seq cases of {}; largest rate {:.3} % (current budget: {})",
+        args.cases,
+        100.0 * max,
+        be.rounding_budget()
+            .map_or("none, property skipped".into(), |b| format!(
+                "{:.3} %",
+                100.0 * b
+            ))
+    );
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&rates)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(0)
+}
