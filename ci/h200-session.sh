@@ -10,7 +10,7 @@
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
 # Stages, in the order given: tests calibrate bench ncu sanitize mutants fuzz (default: all). Results go to OUT_DIR
 # (log.txt, bench.json, peers.json, calibrate.json, fuzz-report.json, fuzz-summary.md,
-# capsules.tar.gz): at most 8 files, the tool's limit.
+# capsules.tar.gz, proptest-capsules.tar.gz): at most 8 files, the tool's limit.
 set -u
 bin=$1 out=$2 fuzz_time=$3
 shift 3
@@ -40,12 +40,25 @@ for s in $stages; do
   case $s in
     tests)
       SMALLSEQ_REQUIRE_GPU=1 run 150 "$bin/cuda_backend" --test-threads 1
-      SMALLSEQ_REQUIRE_GPU=1 run 150 "$bin/backends" ;;
+      SMALLSEQ_REQUIRE_GPU=1 run 150 "$bin/backends"
+      # Capsules of failing property cases (the path is compiled into the test binary).
+      caps=$(find / -path /proc -prune -o -type d -name proptest-capsules -print 2>/dev/null | head -1)
+      [ -n "$caps" ] && tar czf "$out/proptest-capsules.tar.gz" -C "$caps" . ;;
     calibrate)
       run 120 "$ss" calibrate --backend cuda --cases 3000 --seed 1 --out "$out/calibrate.json" ;;
     bench)
       run 150 "$ss" bench --backend cuda --out "$out/bench.json"
       run 150 python3 bench/peers.py "$out/bench.json" ;;
+    variants)
+      # Kernel variants (SMALLSEQ_KERNEL_DEFINES) timed back to back with the default build,
+      # the 512-token fallback forward and the small-seq workloads' forward and backward.
+      for v in "" ${VARIANTS:-}; do
+        echo "-- variant: ${v:-default}" | tee -a "$log"
+        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 60 "$ss" bench --backend cuda --iters 20 \
+          --fallback false --filter fix16,rnd,q1
+        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 40 "$ss" bench --backend cuda --iters 20 \
+          --forward-only --filter fix512
+      done ;;
     ncu)
       run 120 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd|fallback_fwd_tc' \
         --launch-count 6 --metrics launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \

@@ -319,11 +319,15 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
 // banks: K rows are read two per quarter-warp (64 bytes each: stride = 64 mod 128 bytes), V rows
 // four (rows 2t, 32 bytes each: stride = 16 mod 64 bytes).
 #define FT_BM 64
+// Keys per tile above D = 64 (the registers of S grow with it).
+#ifndef FT_BN_WIDE_D
+#define FT_BN_WIDE_D 32
+#endif
 #define FT_THREADS (4 * PT_LWARP_THREADS)
 
 template <int D>
 struct FtShape {
-  static const int BN = D > 64 ? 32 : 64;  // keys per tile (registers: see the report)
+  static const int BN = D > 64 ? FT_BN_WIDE_D : 64;  // keys per tile
   static const int NT = BN / 8;      // n-tiles of S
   static const int KS = D + 32;  // K row stride in elements
   static const int VS = D + 8;   // V row stride in elements
@@ -412,14 +416,20 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
       for (int ch = 0; ch < D / 32; ++ch) {
         const pt_v4 yb = pt_ld16(ks + (nt * 8 + g) * S::KS + ch * 32 + t * 8);
+#ifdef FT_CHAIN_S
+        float* part = s[nt];
+#else
         float part[4] = {0.f, 0.f, 0.f, 0.f};
+#endif
 #pragma unroll
         for (int j = 0; j < 2; ++j)
           pt_mma<E>(part, pt_word(xa[ch][0], 2 * j), pt_word(xa[ch][1], 2 * j),
                     pt_word(xa[ch][0], 2 * j + 1), pt_word(xa[ch][1], 2 * j + 1),
                     pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
+#ifndef FT_CHAIN_S
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += part[e];
+#endif
       }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -515,8 +525,18 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 
 extern __shared__ float fb_smem[];
 
+// Blocks per multiprocessor the register allocation must allow (CUDA; 0: the compiler's choice).
+#ifndef FT_MIN_BLOCKS
+#define FT_MIN_BLOCKS 0
+#endif
+#if defined(PT_CUDA) && FT_MIN_BLOCKS > 0
+#define FT_BOUNDS __launch_bounds__(FT_THREADS, FT_MIN_BLOCKS)
+#else
+#define FT_BOUNDS
+#endif
+
 #define FT_KERNEL(SUF, E, O, D)                                                                \
-  PT_KERNEL void fallback_fwd_tc_##SUF##_d##D(                                                  \
+  PT_KERNEL FT_BOUNDS void fallback_fwd_tc_##SUF##_d##D(                                        \
       const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse, const int* cu_q,         \
       const int* cu_kv, const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,   \
       float scale, int mask, int wl, int wr) {                                                  \

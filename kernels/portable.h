@@ -71,6 +71,7 @@ PT_INLINE float pt_exp(float x) { return __builtin_expf(x); }
 PT_INLINE float pt_log(float x) { return __builtin_logf(x); }
 PT_INLINE float pt_inf() { return __builtin_inff(); }
 PT_INLINE float pt_fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+PT_INLINE float pt_fmin(float a, float b) { return __builtin_fminf(a, b); }
 // a * b rounded to f32 and never fused into a neighbouring add: the empty asm makes the product
 // opaque, whatever -ffp-contract says.
 PT_INLINE float pt_mul_rn(float a, float b) {
@@ -111,6 +112,7 @@ PT_INLINE float pt_exp(float x) { return expf(x); }
 PT_INLINE float pt_log(float x) { return logf(x); }
 PT_INLINE float pt_inf() { return __uint_as_float(0x7f800000u); }
 PT_INLINE float pt_fmax(float a, float b) { return fmaxf(a, b); }
+PT_INLINE float pt_fmin(float a, float b) { return fminf(a, b); }
 // a * b rounded to f32 and never contracted into an FMA with a following add.
 PT_INLINE float pt_mul_rn(float a, float b) { return __fmul_rn(a, b); }
 PT_INLINE int pt_lane() { return (int)(threadIdx.x & 31); }
@@ -180,6 +182,7 @@ struct BF16 {
   PT_INLINE static pt_u32 pack2(float a, float b) {
     return (pt_u32)from_f(a) | ((pt_u32)from_f(b) << 16);
   }
+  static constexpr float MAXF = 3.38953139e38f;
 };
 
 struct F16 {
@@ -194,7 +197,14 @@ struct F16 {
   PT_INLINE static pt_u32 pack2(float a, float b) {
     return (pt_u32)from_f(a) | ((pt_u32)from_f(b) << 16);
   }
+  static constexpr float MAXF = 65504.f;
 };
+
+// x clamped to E's finite range (NaN stays NaN), so that rounding it to E cannot overflow.
+template <class E>
+PT_INLINE float pt_sat(float x) {
+  return x != x ? x : pt_fmin(pt_fmax(x, -E::MAXF), E::MAXF);
+}
 
 struct F32 {
   typedef float T;

@@ -13,7 +13,7 @@
 // into exp(fma(dot, scale, -lse)) the backward's P of a one-key row is 1 - O(ulp(s) / 1) instead
 // of 1, which on large scores gives its exactly-zero gradients O(dP · 1e-5) garbage); P = exp(s - m) / l in f32, rounded to the
 // input type before P·V and dV; D = Σ P·dP from the recomputed f32 P = exp(s - lse); dS rounded
-// before dQ/dK; scale applied after accumulation of dQ/dK; outputs rounded at store; lse f32
+// (saturating at the largest finite value) before dQ/dK; scale applied after accumulation of dQ/dK; outputs rounded at store; lse f32
 // natural log; a row with no visible key gets o = 0, lse = -inf and contributes nothing.
 #include "portable.h"
 
@@ -25,6 +25,13 @@
 #endif
 #ifndef SS_BWD_BLOCKS
 #define SS_BWD_BLOCKS 3
+#endif
+// L2 prefetch of the rows later phases read (ss_prefetch), per direction.
+#ifndef SS_PREFETCH_FWD
+#define SS_PREFETCH_FWD 1
+#endif
+#ifndef SS_PREFETCH_BWD
+#define SS_PREFETCH_BWD 0
 #endif
 #ifdef PT_CUDA
 #define SS_BOUNDS(N) __launch_bounds__(SS_WPB * PT_LWARP_THREADS, N)
@@ -246,8 +253,10 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
     for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#if SS_PREFETCH_FWD
   ss_prefetch<E, D>(k + hk, rs, it.lk);
   ss_prefetch<E, D>(v + hk, rs, it.lk);
+#endif
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
   const float ninf = -pt_inf();
 #pragma unroll
@@ -320,8 +329,10 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+#if SS_PREFETCH_BWD
   ss_prefetch<E, D>(d_o + hq, rs, it.lq);
   ss_prefetch<E, D>(v + hk, rs, it.lk);
+#endif
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
   ss_xyt<E, D>(dp, d_o + hq, v + hk, rs, it.lq, it.lk);
   const float ninf = -pt_inf();
@@ -348,7 +359,10 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float p = s[mt][nt][hh * 2 + e];
-          dp[mt][nt][hh * 2 + e] = p * (dp[mt][nt][hh * 2 + e] - dsum);
+          // Saturated: dS rounded to E is a tensor-core operand, and an infinite dS of one
+          // key with the opposite infinity of another made the row's dQ NaN (fuzz seed 2027,
+          // case 1923: f16, reference dQ -28,506).
+          dp[mt][nt][hh * 2 + e] = pt_sat<E>(p * (dp[mt][nt][hh * 2 + e] - dsum));
         }
     }
   pt_u32 pa[2][2][4], da[2][2][4];

@@ -172,7 +172,7 @@ fn emulate_group(
             let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
             dq.fill(0.0);
             for c in 0..lk {
-                let ds = dtype.round(pr[c] * (dp[c] - big_d));
+                let ds = dtype.round_saturating(pr[c] * (dp[c] - big_d));
                 let pc = dtype.round(pr[c]);
                 for (x, &kd) in dq.iter_mut().zip(k.row(c)) {
                     *x += ds * kd;

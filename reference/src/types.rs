@@ -28,6 +28,15 @@ impl Dtype {
         }
     }
 
+    /// Round to this dtype, saturating at its largest finite value instead of overflowing to
+    /// infinity (NaN stays NaN). The kernels round dS this way: an infinite dS of one key and
+    /// the opposite infinity of another turn every dQ of the row into NaN.
+    #[inline]
+    pub fn round_saturating(self, x: f32) -> f32 {
+        let m = self.max_finite();
+        self.round(x.clamp(-m, m))
+    }
+
     /// Round an f64 to this dtype, through f32 for the 16-bit types (as a device store does).
     #[inline]
     pub fn round_f64(self, x: f64) -> f32 {

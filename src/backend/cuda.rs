@@ -120,7 +120,7 @@ impl CudaBackend {
             cc,
             modules: OnceLock::new(),
             funcs: Mutex::new(HashMap::new()),
-            defines: Vec::new(),
+            defines: defines_from_env(),
         })
     }
 
@@ -131,7 +131,7 @@ impl CudaBackend {
     /// As [`CudaBackend::new`].
     pub fn with_defines(defines: &[&str]) -> Result<Self> {
         let mut be = Self::new()?;
-        be.defines = defines.iter().map(|d| d.to_string()).collect();
+        be.defines.extend(defines.iter().map(|d| d.to_string()));
         Ok(be)
     }
 
@@ -427,6 +427,15 @@ impl CudaBackend {
     }
 }
 
+/// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
+/// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
+/// without a rebuild.
+fn defines_from_env() -> Vec<String> {
+    std::env::var("SMALLSEQ_KERNEL_DEFINES")
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
 fn fix_o32(name: String) -> String {
     // `small_seq_fwd_bf16_o32_d128` -> `small_seq_fwd_bf16_d128_o32` (the kernels' spelling).
     match name.find("_o32_d") {
@@ -581,6 +590,20 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    /// Measured on an H200 (`smallseq calibrate --backend cuda --cases 3000 --seed 1`, 575
+    /// small-seq cases, bench/NOTES.md): at most 0.32 % of `o` and 1.2 % of `dv` elements sit
+    /// more than one ulp from the emulation (means 0.01 % and 0.04 %), so 2 % and 5 % leave a
+    /// margin of 4-6x and still catch a kernel that skips the rounding of P. `dq` and `dk` reach
+    /// 24 % and 5.5 % on cases whose dS cancels (a one-ulp change of dS moves a near-zero sum
+    /// by many of its ulps): their rate says nothing about roundings, so it is not judged.
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        match tensor {
+            "o" => Some(0.02),
+            "dv" => Some(0.05),
+            _ => None,
+        }
+    }
+
     fn name(&self) -> &str {
         "cuda"
     }

@@ -150,11 +150,11 @@ impl LaunchDims {
     }
 
     /// Dynamic shared memory of the tiled fallback forward: one key tile of K and one of V, rows
-    /// padded (`FtShape` in kernels/fallback.cu: 32 keys per tile above D = 64, else 64).
+    /// padded (`FtShape` in kernels/fallback.cu). Sized for 64-key tiles, the most any build
+    /// of the kernel uses (above D = 64 it takes 32 unless `FT_BN_WIDE_D` says otherwise).
     pub fn tiled_fwd_smem(&self) -> u32 {
         let d = self.dqk.max(0) as u32;
-        let keys = if d > 64 { 32 } else { 64 };
-        keys * ((d + 32) + (d + 8)) * 2
+        64 * ((d + 32) + (d + 8)) * 2
     }
 
     /// Why the fallback kernels cannot take this launch, if they cannot.

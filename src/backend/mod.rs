@@ -146,12 +146,13 @@ pub trait Backend: Send + Sync {
     fn zeroes_dont_care(&self) -> bool {
         true
     }
-    /// Fraction of small-seq output elements allowed to differ from the device-faithful
-    /// emulation by more than one ulp of the output dtype (the `emulation_conformance`
-    /// property). `None` where the backend's roundings have not been calibrated against the
-    /// emulation: a GPU's `exp` and accumulation order move P across rounding boundaries at
-    /// a rate that has to be measured on the device before it can be bounded.
-    fn rounding_budget(&self) -> Option<f64> {
+    /// Fraction of the small-seq path's elements of output `tensor` (`o`, `dq`, `dk`, `dv`)
+    /// allowed to differ from the device-faithful emulation by more than one ulp of the output
+    /// dtype (the `emulation_conformance` property). `None` where that tensor is not judged:
+    /// the backend's roundings have not been calibrated against the emulation (`smallseq
+    /// calibrate` measures them), or its rate is dominated by cancellation, not by roundings.
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        let _ = tensor;
         None
     }
     /// The small-seq forward kernel. Writes every valid row of `o` and `lse`.

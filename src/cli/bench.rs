@@ -20,14 +20,14 @@ pub struct BenchArgs {
     /// Untimed repetitions first.
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
-    /// Only workloads whose name contains this.
+    /// Only workloads whose name contains one of these (comma-separated).
     #[arg(long)]
     pub filter: Option<String>,
     /// Input sets together at least this many MB (rotated; H200 L2 is 50 MB).
     #[arg(long, default_value_t = 256)]
     pub rotate_mb: usize,
-    /// Also time the fallback kernels on the small-seq workloads.
-    #[arg(long, default_value_t = true)]
+    /// Also time the fallback kernels on the small-seq workloads (`--fallback false`: not).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub fallback: bool,
     /// Time the forward kernels only (e.g. under a sanitizer, where the scalar fallback
     /// backward on 512-token sequences takes minutes).
@@ -213,7 +213,7 @@ mod imp {
         );
         for w in workloads() {
             if let Some(f) = &args.filter {
-                if !w.name.contains(f.as_str()) {
+                if !f.split(',').any(|part| w.name.contains(part)) {
                     continue;
                 }
             }

@@ -111,15 +111,20 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             100.0 * r.max_rate
         );
     }
+    let budgets: Vec<String> = ["o", "dq", "dk", "dv"]
+        .iter()
+        .map(|t| {
+            be.rounding_budget(t)
+                .map_or(format!("{t} not judged"), |b| {
+                    format!("{t} {:.2} %", 100.0 * b)
+                })
+        })
+        .collect();
     println!(
-        "{small} small-seq cases of {}; largest rate {:.3} % (current budget: {})",
+        "{small} small-seq cases of {}; largest rate {:.3} % (current budgets: {})",
         args.cases,
         100.0 * max,
-        be.rounding_budget()
-            .map_or("none, property skipped".into(), |b| format!(
-                "{:.3} %",
-                100.0 * b
-            ))
+        budgets.join(", ")
     );
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)

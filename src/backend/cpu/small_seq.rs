@@ -220,7 +220,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     };
                     let mut dq = vec![0f32; d];
                     for c in 0..g.lk {
-                        let ds = dt.round(pr[c] * (dp[c] - delta));
+                        let ds = dt.round_saturating(pr[c] * (dp[c] - delta));
                         dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
                         dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
