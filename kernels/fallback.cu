@@ -526,8 +526,10 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 extern __shared__ float fb_smem[];
 
 // Blocks per multiprocessor the register allocation must allow (CUDA; 0: the compiler's choice).
+// 3 caps D = 128 at 168 registers (from 248, 2 blocks) with 8-12 bytes of spill: 1389 -> 1308 us
+// on 64 x 512 tokens, h16 (H200, bench/NOTES.md v4).
 #ifndef FT_MIN_BLOCKS
-#define FT_MIN_BLOCKS 0
+#define FT_MIN_BLOCKS 3
 #endif
 #if defined(PT_CUDA) && FT_MIN_BLOCKS > 0
 #define FT_BOUNDS __launch_bounds__(FT_THREADS, FT_MIN_BLOCKS)
