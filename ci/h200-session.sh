@@ -47,7 +47,7 @@ for s in $stages; do
     calibrate)
       run 120 "$ss" calibrate --backend cuda --cases 3000 --seed 1 --out "$out/calibrate.json" ;;
     bench)
-      run 150 "$ss" bench --backend cuda --out "$out/bench.json"
+      run 150 "$ss" bench --backend cuda --out "$out/bench.json" ${BENCH_ARGS:-}
       run 150 python3 bench/peers.py "$out/bench.json" ;;
     variants)
       # Kernel variants (SMALLSEQ_KERNEL_DEFINES) timed back to back with the default build,
