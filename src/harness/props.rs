@@ -884,9 +884,11 @@ fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
 fn past_limit_agreed(out: &Outputs, reference: &Outputs, limit: f64) -> Outputs {
     let fix = |a: &Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>| {
         a.as_ref().map(|a| match r {
-            Some(r) => ndarray::Zip::from(a)
-                .and(r)
-                .map_collect(|&x, &rv| if rv.abs() > limit { rv } else { x }),
+            Some(r) => {
+                ndarray::Zip::from(a)
+                    .and(r)
+                    .map_collect(|&x, &rv| if rv.abs() > limit { rv } else { x })
+            }
             None => a.clone(),
         })
     };

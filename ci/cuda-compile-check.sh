@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CUDA kernels without a GPU: compiles kernels/small_seq.cu and kernels/fallback.cu with NVRTC
+# exactly as the CUDA backend does (sm_90), once plainly and once per kernel mutant define, and
+# prints ptxas's registers, stack and spills per kernel. NVRTC and ptxas come from PyPI
+# (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
+# Fails on a compile error, or on a small-seq kernel that spills (they are tuned to fit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools=target/cuda-tools
+ver=12.9.86
+if [ ! -x "$tools/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$tools/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+  mkdir -p "$tools/wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tools/wheels" \
+    "nvidia-cuda-nvrtc-cu12==$ver" "nvidia-cuda-nvcc-cu12==$ver"
+  for w in "$tools"/wheels/*.whl; do python3 -m zipfile -e "$w" "$tools"; done
+  chmod +x "$tools/nvidia/cuda_nvcc/bin/ptxas"
+fi
+out=target/cuda-compile-check
+for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_MUTANT_CAUSAL_IGNORED; do
+  python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"
+  if [ -z "$defines" ]; then sort -k1,1 "$out.log" | grep regs; fi
+  tail -1 "$out.log"
+  if grep -E '^small_seq' "$out.log" | grep -vq 'spill 0$'; then
+    echo "FAIL: a small-seq kernel spills ($defines)"; exit 1
+  fi
+done
