@@ -330,3 +330,40 @@ fn te625_campaign_names_every_modelled_defect() {
     let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(summary.contains("TE #625 defects"));
 }
+
+#[test]
+fn calibrate_reports_rates_per_dtype_dim_and_tensor() {
+    let out = tmp("calibrate.json");
+    let run = bin()
+        .args(["calibrate", "--cases", "120", "--seed", "3", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}");
+    assert!(stdout.contains("dtype d tensor"), "{stdout}");
+    assert!(stdout.contains("current budgets: o 1.00 %"), "{stdout}");
+    // The CPU backend performs the emulation's roundings: its rates are ~0, far under 1 %.
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let rows = json.as_object().unwrap();
+    assert!(!rows.is_empty(), "no small-seq tensor judged in 120 cases");
+    for (key, r) in rows {
+        assert!(key.split(' ').count() == 3, "{key}");
+        assert!(r["tensors"].as_u64().unwrap() > 0);
+        assert!(r["max_rate"].as_f64().unwrap() < 0.01, "{key}: {r}");
+    }
+}
+
+#[test]
+fn calibrate_without_a_gpu_exits_2_with_one_line() {
+    let run = bin()
+        .args(["calibrate", "--backend", "cuda", "--cases", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    match run.status.code() {
+        Some(2) => assert_eq!(err.trim().lines().count(), 1, "{err}"),
+        // Built with the cuda feature on a machine with a GPU.
+        code => assert_eq!(code, Some(0), "{err}"),
+    }
+}

@@ -240,3 +240,26 @@ impl AttnParams {
         self.num_heads / self.num_kv_heads.max(1)
     }
 }
+
+#[cfg(test)]
+mod saturation_tests {
+    use super::*;
+
+    #[test]
+    fn round_saturating_stops_at_the_largest_finite_value() {
+        assert_eq!(Dtype::F16.round(70000.0), f32::INFINITY);
+        assert_eq!(Dtype::F16.round_saturating(70000.0), 65504.0);
+        assert_eq!(Dtype::F16.round_saturating(-1e30), -65504.0);
+        assert_eq!(Dtype::F16.round_saturating(f32::NEG_INFINITY), -65504.0);
+        assert_eq!(
+            Dtype::F16.round_saturating(1.0009766),
+            Dtype::F16.round(1.0009766)
+        );
+        assert!(Dtype::Bf16.round_saturating(f32::NAN).is_nan());
+        assert_eq!(
+            Dtype::Bf16.round_saturating(f32::MAX),
+            Dtype::Bf16.max_finite()
+        );
+        assert_eq!(Dtype::F32.round_saturating(f32::INFINITY), f32::MAX);
+    }
+}

@@ -198,3 +198,59 @@ pub fn scratch_addr(
     }
     Ok(base + (region.offset * 4) as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(dtype: Dtype, out_f32: bool, dqk: i32, dv: i32, max_lq: i32) -> LaunchDims {
+        LaunchDims {
+            dtype,
+            out_f32,
+            b: 3,
+            heads: 4,
+            kv_heads: 2,
+            dqk,
+            dv,
+            tq: 10,
+            tk: 10,
+            max_lq,
+            scale: 1.0,
+            mask: 0,
+            window: (-1, -1),
+        }
+    }
+
+    #[test]
+    fn tiled_forward_takes_16_bit_square_heads_of_64_and_128() {
+        let t = |d: LaunchDims| d.tiled_fwd();
+        assert_eq!(
+            t(dims(Dtype::Bf16, false, 128, 128, 512)),
+            Some(("fallback_fwd_tc_bf16_d128".into(), 8))
+        );
+        assert_eq!(
+            t(dims(Dtype::F16, true, 64, 64, 65)),
+            Some(("fallback_fwd_tc_f16_o32_d64".into(), 2))
+        );
+        assert_eq!(t(dims(Dtype::F16, false, 64, 64, 0)).map(|x| x.1), Some(0));
+        assert_eq!(t(dims(Dtype::F32, false, 64, 64, 9)), None);
+        assert_eq!(t(dims(Dtype::Bf16, false, 128, 64, 9)), None);
+        assert_eq!(t(dims(Dtype::Bf16, false, 256, 256, 9)), None);
+        assert_eq!(t(dims(Dtype::Bf16, false, 96, 96, 9)), None);
+    }
+
+    #[test]
+    fn tiled_forward_shared_memory_holds_64_padded_key_rows_of_k_and_v() {
+        // K rows padded by 32 elements, V rows by 8, 2 bytes each (kernels/fallback.cu).
+        assert_eq!(
+            dims(Dtype::Bf16, false, 128, 128, 1).tiled_fwd_smem(),
+            64 * (160 + 136) * 2
+        );
+        assert_eq!(
+            dims(Dtype::Bf16, false, 64, 64, 1).tiled_fwd_smem(),
+            64 * (96 + 72) * 2
+        );
+        // Under the 48 KiB a launch gets without raising the limit.
+        assert!(dims(Dtype::Bf16, false, 128, 128, 1).tiled_fwd_smem() <= 48 * 1024);
+    }
+}

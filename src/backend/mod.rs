@@ -11,7 +11,7 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
-#[cfg(any(feature = "cuda", feature = "hip"))]
+/// What a GPU launch needs (pure Rust: compiled and tested without the GPU features).
 pub mod launch;
 
 use crate::config::AttnConfig;

@@ -943,3 +943,26 @@ pub fn conformance_counts(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array3;
+
+    #[test]
+    fn past_limit_elements_drop_out_of_a_path_comparison() {
+        let t = |v: [f64; 3]| Some(Array3::from_shape_vec((1, 1, 3), v.to_vec()).unwrap());
+        let reference = Outputs {
+            dq: t([1.0, 70000.0, -9e4]),
+            ..Outputs::default()
+        };
+        let out = Outputs {
+            dq: t([1.5, 45440.0, f64::NEG_INFINITY]),
+            ..Outputs::default()
+        };
+        let got = past_limit_agreed(&out, &reference, 65504.0).dq.unwrap();
+        // Inside the range the output is kept; past it both paths get the reference.
+        assert_eq!(got.as_slice().unwrap(), &[1.5, 70000.0, -9e4]);
+        assert!(past_limit_agreed(&out, &reference, 65504.0).o.is_none());
+    }
+}
