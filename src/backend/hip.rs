@@ -20,7 +20,7 @@
 
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
-    SMALL_SEQ_HEAD_DIMS, TILED_HEAD_DIMS,
+    SMALL_SEQ_HEAD_DIMS, TILED_HEAD_DIMS, TILED_ROWS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
@@ -858,7 +858,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
             dv: 64,
             tq: 1,
             tk: 1,
-            max_lq: 1,
+            max_lq: TILED_ROWS, // long enough for the tiled forward
             scale: 1.0,
             mask: 0,
             window: (-1, -1),

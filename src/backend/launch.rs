@@ -14,6 +14,12 @@ pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 pub const TILED_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query rows per block of the tiled fallback forward (`FT_BM` in kernels/fallback.cu).
 pub const TILED_ROWS: i32 = 64;
+/// Fewest queries (longest slot) for which the tiled fallback forward is launched. On an H200
+/// a block costs about 0.3 µs per (slot, head) whatever its rows, the scalar kernel about
+/// 0.018 µs per (query, key) pair (bench/NOTES.md v4: 32768 slots of 1 query and 2–16 keys
+/// took 8.4 ms tiled, 5.7 ms scalar; 4096 slots of 16/16, 1.3 ms and 18.9 ms): with up to 17
+/// keys the two meet near 2 queries.
+pub const TILED_MIN_QUERIES: i32 = 3;
 
 /// Which kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,11 +144,13 @@ impl LaunchDims {
     }
 
     /// The tiled fallback forward's kernel name and query tiles per slot, when it takes this
-    /// launch: 16-bit inputs, `Dqk == Dv` in [`TILED_HEAD_DIMS`]. Its grid is
-    /// `heads * b * tiles` blocks of 4 logical warps.
+    /// launch: 16-bit inputs, `Dqk == Dv` in [`TILED_HEAD_DIMS`], and some slot with at least
+    /// [`TILED_MIN_QUERIES`] queries. Its grid is `heads * b * tiles` blocks of 4 logical warps.
     pub fn tiled_fwd(&self) -> Option<(String, i32)> {
         let suffix = self.dtype_suffix(false).ok()?;
-        let fits = self.dqk == self.dv && TILED_HEAD_DIMS.contains(&(self.dqk as usize));
+        let fits = self.dqk == self.dv
+            && TILED_HEAD_DIMS.contains(&(self.dqk as usize))
+            && self.max_lq >= TILED_MIN_QUERIES;
         fits.then(|| {
             let tiles = (self.max_lq.max(0) + TILED_ROWS - 1) / TILED_ROWS;
             (format!("fallback_fwd_tc_{suffix}_d{}", self.dqk), tiles)
@@ -232,7 +240,10 @@ mod tests {
             t(dims(Dtype::F16, true, 64, 64, 65)),
             Some(("fallback_fwd_tc_f16_o32_d64".into(), 2))
         );
-        assert_eq!(t(dims(Dtype::F16, false, 64, 64, 0)).map(|x| x.1), Some(0));
+        // Single-token queries stay on the scalar kernel (a tile would be 63/64 empty).
+        assert_eq!(t(dims(Dtype::F16, false, 64, 64, 0)), None);
+        assert_eq!(t(dims(Dtype::F16, false, 64, 64, 2)), None);
+        assert_eq!(t(dims(Dtype::F16, false, 64, 64, 3)).map(|x| x.1), Some(1));
         assert_eq!(t(dims(Dtype::F32, false, 64, 64, 9)), None);
         assert_eq!(t(dims(Dtype::Bf16, false, 128, 64, 9)), None);
         assert_eq!(t(dims(Dtype::Bf16, false, 256, 256, 9)), None);
