@@ -3,7 +3,8 @@
 # exactly as the CUDA backend does (sm_90), once plainly and once per kernel mutant define, and
 # prints ptxas's registers, stack and spills per kernel. NVRTC and ptxas come from PyPI
 # (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
-# Fails on a compile error, or on a small-seq kernel that spills (they are tuned to fit).
+# Fails on a compile error, or on a small-seq kernel that spills (they are tuned to fit). Also
+# runs the CUDA backend's unit tests, which need `--features cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=target/cuda-tools
@@ -15,6 +16,8 @@ if [ ! -x "$tools/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$tools/nvidia/cuda_nv
   for w in "$tools"/wheels/*.whl; do python3 -m zipfile -e "$w" "$tools"; done
   chmod +x "$tools/nvidia/cuda_nvcc/bin/ptxas"
 fi
+# The backend's unit tests need the feature (they need no CUDA: cudarc loads it at run time).
+cargo test -q --release --features cuda --lib backend:: 2>&1 | tail -2
 out=target/cuda-compile-check
 for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_MUTANT_CAUSAL_IGNORED; do
   python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"

@@ -73,6 +73,9 @@ export HIP_PATH=${HIP_PATH:-/usr}
 arch_list=$(IFS=,; echo "${archs[*]}")
 SMALLSEQ_HIP_PREBUILT=$PWD/$out SMALLSEQ_HIP_ARCHS=$arch_list \
   cargo build -q --release --features hip --bin smallseq --example hip_kernel_names
+# The backend's own unit tests (kernel names, launch lists) need the feature, hence here.
+SMALLSEQ_HIP_PREBUILT=$PWD/$out SMALLSEQ_HIP_ARCHS=$arch_list \
+  cargo test -q --release --features hip --lib backend:: 2>&1 | tail -2
 bin=target/release/smallseq
 lib=$(ldd "$bin" | awk '/libamdhip64/ {print $3}')
 [ -n "$lib" ] || { echo "FAIL: $bin is not linked against libamdhip64" >&2; exit 1; }

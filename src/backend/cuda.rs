@@ -6,6 +6,7 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
+use super::launch::{args_of, Arg, Kernel};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS,
@@ -242,24 +243,50 @@ impl CudaBackend {
         }
     }
 
+    /// Launches `name` with the argument list [`args_of`] builds for `kernel` (the list the HIP
+    /// compile check compares with the kernels' declared arguments).
+    fn launch(
+        &self,
+        family: Family,
+        name: &str,
+        kernel: Kernel,
+        (d, p): (&LaunchDims, &Ptrs),
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        let f = self.func(family, name)?;
+        let args = args_of(kernel, d, p);
+        let mut lb = self.stream.launch_builder(&f);
+        for a in &args {
+            match a {
+                Arg::Ptr(x) => lb.arg(x),
+                Arg::I32(x) => lb.arg(x),
+                Arg::I64(x) => lb.arg(x),
+                Arg::F32(x) => lb.arg(x),
+            };
+        }
+        // SAFETY: the argument list matches the kernel's parameters (args_of, checked against
+        // the compiled kernels' metadata by ci/hip-compile-check.sh) and every pointer is a live
+        // device allocation of the call.
+        drv(name, unsafe { lb.launch(cfg) }).map(|_| ())
+    }
+
     /// Small-seq forward on raw pointers (`q, k, v, o, lse`, offsets).
     ///
     /// # Errors
     /// Unsupported shapes, driver errors.
     pub fn launch_small_seq_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_small(d)?;
-        let name = format!("small_seq_fwd_{}_d{}", Self::dtype_suffix(d, false)?, d.dqk);
-        let name = fix_o32(name);
-        let f = self.func(Family::SmallSeq, &name)?;
+        let name = fix_o32(format!(
+            "small_seq_fwd_{}_d{}",
+            Self::dtype_suffix(d, false)?,
+            d.dqk
+        ));
         let blocks = Self::blocks(d.b as i64 * d.heads as i64)?;
         if blocks == 0 {
             return Ok(());
         }
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
-        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-        lb.arg(&d.b).arg(&d.heads).arg(&d.scale).arg(&d.mask);
-        drv(&name, unsafe { lb.launch(Self::cfg(blocks, 0)) }).map(|_| ())
+        let cfg = Self::cfg(blocks, 0);
+        self.launch(Family::SmallSeq, &name, Kernel::SmallSeqFwd, (d, p), cfg)
     }
 
     /// Small-seq backward on raw pointers (`q, k, v, d_o, lse, dq, dk, dv`, offsets).
@@ -273,17 +300,12 @@ impl CudaBackend {
             Self::dtype_suffix(d, false)?,
             d.dqk
         ));
-        let f = self.func(Family::SmallSeq, &name)?;
         let blocks = Self::blocks(d.b as i64 * d.heads as i64)?;
         if blocks == 0 {
             return Ok(());
         }
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
-        lb.arg(&p.dq).arg(&p.dk).arg(&p.dv);
-        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-        lb.arg(&d.b).arg(&d.heads).arg(&d.scale).arg(&d.mask);
-        drv(&name, unsafe { lb.launch(Self::cfg(blocks, 0)) }).map(|_| ())
+        let cfg = Self::cfg(blocks, 0);
+        self.launch(Family::SmallSeq, &name, Kernel::SmallSeqBwd, (d, p), cfg)
     }
 
     fn check_fallback(d: &LaunchDims) -> Result<()> {
@@ -291,56 +313,30 @@ impl CudaBackend {
             .map_or(Ok(()), |m| Err(Error::Unsupported(format!("cuda {m}"))))
     }
 
-    /// Fallback forward on raw pointers.
+    /// Fallback forward on raw pointers: the tiled kernel where it applies
+    /// ([`LaunchDims::tiled_fwd`]), else the scalar one.
     ///
     /// # Errors
     /// Unsupported shapes, driver errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
         if let Some((name, tiles)) = d.tiled_fwd() {
-            return self.launch_tiled_fwd(d, p, &name, tiles);
+            // One block per (head, slot, query tile): `blocks` counts warps.
+            let items = d.heads as i64 * d.b as i64 * tiles as i64;
+            let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
+            if blocks == 0 {
+                return Ok(());
+            }
+            let cfg = Self::cfg(blocks, d.tiled_fwd_smem());
+            return self.launch(Family::Fallback, &name, Kernel::TiledFwd, (d, p), cfg);
         }
         let name = format!("fallback_fwd_{}", Self::dtype_suffix(d, true)?);
-        let f = self.func(Family::Fallback, &name)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks == 0 || d.b == 0 {
             return Ok(());
         }
-        let smem = WARPS_PER_BLOCK * 4 * d.dqk as u32;
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
-        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-        lb.arg(&d.b)
-            .arg(&d.heads)
-            .arg(&d.kv_heads)
-            .arg(&d.dqk)
-            .arg(&d.dv);
-        lb.arg(&d.tq)
-            .arg(&d.scale)
-            .arg(&d.mask)
-            .arg(&d.window.0)
-            .arg(&d.window.1);
-        drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) }).map(|_| ())
-    }
-
-    fn launch_tiled_fwd(&self, d: &LaunchDims, p: &Ptrs, name: &str, tiles: i32) -> Result<()> {
-        let f = self.func(Family::Fallback, name)?;
-        let items = d.heads as i64 * d.b as i64 * tiles as i64;
-        // One block per item: `blocks` counts warps.
-        let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
-        if blocks == 0 {
-            return Ok(());
-        }
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.o).arg(&p.lse);
-        lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-        lb.arg(&d.b).arg(&d.heads).arg(&d.kv_heads).arg(&tiles);
-        lb.arg(&d.scale)
-            .arg(&d.mask)
-            .arg(&d.window.0)
-            .arg(&d.window.1);
-        let cfg = Self::cfg(blocks, d.tiled_fwd_smem());
-        drv(name, unsafe { lb.launch(cfg) }).map(|_| ())
+        let cfg = Self::cfg(blocks, WARPS_PER_BLOCK * 4 * d.dqk as u32);
+        self.launch(Family::Fallback, &name, Kernel::FallbackFwd, (d, p), cfg)
     }
 
     /// Fallback backward on raw pointers (two kernels: query side with `delta`, key side).
@@ -354,45 +350,17 @@ impl CudaBackend {
             return Ok(());
         }
         let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
-        let name = format!("fallback_bwd_q_{suf}");
-        let f = self.func(Family::Fallback, &name)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {
-            let mut lb = self.stream.launch_builder(&f);
-            lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
-            lb.arg(&p.delta).arg(&p.rowsum).arg(&p.dq);
-            lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-            lb.arg(&d.b)
-                .arg(&d.heads)
-                .arg(&d.kv_heads)
-                .arg(&d.dqk)
-                .arg(&d.dv);
-            lb.arg(&d.tq)
-                .arg(&d.scale)
-                .arg(&d.mask)
-                .arg(&d.window.0)
-                .arg(&d.window.1);
-            drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) })?;
+            let name = format!("fallback_bwd_q_{suf}");
+            let cfg = Self::cfg(blocks, smem);
+            self.launch(Family::Fallback, &name, Kernel::FallbackBwdQ, (d, p), cfg)?;
         }
-        let name = format!("fallback_bwd_kv_{suf}");
-        let f = self.func(Family::Fallback, &name)?;
         let blocks = Self::blocks(d.tk * d.kv_heads as i64)?;
         if blocks > 0 {
-            let mut lb = self.stream.launch_builder(&f);
-            lb.arg(&p.q).arg(&p.k).arg(&p.v).arg(&p.d_o).arg(&p.lse);
-            lb.arg(&p.delta).arg(&p.rowsum).arg(&p.dk).arg(&p.dv);
-            lb.arg(&p.cu_q).arg(&p.cu_kv).arg(&p.off_q).arg(&p.off_kv);
-            lb.arg(&d.b)
-                .arg(&d.heads)
-                .arg(&d.kv_heads)
-                .arg(&d.dqk)
-                .arg(&d.dv);
-            lb.arg(&d.tk)
-                .arg(&d.scale)
-                .arg(&d.mask)
-                .arg(&d.window.0)
-                .arg(&d.window.1);
-            drv(&name, unsafe { lb.launch(Self::cfg(blocks, smem)) })?;
+            let name = format!("fallback_bwd_kv_{suf}");
+            let cfg = Self::cfg(blocks, smem);
+            self.launch(Family::Fallback, &name, Kernel::FallbackBwdKv, (d, p), cfg)?;
         }
         Ok(())
     }

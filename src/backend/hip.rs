@@ -18,6 +18,7 @@
 //! would be undefined behaviour there. `hip-sys` provides the link to `libamdhip64` and the
 //! `hipDeviceProp_t` layout.
 
+use super::launch::{args_of, Arg, Kernel};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS, TILED_HEAD_DIMS, TILED_ROWS,
@@ -340,115 +341,6 @@ impl Drop for DevMem {
             hipFree(self.ptr);
         }
     }
-}
-
-/// One kernel argument, kept alive until the launch returns.
-#[derive(Clone, Copy)]
-enum Arg {
-    Ptr(u64),
-    I32(i32),
-    I64(i64),
-    F32(f32),
-}
-
-impl Arg {
-    /// `P` for a pointer, else the size in bytes of the value: how the code object's
-    /// metadata describes the argument (`global_buffer`, or `by_value` and its `.size`).
-    fn code(&self) -> char {
-        match self {
-            Arg::Ptr(_) => 'P',
-            Arg::I32(_) | Arg::F32(_) => '4',
-            Arg::I64(_) => '8',
-        }
-    }
-}
-
-/// The kernel kinds, by argument list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
-    SmallSeqFwd,
-    SmallSeqBwd,
-    FallbackFwd,
-    TiledFwd,
-    FallbackBwdQ,
-    FallbackBwdKv,
-}
-
-/// The arguments of a launch, in the order of the kernel's parameters (`kernels/*.cu`).
-fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
-    use Arg::{Ptr, F32, I32, I64};
-    let offsets = [Ptr(p.cu_q), Ptr(p.cu_kv), Ptr(p.off_q), Ptr(p.off_kv)];
-    let fallback_tail = |tokens: i64| {
-        [
-            I32(d.b),
-            I32(d.heads),
-            I32(d.kv_heads),
-            I32(d.dqk),
-            I32(d.dv),
-            I64(tokens),
-            F32(d.scale),
-            I32(d.mask),
-            I32(d.window.0),
-            I32(d.window.1),
-        ]
-    };
-    let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
-    let mut v = match k {
-        Kernel::SmallSeqFwd | Kernel::FallbackFwd | Kernel::TiledFwd => {
-            vec![Ptr(p.q), Ptr(p.k), Ptr(p.v), Ptr(p.o), Ptr(p.lse)]
-        }
-        Kernel::SmallSeqBwd => vec![
-            Ptr(p.q),
-            Ptr(p.k),
-            Ptr(p.v),
-            Ptr(p.d_o),
-            Ptr(p.lse),
-            Ptr(p.dq),
-            Ptr(p.dk),
-            Ptr(p.dv),
-        ],
-        Kernel::FallbackBwdQ => vec![
-            Ptr(p.q),
-            Ptr(p.k),
-            Ptr(p.v),
-            Ptr(p.d_o),
-            Ptr(p.lse),
-            Ptr(p.delta),
-            Ptr(p.rowsum),
-            Ptr(p.dq),
-        ],
-        Kernel::FallbackBwdKv => vec![
-            Ptr(p.q),
-            Ptr(p.k),
-            Ptr(p.v),
-            Ptr(p.d_o),
-            Ptr(p.lse),
-            Ptr(p.delta),
-            Ptr(p.rowsum),
-            Ptr(p.dk),
-            Ptr(p.dv),
-        ],
-    };
-    v.extend(offsets);
-    match k {
-        Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
-        Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
-        Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
-        Kernel::TiledFwd => {
-            let tiles = d.tiled_fwd().map_or(0, |(_, t)| t);
-            v.extend([
-                I32(d.b),
-                I32(d.heads),
-                I32(d.kv_heads),
-                I32(tiles),
-                F32(d.scale),
-                I32(d.mask),
-                I32(d.window.0),
-                I32(d.window.1),
-            ]);
-        }
-    }
-    v
 }
 
 /// The HIP backend (device 0).
@@ -1098,12 +990,19 @@ mod tests {
     #[test]
     fn every_launchable_kernel_is_listed() {
         let names = kernel_names();
-        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd, and 5 fallback suffixes x 3 kernels.
+        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 3 kernels, and
+        // the tiled forward for 4 suffixes x 2 dims.
         assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
-        assert_eq!(names.iter().filter(|(s, _)| *s == "fallback").count(), 15);
+        assert_eq!(
+            names.iter().filter(|(s, _)| *s == "fallback").count(),
+            15 + 8
+        );
         let fb = include_str!("../../kernels/fallback.cu");
         for suf in ["bf16", "f16", "f32", "bf16_o32", "f16_o32"] {
             assert!(fb.contains(&format!("FB_KERNELS({suf},")), "{suf}");
+        }
+        for d in TILED_HEAD_DIMS {
+            assert!(fb.contains(&format!("FT_KERNELS({d})")), "{d}");
         }
     }
 

@@ -182,6 +182,117 @@ impl LaunchDims {
     }
 }
 
+/// One kernel argument, kept alive until the launch returns. Both GPU backends launch with the
+/// lists [`args_of`] builds, and `ci/hip-compile-check.sh` compares them with the arguments
+/// the compiled kernels declare.
+#[derive(Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+impl Arg {
+    /// `P` for a pointer, else the size in bytes of the value: how the code object's
+    /// metadata describes the argument (`global_buffer`, or `by_value` and its `.size`).
+    pub fn code(&self) -> char {
+        match self {
+            Arg::Ptr(_) => 'P',
+            Arg::I32(_) | Arg::F32(_) => '4',
+            Arg::I64(_) => '8',
+        }
+    }
+}
+
+/// The kernel kinds, by argument list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    SmallSeqFwd,
+    SmallSeqBwd,
+    FallbackFwd,
+    TiledFwd,
+    FallbackBwdQ,
+    FallbackBwdKv,
+}
+
+/// The arguments of a launch, in the order of the kernel's parameters (`kernels/*.cu`).
+pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
+    use Arg::{Ptr, F32, I32, I64};
+    let offsets = [Ptr(p.cu_q), Ptr(p.cu_kv), Ptr(p.off_q), Ptr(p.off_kv)];
+    let fallback_tail = |tokens: i64| {
+        [
+            I32(d.b),
+            I32(d.heads),
+            I32(d.kv_heads),
+            I32(d.dqk),
+            I32(d.dv),
+            I64(tokens),
+            F32(d.scale),
+            I32(d.mask),
+            I32(d.window.0),
+            I32(d.window.1),
+        ]
+    };
+    let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
+    let mut v = match k {
+        Kernel::SmallSeqFwd | Kernel::FallbackFwd | Kernel::TiledFwd => {
+            vec![Ptr(p.q), Ptr(p.k), Ptr(p.v), Ptr(p.o), Ptr(p.lse)]
+        }
+        Kernel::SmallSeqBwd => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.dq),
+            Ptr(p.dk),
+            Ptr(p.dv),
+        ],
+        Kernel::FallbackBwdQ => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.delta),
+            Ptr(p.rowsum),
+            Ptr(p.dq),
+        ],
+        Kernel::FallbackBwdKv => vec![
+            Ptr(p.q),
+            Ptr(p.k),
+            Ptr(p.v),
+            Ptr(p.d_o),
+            Ptr(p.lse),
+            Ptr(p.delta),
+            Ptr(p.rowsum),
+            Ptr(p.dk),
+            Ptr(p.dv),
+        ],
+    };
+    v.extend(offsets);
+    match k {
+        Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
+        Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
+        Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
+        Kernel::TiledFwd => {
+            let tiles = d.tiled_fwd().map_or(0, |(_, t)| t);
+            v.extend([
+                I32(d.b),
+                I32(d.heads),
+                I32(d.kv_heads),
+                I32(tiles),
+                F32(d.scale),
+                I32(d.mask),
+                I32(d.window.0),
+                I32(d.window.1),
+            ]);
+        }
+    }
+    v
+}
+
 /// Device address of the fallback backward's `[tq, H]` f32 scratch region `name` in a
 /// workspace of `ws_len` elements whose body starts at `base`.
 ///
