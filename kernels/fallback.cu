@@ -444,8 +444,7 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
           s[nt][2 * hh + e] = x;
           mx = pt_fmax(mx, x);
         }
-      mx = pt_fmax(mx, pt_shfl_xor(mx, 1));
-      mx = pt_fmax(mx, pt_shfl_xor(mx, 2));
+      mx = pt_quad_max(mx);
       const float mn = pt_fmax(m[hh], mx);
       const float alpha = mn == ninf ? 1.f : pt_exp(m[hh] - mn);
       float sum = 0.f;
@@ -500,9 +499,7 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float L = lsum[hh];
-    L += pt_shfl_xor(L, 1);
-    L += pt_shfl_xor(L, 2);
+    const float L = pt_quad_sum(lsum[hh]);
     const int r = wrow + g + 8 * hh;
     if (r < lq) {
       const float inv = L > 0.f ? 1.f / L : 0.f;

@@ -153,6 +153,15 @@ PT_INLINE float pt_warp_max(float v) {
   for (int m = PT_WARP / 2; m > 0; m >>= 1) v = pt_fmax(v, pt_shfl_xor(v, m));
   return v;
 }
+// Reductions over the 4 lanes of a quad (the lanes sharing a fragment row).
+PT_INLINE float pt_quad_max(float x) {
+  x = pt_fmax(x, pt_shfl_xor(x, 1));
+  return pt_fmax(x, pt_shfl_xor(x, 2));
+}
+PT_INLINE float pt_quad_sum(float x) {
+  x += pt_shfl_xor(x, 1);
+  return x + pt_shfl_xor(x, 2);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Element types. Every kernel is a template over an element type E with

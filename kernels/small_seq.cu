@@ -204,13 +204,6 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
     }
 }
 
-// out[rows][D] = A[rows][keys] · Y[keys][D] (a: A fragments [row tile][key tile]).
-template <class E, class O, int D>
-PT_INLINE void ss_ay(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
-                     int nrows, typename O::T* out, float mul) {
-  ss_fy<E, O, D>(a, y, rs, ny, nrows, out, mul);
-}
-
 // out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments.
 template <class E, class O, int D>
 PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
@@ -228,14 +221,6 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
   ss_fy<E, O, D>(at, y, rs, ny, nkeys, out, mul);
 }
 
-PT_INLINE float ss_quad_max(float x) {
-  x = pt_fmax(x, pt_shfl_xor(x, 1));
-  return pt_fmax(x, pt_shfl_xor(x, 2));
-}
-PT_INLINE float ss_quad_sum(float x) {
-  x += pt_shfl_xor(x, 1);
-  return x + pt_shfl_xor(x, 2);
-}
 
 template <class E, class O, int D>
 PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
@@ -275,7 +260,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
           s[mt][nt][hh * 2 + e] = x;
           mx = pt_fmax(mx, x);
         }
-      mx = ss_quad_max(mx);
+      mx = pt_quad_max(mx);
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
@@ -286,7 +271,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
           s[mt][nt][hh * 2 + e] = ex;
           sum += ex;
         }
-      sum = ss_quad_sum(sum);
+      sum = pt_quad_sum(sum);
       const float rcp = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
@@ -300,7 +285,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
     }
   pt_u32 pa[2][2][4];
   ss_afrag<E>(pa, s);
-  ss_ay<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f);
+  ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f);
 }
 
 template <class E, class O, int D>
@@ -353,7 +338,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
           s[mt][nt][hh * 2 + e] = p;
           dsum += p * dp[mt][nt][hh * 2 + e];
         }
-      dsum = ss_quad_sum(dsum);
+      dsum = pt_quad_sum(dsum);
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
@@ -368,7 +353,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   pt_u32 pa[2][2][4], da[2][2][4];
   ss_afrag<E>(pa, s);
   ss_afrag<E>(da, dp);
-  ss_ay<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, scale);
+  ss_fy<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, scale);
   ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
   ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
 }
