@@ -58,19 +58,20 @@ def main():
                              capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"ptxas failed on {name}:\n{res.stderr}")
-        func = None
+        # ptxas reports per function, in order: the entry name, its stack frame and spills,
+        # then its registers.
+        func, stack, spill = None, 0, 0
         for line in res.stderr.splitlines():
             m = re.search(r"Compiling entry function '(\w+)'", line)
             if m:
-                func = m.group(1)
+                func, stack, spill = m.group(1), 0, 0
+            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)
+            if m:
+                stack, spill = int(m.group(1)), int(m.group(2))
             m = re.search(r"Used (\d+) registers", line)
             if m and func:
-                spill = re.search(r"(\d+) bytes spill stores", res.stderr[res.stderr.find(func):])
-                stack = re.search(r"(\d+) bytes stack frame", res.stderr[res.stderr.find(func):])
-                sp = int(spill.group(1)) if spill else 0
-                worst_spill = max(worst_spill, sp)
-                print(f"{func:40} regs {m.group(1):>3}  stack {stack.group(1) if stack else 0:>4}  "
-                      f"spill {sp}")
+                worst_spill = max(worst_spill, spill)
+                print(f"{func:40} regs {m.group(1):>3}  stack {stack:>4}  spill {spill}")
     print(f"{arch} {' '.join(defines) or '(no defines)'}: compiled, worst spill {worst_spill} bytes")
 
 
