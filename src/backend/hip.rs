@@ -743,17 +743,8 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         let mut d = LaunchDims {
             dtype,
             out_f32,
-            b: 1,
-            heads: 1,
-            kv_heads: 1,
-            dqk: 64,
-            dv: 64,
-            tq: 1,
-            tk: 1,
             max_lq: TILED_ROWS, // long enough for the tiled forward
-            scale: 1.0,
-            mask: 0,
-            window: (-1, -1),
+            ..dims_for_signature()
         };
         if let Ok(names) = HipBackend::fallback_names(&d) {
             v.extend(names.into_iter().map(|n| ("fallback", n)));

@@ -152,9 +152,16 @@ impl LaunchDims {
             && TILED_HEAD_DIMS.contains(&(self.dqk as usize))
             && self.max_lq >= TILED_MIN_QUERIES;
         fits.then(|| {
-            let tiles = (self.max_lq.max(0) + TILED_ROWS - 1) / TILED_ROWS;
-            (format!("fallback_fwd_tc_{suffix}_d{}", self.dqk), tiles)
+            (
+                format!("fallback_fwd_tc_{suffix}_d{}", self.dqk),
+                self.tiled_tiles(),
+            )
         })
+    }
+
+    /// Query tiles per slot of the tiled fallback forward: the longest slot's.
+    pub fn tiled_tiles(&self) -> i32 {
+        (self.max_lq.max(0) + TILED_ROWS - 1) / TILED_ROWS
     }
 
     /// Dynamic shared memory of the tiled fallback forward: one key tile of K and one of V, rows
@@ -277,12 +284,11 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
         Kernel::TiledFwd => {
-            let tiles = d.tiled_fwd().map_or(0, |(_, t)| t);
             v.extend([
                 I32(d.b),
                 I32(d.heads),
                 I32(d.kv_heads),
-                I32(tiles),
+                I32(d.tiled_tiles()),
                 F32(d.scale),
                 I32(d.mask),
                 I32(d.window.0),

@@ -10,7 +10,9 @@ use smallseq::backend;
 use smallseq::dispatch::{Path, Profile};
 use smallseq::harness::campaign::case_seed;
 use smallseq::harness::gen::{build, draw_geometry_for};
-use smallseq::harness::props::{conformance_counts, oracle, run_pair, MIN_CONFORMANCE_ELEMENTS};
+use smallseq::harness::props::{
+    conformance_counts, oracle, run_pair, CONFORMANCE_TENSORS, MIN_CONFORMANCE_ELEMENTS,
+};
 use smallseq::harness::rng::Rng;
 use smallseq::wrapper::RunOptions;
 use std::collections::BTreeMap;
@@ -111,7 +113,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             100.0 * r.max_rate
         );
     }
-    let budgets: Vec<String> = ["o", "dq", "dk", "dv"]
+    let budgets: Vec<String> = CONFORMANCE_TENSORS
         .iter()
         .map(|t| {
             be.rounding_budget(t)

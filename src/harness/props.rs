@@ -265,8 +265,10 @@ fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
 }
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
-/// Fewest elements of a tensor whose conformance rate is judged.
 pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
+/// The outputs whose conformance to the emulation is counted, each with its own budget
+/// ([`crate::backend::Backend::rounding_budget`]).
+pub const CONFORMANCE_TENSORS: [&str; 4] = ["o", "dq", "dk", "dv"];
 
 /// Runs the property suite on one case.
 pub struct Checker<'a> {
@@ -386,7 +388,7 @@ impl<'a> Checker<'a> {
         actual: &Outputs,
         emulated: &Outputs,
     ) -> Outcome {
-        if ["o", "dq", "dk", "dv"]
+        if CONFORMANCE_TENSORS
             .iter()
             .all(|t| self.backend.rounding_budget(t).is_none())
         {
