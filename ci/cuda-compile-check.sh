@@ -3,7 +3,7 @@
 # exactly as the CUDA backend does (sm_90), once plainly and once per kernel mutant define, and
 # prints ptxas's registers, stack and spills per kernel. NVRTC and ptxas come from PyPI
 # (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
-# Fails on a compile error, or on a small-seq kernel that spills (they are tuned to fit). Also
+# Fails on a compile error, or on a small-seq kernel that spills more than 4 bytes. Also
 # runs the CUDA backend's unit tests, which need `--features cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,9 @@ for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_
   python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"
   if [ -z "$defines" ]; then sort -k1,1 "$out.log" | grep regs; fi
   tail -1 "$out.log"
-  if grep -E '^small_seq' "$out.log" | grep -vq 'spill 0$'; then
-    echo "FAIL: a small-seq kernel spills ($defines)"; exit 1
+  # The small-seq kernels may spill at most 4 bytes (one register: SS_XYT_UNROLL=2 at the
+  # occupancy SS_FWD_BLOCKS/SS_BWD_BLOCKS ask for, measured faster than no spill, NOTES v5).
+  if grep -E '^small_seq' "$out.log" | awk '$NF > 4 { bad = 1 } END { exit !bad }'; then
+    echo "FAIL: a small-seq kernel spills more than 4 bytes ($defines)"; exit 1
   fi
 done

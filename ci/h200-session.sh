@@ -8,7 +8,9 @@
 #
 # BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
-# Stages, in the order given: tests calibrate bench ncu sanitize mutants fuzz (default: all). Results go to OUT_DIR
+# Stages, in the order given: tests calibrate bench variants ncu sanitize mutants fuzz fuzzbg
+# fuzzwait (default: all but variants, fuzzbg and fuzzwait; VARIANTS lists the define sets, VARIANT_FIX512=0 leaves out the 512-token
+# fallback there). Results go to OUT_DIR
 # (log.txt, bench.json, peers.json, calibrate.json, fuzz-report.json, fuzz-summary.md,
 # capsules.tar.gz, proptest-capsules.tar.gz): at most 8 files, the tool's limit.
 set -u
@@ -54,10 +56,10 @@ for s in $stages; do
       # the 512-token fallback forward and the small-seq workloads' forward and backward.
       for v in "" ${VARIANTS:-}; do
         echo "-- variant: ${v:-default}" | tee -a "$log"
-        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 60 "$ss" bench --backend cuda --iters 20 \
+        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 90 "$ss" bench --backend cuda --iters 20 \
           --fallback false --filter fix16,rnd,q1
-        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 40 "$ss" bench --backend cuda --iters 20 \
-          --forward-only --filter fix512
+        [ "${VARIANT_FIX512:-1}" = 1 ] && SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 40 "$ss" bench \
+          --backend cuda --iters 20 --forward-only --filter fix512
       done ;;
     ncu)
       run 120 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd|fallback_fwd_tc' \
@@ -69,6 +71,20 @@ for s in $stages; do
       run 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 6 --seed 6 --shrink-time 0 --out /tmp/san-r ;;
     mutants)
       run 150 "$ss" mutants --backend cuda --cases 150 --seed 1 ;;
+    fuzzbg)
+      # The fuzz campaign in its own process session, so it outlives this call (the device
+      # tool ends a call's processes, not a new session's): `fuzzwait` in the next call, within
+      # the machine's idle time, collects it. For a campaign longer than one call allows.
+      echo "\$ setsid $ss fuzz --backend cuda --time $fuzz_time --seed 2027 --shrink-time 3s --out /tmp/fuzz" | tee -a "$log"
+      setsid nohup "$ss" fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s \
+        --out /tmp/fuzz > /tmp/fuzz.log 2>&1 < /dev/null &
+      echo $! > /tmp/fuzz.pid ;;
+    fuzzwait)
+      while kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+      tail -40 /tmp/fuzz.log | tee -a "$log"
+      cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
+      cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
+      tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null ;;
     fuzz)
       run $(( ${fuzz_time%s} + 40 )) "$ss" fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz
       cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null

@@ -33,6 +33,14 @@
 #ifndef SS_PREFETCH_BWD
 #define SS_PREFETCH_BWD 0
 #endif
+// Q·Kᵀ chunks of 32 dims unrolled together: the next chunk's loads in flight during the mma.
+// 2 costs 4 bytes of spill (fwd d128/d256 within 4 blocks per SM, bwd d64 within 3; ptxas
+// 12.9, sm_90) and is still 8-16 % faster than 1 (H200, bench/NOTES.md v5).
+#ifndef SS_XYT_UNROLL
+#define SS_XYT_UNROLL 2
+#endif
+#define SS_PRAGMA(x) _Pragma(#x)
+#define SS_UNROLL(n) SS_PRAGMA(unroll n)
 #ifdef PT_CUDA
 #define SS_BOUNDS(N) __launch_bounds__(SS_WPB * PT_LWARP_THREADS, N)
 #else
@@ -102,7 +110,7 @@ PT_INLINE void ss_xyt(float (&acc)[2][3][4], const typename E::T* x, const typen
                       long long rs, int nx, int ny) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
   const bool m1 = nx > 16, n2 = ny > 16;
-#pragma unroll 2
+  SS_UNROLL(SS_XYT_UNROLL)
   for (int ch = 0; ch < D / 32; ++ch) {
     pt_v4 xa[2][2], yb[3];
 #pragma unroll

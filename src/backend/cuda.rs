@@ -6,7 +6,7 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
-use super::launch::{args_of, Arg, Kernel};
+use super::launch::{args_of, check_aligned, Arg, Kernel};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS,
@@ -253,6 +253,7 @@ impl CudaBackend {
         (d, p): (&LaunchDims, &Ptrs),
         cfg: LaunchConfig,
     ) -> Result<()> {
+        check_aligned(kernel, p).map_err(backend_err)?;
         let f = self.func(family, name)?;
         let args = args_of(kernel, d, p);
         let mut lb = self.stream.launch_builder(&f);

@@ -18,10 +18,10 @@
 //! would be undefined behaviour there. `hip-sys` provides the link to `libamdhip64` and the
 //! `hipDeviceProp_t` layout.
 
-use super::launch::{args_of, Arg, Kernel};
+use super::launch::{args_of, check_aligned, Arg, Kernel};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
-    SMALL_SEQ_HEAD_DIMS, TILED_HEAD_DIMS, TILED_ROWS,
+    SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_HEAD_DIMS, TILED_ROWS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::dispatch::Arch;
@@ -135,6 +135,9 @@ pub enum HipError {
     /// An argument the kernels cannot take.
     #[error("{0}")]
     Unsupported(String),
+    /// A tensor the kernel accesses 16 bytes at a time does not start on 16 bytes.
+    #[error("{0}")]
+    Misaligned(String),
 }
 
 impl From<HipError> for Error {
@@ -583,6 +586,7 @@ impl HipBackend {
             return Ok(());
         }
         let args = args_of(Kernel::SmallSeqFwd, d, p);
+        check_aligned(Kernel::SmallSeqFwd, p).map_err(HipError::Misaligned)?;
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
     }
 
@@ -597,6 +601,7 @@ impl HipBackend {
             return Ok(());
         }
         let args = args_of(Kernel::SmallSeqBwd, d, p);
+        check_aligned(Kernel::SmallSeqBwd, p).map_err(HipError::Misaligned)?;
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
     }
 
@@ -614,6 +619,7 @@ impl HipBackend {
                 return Ok(());
             }
             let args = args_of(Kernel::TiledFwd, d, p);
+            check_aligned(Kernel::TiledFwd, p).map_err(HipError::Misaligned)?;
             let smem = d.tiled_fwd_smem();
             return Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?);
         }
@@ -723,6 +729,7 @@ fn dims_for_signature() -> LaunchDims {
         tq: 1,
         tk: 1,
         max_lq: 1,
+        max_lk: 1,
         scale: 1.0,
         mask: 0,
         window: (-1, -1),
@@ -756,6 +763,7 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
                 v.push(("fallback", n));
             }
         }
+        d.max_lq = SMALL_SEQ_MAX_ROWS;
         for dim in SMALL_SEQ_HEAD_DIMS {
             d.dqk = dim as i32;
             d.dv = dim as i32;
@@ -955,6 +963,7 @@ mod tests {
             tq: 1,
             tk: 1,
             max_lq: 1,
+            max_lk: 1,
             scale: 1.0,
             mask: 0,
             window: (-1, -1),

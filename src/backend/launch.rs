@@ -9,6 +9,9 @@ use smallseq_reference::{CausalAlign, Dtype, Layout, Side};
 pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
 /// Head dims the small-seq kernels are instantiated for.
 pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Longest side of a slot the small-seq kernels take (their fragments hold 32 query rows and
+/// 24 keys, and semantics.md §3 allows 17).
+pub const SMALL_SEQ_MAX_ROWS: i32 = 17;
 
 /// Head dims the tiled (matrix-core) fallback forward is instantiated for.
 pub const TILED_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -44,6 +47,8 @@ pub struct LaunchDims {
     pub tk: i64,
     /// Longest query side of a slot.
     pub max_lq: i32,
+    /// Longest key side of a slot.
+    pub max_lk: i32,
     pub scale: f32,
     /// 0: none/padding, 1: causal top-left, 2: causal bottom-right.
     pub mask: i32,
@@ -104,6 +109,7 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         tq: last(&layout.q),
         tk: last(&layout.kv),
         max_lq: layout.q.max_len() as i32,
+        max_lk: layout.kv.max_len() as i32,
         scale: p.scale as f32,
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
@@ -133,12 +139,15 @@ impl LaunchDims {
             && self.dqk == self.dv
             && SMALL_SEQ_HEAD_DIMS.contains(&(self.dqk as usize))
             && self.window.0 < 0
-            && self.window.1 < 0;
+            && self.window.1 < 0
+            && self.max_lq <= SMALL_SEQ_MAX_ROWS
+            && self.max_lk <= SMALL_SEQ_MAX_ROWS;
         (!ok).then(|| {
             format!(
-                "small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?} and no \
-                 window (got H={} Hkv={} Dqk={} Dv={} window={:?})",
-                self.heads, self.kv_heads, self.dqk, self.dv, self.window
+                "small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?}, no \
+                 window and slots of at most {SMALL_SEQ_MAX_ROWS} tokens per side (got H={} \
+                 Hkv={} Dqk={} Dv={} window={:?} longest q {} kv {})",
+                self.heads, self.kv_heads, self.dqk, self.dv, self.window, self.max_lq, self.max_lk
             )
         })
     }
@@ -299,6 +308,34 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
     v
 }
 
+/// The tensors a kernel reads and writes 16 bytes per lane at a time (`pt_ld16`, `pt_st16`,
+/// `pt_cp_async16` in kernels/portable.h) must start on 16 bytes; rows then stay aligned since
+/// every head dim those kernels take is a multiple of 64 elements.
+///
+/// # Errors
+/// The first misaligned tensor, by name and address.
+pub fn check_aligned(k: Kernel, p: &Ptrs) -> Result<(), String> {
+    let tensors: &[(&str, u64)] = match k {
+        Kernel::SmallSeqFwd | Kernel::TiledFwd => &[("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)],
+        Kernel::SmallSeqBwd => &[
+            ("q", p.q),
+            ("k", p.k),
+            ("v", p.v),
+            ("d_o", p.d_o),
+            ("dq", p.dq),
+            ("dk", p.dk),
+            ("dv", p.dv),
+        ],
+        Kernel::FallbackFwd | Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => &[],
+    };
+    match tensors.iter().find(|(_, a)| a % 16 != 0) {
+        Some((name, a)) => Err(format!(
+            "{k:?}: tensor {name} at {a:#x} is not 16-byte aligned (vector loads and stores)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Device address of the fallback backward's `[tq, H]` f32 scratch region `name` in a
 /// workspace of `ws_len` elements whose body starts at `base`.
 ///
@@ -340,6 +377,7 @@ mod tests {
             tq: 10,
             tk: 10,
             max_lq,
+            max_lk: 17,
             scale: 1.0,
             mask: 0,
             window: (-1, -1),
@@ -380,5 +418,40 @@ mod tests {
         );
         // Under the 48 KiB a launch gets without raising the limit.
         assert!(dims(Dtype::Bf16, false, 128, 128, 1).tiled_fwd_smem() <= 48 * 1024);
+    }
+
+    #[test]
+    fn small_seq_refuses_slots_longer_than_17() {
+        let ok = LaunchDims {
+            heads: 2,
+            kv_heads: 2,
+            ..dims(Dtype::F16, false, 64, 64, 17)
+        };
+        assert_eq!(ok.small_seq_unsupported(), None);
+        let long_kv = LaunchDims { max_lk: 18, ..ok };
+        assert!(long_kv.small_seq_unsupported().unwrap().contains("kv 18"));
+        let long_q = LaunchDims { max_lq: 18, ..ok };
+        assert!(long_q.small_seq_unsupported().unwrap().contains("q 18"));
+    }
+
+    #[test]
+    fn vector_kernels_refuse_misaligned_tensors() {
+        let p = Ptrs {
+            q: 0x1000,
+            k: 0x2000,
+            v: 0x3000,
+            o: 0x4000,
+            d_o: 0x5000,
+            dq: 0x6000,
+            dk: 0x7000,
+            dv: 0x8008,
+            ..Ptrs::default()
+        };
+        assert_eq!(check_aligned(Kernel::SmallSeqFwd, &p), Ok(()));
+        let e = check_aligned(Kernel::SmallSeqBwd, &p).unwrap_err();
+        assert!(e.contains("tensor dv at 0x8008"), "{e}");
+        let q_off = Ptrs { q: 0x1002, ..p };
+        assert!(check_aligned(Kernel::TiledFwd, &q_off).is_err());
+        assert_eq!(check_aligned(Kernel::FallbackFwd, &q_off), Ok(()));
     }
 }

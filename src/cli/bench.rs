@@ -261,6 +261,7 @@ mod imp {
                 tq: tq as i64,
                 tk: tk as i64,
                 max_lq: lens.iter().map(|l| l.0).max().unwrap_or(0) as i32,
+                max_lk: lens.iter().map(|l| l.1).max().unwrap_or(0) as i32,
                 scale: 1.0 / (d as f32).sqrt(),
                 mask: 0,
                 window: (-1, -1),
