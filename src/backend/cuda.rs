@@ -12,6 +12,7 @@ pub use super::launch::{
     SMALL_SEQ_HEAD_DIMS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
+use crate::config::AttnConfig;
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
 use crate::workspace::names;
@@ -20,7 +21,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use ndarray::ArrayView3;
-use smallseq_reference::Dtype;
+use smallseq_reference::{Dtype, Layout};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -583,6 +584,10 @@ impl Backend for CudaBackend {
 
     fn has_small_seq(&self) -> bool {
         self.cc.0 >= 8
+    }
+
+    fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
+        Some(dims_of(config, layout, false).fallback_fwd_kernel())
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {

@@ -24,12 +24,13 @@ pub use super::launch::{
     SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_HEAD_DIMS, TILED_ROWS,
 };
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
+use crate::config::AttnConfig;
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
 use crate::workspace::names;
 use hip_sys::hiprt as sys;
 use ndarray::ArrayView3;
-use smallseq_reference::Dtype;
+use smallseq_reference::{Dtype, Layout};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -928,6 +929,10 @@ impl Backend for HipBackend {
         // The small-seq code object loaded for this arch; every gfx arch this backend builds
         // for has matrix cores.
         true
+    }
+
+    fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
+        Some(dims_of(config, layout, false).fallback_fwd_kernel())
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {

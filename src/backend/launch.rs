@@ -168,6 +168,15 @@ impl LaunchDims {
         })
     }
 
+    /// Name of the fallback forward kernel this launch takes: the tiled one where
+    /// [`LaunchDims::tiled_fwd`] applies, else the scalar `fallback_fwd_<dtype>`.
+    pub fn fallback_fwd_kernel(&self) -> String {
+        match self.tiled_fwd() {
+            Some((name, _)) => name,
+            None => format!("fallback_fwd_{}", self.dtype_suffix(true).unwrap_or("?")),
+        }
+    }
+
     /// Query tiles per slot of the tiled fallback forward: the longest slot's.
     pub fn tiled_tiles(&self) -> i32 {
         (self.max_lq.max(0) + TILED_ROWS - 1) / TILED_ROWS
@@ -418,6 +427,15 @@ mod tests {
         );
         // Under the 48 KiB a launch gets without raising the limit.
         assert!(dims(Dtype::Bf16, false, 128, 128, 1).tiled_fwd_smem() <= 48 * 1024);
+    }
+
+    #[test]
+    fn fallback_forward_kernel_follows_the_longest_query_side() {
+        let name = |max_lq| dims(Dtype::Bf16, false, 128, 128, max_lq).fallback_fwd_kernel();
+        assert_eq!(name(2), "fallback_fwd_bf16");
+        assert_eq!(name(3), "fallback_fwd_tc_bf16_d128");
+        let f32_dims = dims(Dtype::F32, false, 128, 128, 9);
+        assert_eq!(f32_dims.fallback_fwd_kernel(), "fallback_fwd_f32");
     }
 
     #[test]

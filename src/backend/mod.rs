@@ -155,6 +155,13 @@ pub trait Backend: Send + Sync {
         let _ = tensor;
         None
     }
+    /// Which of the backend's fallback forward kernels a launch of `config` on `layout` takes,
+    /// where it has more than one (CUDA and HIP: the tiled matrix-core kernel, or the scalar
+    /// one for single-token queries). Outputs of two launches agree bitwise only when the same
+    /// kernel ran, so the metamorphic slot relations skip when this differs. `None`: one kernel.
+    fn fallback_fwd_kernel(&self, _config: &AttnConfig, _layout: &Layout) -> Option<String> {
+        None
+    }
     /// The small-seq forward kernel. Writes every valid row of `o` and `lse`.
     ///
     /// # Errors

@@ -642,6 +642,10 @@ impl<'a> Checker<'a> {
             if p.fwd.path != base.fwd.path {
                 return skip(format!("{what} changed the path"));
             }
+            let kernel = |c: &Case| self.backend.fallback_fwd_kernel(&c.config, &c.layout);
+            if p.fwd.path == Some(Path::Fallback) && kernel(&sub) != kernel(case) {
+                return skip(format!("{what} changed the fallback kernel"));
+            }
             let got = p.outputs();
             let pick3 = |t: &Option<ndarray::Array3<f64>>, rows: &[usize]| {
                 t.as_ref().map(|t| t.select(ndarray::Axis(0), rows))
@@ -949,7 +953,87 @@ pub fn conformance_counts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+    use crate::config::AttnConfig;
+    use crate::dispatch::Arch;
     use ndarray::Array3;
+    use smallseq_reference::{Layout, Mask};
+
+    /// The CPU backend with a second fallback forward kernel, as CUDA and HIP have: launches
+    /// whose longest query side reaches 3 take it, and it rounds `o` differently.
+    struct TwoFallbackKernels {
+        cpu: CpuBackend,
+        /// Whether it reports which kernel a launch takes.
+        names_kernel: bool,
+    }
+
+    impl Backend for TwoFallbackKernels {
+        fn name(&self) -> &str {
+            "two-kernels"
+        }
+        fn arch(&self) -> Arch {
+            self.cpu.arch()
+        }
+        fn has_small_seq(&self) -> bool {
+            true
+        }
+        fn fallback_fwd_kernel(&self, _: &AttnConfig, layout: &Layout) -> Option<String> {
+            let tiled = layout.q.max_len() >= 3;
+            self.names_kernel
+                .then(|| if tiled { "tiled" } else { "scalar" }.into())
+        }
+        fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+            self.cpu.small_seq_fwd(args, out)
+        }
+        fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
+            self.cpu.fallback_fwd(args, out)?;
+            if args.layout.q.max_len() >= 3 {
+                for x in out.o.body_mut() {
+                    *x = Dtype::Bf16.round(*x * (1.0 + 1.0 / 64.0));
+                }
+            }
+            Ok(())
+        }
+        fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+            self.cpu.small_seq_bwd(args, out)
+        }
+        fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
+            self.cpu.fallback_bwd(args, out)
+        }
+    }
+
+    #[test]
+    fn slot_relations_compare_only_launches_of_one_fallback_kernel() {
+        // Head dim 32: the fallback path. The first half has 5 queries (the "tiled" kernel),
+        // the second 1 (the "scalar" one), the whole batch 5.
+        let layout = Layout::packed(&[(5, 5), (1, 4)]);
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
+        let mut rng = Rng::new(7);
+        let mut t =
+            |n| Array3::from_shape_simple_fn((n, 1, 32), || Dtype::Bf16.round(rng.normal() as f32));
+        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+        let (q, k, v) = (t(tq), t(tk), t(tk));
+        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let split = |names_kernel| {
+            let be = TwoFallbackKernels {
+                cpu: CpuBackend::default(),
+                names_kernel,
+            };
+            let checker = Checker::isolated(&be);
+            let base = run_pair(&be, &case, &checker.opts).unwrap();
+            assert_eq!(base.fwd.path, Some(Path::Fallback));
+            let parts = [vec![0], vec![1]];
+            checker.slot_relation(&case, &base, &base.outputs(), &parts, "splitting")
+        };
+        // Unnamed, the second launch's other kernel reads as a changed output; named, the
+        // relation is skipped for it.
+        assert!(matches!(split(false), Outcome::Fail(_)));
+        match split(true) {
+            Outcome::Skip { reason } => assert!(reason.contains("fallback kernel"), "{reason}"),
+            other => panic!("expected a skip, got {other:?}"),
+        }
+    }
 
     #[test]
     fn past_limit_elements_drop_out_of_a_path_comparison() {
