@@ -3,8 +3,9 @@
 # exactly as the CUDA backend does (sm_90), once plainly and once per kernel mutant define, and
 # prints ptxas's registers, stack and spills per kernel. NVRTC and ptxas come from PyPI
 # (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
-# Fails on a compile error, or on a small-seq kernel that spills more than 4 bytes. Also
-# runs the CUDA backend's unit tests, which need `--features cuda`.
+# Fails on a compile error, or on a small-seq kernel of the shipped build (no mutant define)
+# that spills more than 4 bytes. Also runs the CUDA backend's unit tests, which need
+# `--features cuda`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=target/cuda-tools
@@ -25,7 +26,8 @@ for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_
   tail -1 "$out.log"
   # The small-seq kernels may spill at most 4 bytes (one register: SS_XYT_UNROLL=2 at the
   # occupancy SS_FWD_BLOCKS/SS_BWD_BLOCKS ask for, measured faster than no spill, NOTES v5).
-  if grep -E '^small_seq' "$out.log" | awk '$NF > 4 { bad = 1 } END { exit !bad }'; then
+  # Only the shipped build is held to it: a mutant build only has to compile and run.
+  if [ -z "$defines" ] && grep -E '^small_seq' "$out.log" | awk '$NF > 4 { bad = 1 } END { exit !bad }'; then
     echo "FAIL: a small-seq kernel spills more than 4 bytes ($defines)"; exit 1
   fi
 done

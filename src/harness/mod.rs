@@ -3,6 +3,7 @@
 pub mod campaign;
 pub mod capsule;
 pub mod classes;
+pub mod conditioning;
 pub mod fuzz_input;
 pub mod gen;
 pub mod oracles;

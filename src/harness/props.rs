@@ -1,6 +1,7 @@
 //! The properties, each named, each returning pass, fail (with the worst element) or skip
 //! (with a reason).
 
+use super::conditioning::{grad_allowance, GradAllowance};
 use super::gen::{dont_care_rows, poison};
 use super::oracles;
 use super::rng::Rng;
@@ -157,6 +158,8 @@ pub struct Yardstick {
     pub emulated: Outputs,
     /// [`score_magnitude`] of the case: the LSE noise floor's scale.
     pub lse_magnitude: f64,
+    /// The gradients' per-element rounding allowances ([`grad_allowance`]).
+    pub grads: Option<GradAllowance>,
 }
 
 /// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
@@ -164,8 +167,8 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
     let problem = case.problem()?;
     let (f, g) = forward_backward(&problem);
     let reference = Outputs {
-        o: Some(f.o),
-        lse: Some(f.lse),
+        o: Some(f.o.clone()),
+        lse: Some(f.lse.clone()),
         dq: g.as_ref().map(|g| g.dq.clone()),
         dk: g.as_ref().map(|g| g.dk.clone()),
         dv: g.map(|g| g.dv),
@@ -178,16 +181,25 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
         dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
         dv: eg.map(|g| g.dv.mapv(f64::from)),
     };
+    let grads = grad_allowance(case, &f.lse);
     Ok(Yardstick {
         reference,
         emulated,
         lse_magnitude: score_magnitude(case),
+        grads,
     })
 }
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
 pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Judgement>) {
-    let js = judge_all(actual, &y.reference, &y.emulated, case, y.lse_magnitude);
+    let js = judge_all(
+        actual,
+        &y.reference,
+        &y.emulated,
+        case,
+        y.lse_magnitude,
+        y.grads.as_ref(),
+    );
     let worst = js
         .iter()
         .filter(|j| !j.passed())
@@ -538,7 +550,14 @@ impl<'a> Checker<'a> {
             past_limit_agreed(actual, &y.reference, limit),
             past_limit_agreed(&fb_out, &y.reference, limit),
         );
-        let between_js = judge_all(&ss_cmp, &fb_cmp, &y.emulated, case, y.lse_magnitude);
+        let between_js = judge_all(
+            &ss_cmp,
+            &fb_cmp,
+            &y.emulated,
+            case,
+            y.lse_magnitude,
+            y.grads.as_ref(),
+        );
         for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
             let between = between.err;
             let limit = a.threshold + b.threshold;
@@ -713,7 +732,7 @@ impl<'a> Checker<'a> {
         if near_overflow(actual) || near_overflow(&summed) {
             return skip("dK/dV next to the dtype's overflow");
         }
-        let diffs = judge_all(actual, &summed, actual, case, lse_magnitude);
+        let diffs = judge_all(actual, &summed, actual, case, lse_magnitude, None);
         for (d, j) in diffs.iter().zip(js) {
             // Both sides are within tolerance of the reference; the group sum adds at most
             // g roundings of the MHA side.

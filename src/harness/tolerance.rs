@@ -14,7 +14,12 @@
 //! the magnitude its f32 rounding error scales with), so the threshold never collapses to
 //! zero. Overflow next to the dtype's limit is judged in `max_err`. `margin =
 //! err / threshold` is recorded for every tensor of every case.
+//!
+//! For dq and dk each element's error first loses that element's rounding allowance
+//! ([`super::conditioning`]): where dS = P·(dP − D) cancels, the f32 noise of its terms is
+//! larger than any threshold drawn from one tensor-wide yardstick.
 
+use super::conditioning::GradAllowance;
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, Dimension};
 use serde::Serialize;
@@ -73,7 +78,8 @@ fn both_past_limit(x: f64, y: f64, max_finite: f64) -> bool {
 
 /// Max error over rows flagged valid, and where it is. An infinity of the reference's sign is
 /// no error where the reference lies within `headroom` of the dtype's limit, or where the
-/// yardstick (`yard`, when given) overflowed the same way.
+/// yardstick (`yard`, when given) overflowed the same way. Each element's error is reduced by
+/// its `allow`ance, when given.
 fn max_err(
     a: &ArrayD<f64>,
     r: &ArrayD<f64>,
@@ -81,6 +87,7 @@ fn max_err(
     max_finite: f64,
     headroom: f64,
     yard: Option<&ArrayD<f64>>,
+    allow: Option<&ArrayD<f64>>,
 ) -> (f64, Option<(Vec<usize>, f64, f64)>) {
     let mut best = (0.0, None);
     for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
@@ -101,7 +108,10 @@ fn max_err(
                 continue;
             }
         }
-        let e = elem_err(x, y);
+        let e = match allow {
+            Some(al) => (elem_err(x, y) - al[&idx]).max(0.0),
+            None => elem_err(x, y),
+        };
         if e > best.0 || (best.1.is_none() && e.is_nan()) {
             best = (e, Some((idx.as_array_view().to_vec(), x, y)));
         }
@@ -126,6 +136,8 @@ pub struct Triple<'a> {
     pub min_magnitude: f64,
     /// Largest finite value of the stored type.
     pub max_finite: f64,
+    /// Per-element rounding allowance of the kernel's error (dq and dk).
+    pub allowance: Option<ArrayD<f64>>,
 }
 
 /// Judges one tensor.
@@ -143,6 +155,7 @@ pub fn judge(t: &Triple) -> Judgement {
         t.max_finite,
         floor,
         None,
+        None,
     );
     let threshold = K * emu_err.min(f64::MAX) + floor;
     let (err, at) = max_err(
@@ -152,6 +165,7 @@ pub fn judge(t: &Triple) -> Judgement {
         t.max_finite,
         threshold,
         Some(&t.emulated),
+        t.allowance.as_ref(),
     );
     let threshold = if threshold > 0.0 {
         threshold
@@ -207,13 +221,15 @@ pub fn score_magnitude(case: &Case) -> f64 {
 
 /// Judges every output present in `actual` against reference and emulation (both given as
 /// [`Outputs`] widened to f64).
-/// `lse_magnitude` is the case's [`score_magnitude`] (computed once per case by the caller).
+/// `lse_magnitude` is the case's [`score_magnitude`] and `grads` its gradients' rounding
+/// allowances (both computed once per case by the caller).
 pub fn judge_all(
     actual: &Outputs,
     reference: &Outputs,
     emulated: &Outputs,
     case: &Case,
     lse_magnitude: f64,
+    grads: Option<&GradAllowance>,
 ) -> Vec<Judgement> {
     let layout = &case.layout;
     let dtype = case.config.dtype;
@@ -229,6 +245,11 @@ pub fn judge_all(
                    valid: &[bool],
                    unit: f64,
                    min_mag: f64| {
+        let allowance = match name {
+            "dq" => grads.map(|g| g.dq.clone().into_dyn()),
+            "dk" => grads.map(|g| g.dk.clone().into_dyn()),
+            _ => None,
+        };
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
             out.push(judge(&Triple {
                 name,
@@ -243,6 +264,7 @@ pub fn judge_all(
                 } else {
                     f64::from(dtype.max_finite())
                 },
+                allowance,
             }));
         }
     };
@@ -316,6 +338,7 @@ mod tests {
             unit: Dtype::F16.unit_roundoff(),
             min_magnitude: 0.0,
             max_finite: max,
+            allowance: None,
         })
     }
 

@@ -1,0 +1,167 @@
+//! Per-element rounding allowances of the gradients dQ and dK.
+//!
+//! dS = P·(dP − D) cancels where dP ≈ D, and there the f32 roundings of the intermediates
+//! (dP = dO·Vᵀ, D = Σ P·dP, P itself) move dS by far more than `u · |dS|`. Two correct kernels
+//! that sum in different orders then differ by many ulps of dQ or dK, and the emulation's own
+//! error is one draw of that noise: a threshold from it alone failed a correct kernel by a
+//! margin of 1.11 (f32 dQ on an H200, `proptests/tests/backends.proptest-regressions`).
+//!
+//! The allowance is a first-order forward-error bound of those intermediates. With
+//! `a_ij = Σ_y |dO_iy·V_jy|` (the magnitude dP_ij's rounding scales with) and
+//! `A_i = Σ_j P_ij·a_ij` (D_i's),
+//!
+//! ```text
+//! cond(dQ[i, h, x]) = scale · Σ_j |K[j, x]| · P_ij · (a_ij + A_i)
+//! cond(dK[j, g, x]) = scale · Σ_(i, h in group g) |Q[i, h, x]| · P_ij · (a_ij + A_i)
+//! allowance        = 2 · (Dv + Lk) · u32 · cond
+//! ```
+//!
+//! where `Lk` is the longest key side (the length of the sums feeding D and dS) and `u32` the
+//! unit roundoff of f32, the precision every kernel computes P and dS in. Where dS does not
+//! cancel, `cond ≈ |dQ|` and the allowance is a few hundred f32 ulps: far below the bf16/f16
+//! noise floor, so it loosens nothing there.
+
+use crate::case::Case;
+use ndarray::{s, Array2, Array3};
+use smallseq_reference::{visible, Dtype};
+
+/// Allowances of `dq [Tq, H, Dqk]` and `dk [Tk, Hkv, Dqk]`, in the tensors' units.
+#[derive(Clone, Debug)]
+pub struct GradAllowance {
+    pub dq: Array3<f64>,
+    pub dk: Array3<f64>,
+}
+
+/// The allowances of a forward+backward case, from its inputs and the f64 reference LSE
+/// (`[Tq, H]`); `None` for a forward-only case.
+pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
+    let d_o = case.d_o.as_ref()?;
+    let p = &case.config.params;
+    let l = &case.layout;
+    let (g, dqk, dv) = (p.group_size(), p.head_dim_qk, p.head_dim_v);
+    let mut dq = Array3::<f64>::zeros(case.q.dim());
+    let mut dk = Array3::<f64>::zeros(case.k.dim());
+    let mut longest_kv = 0;
+    for slot in 0..l.slots() {
+        let (lq, lk, oq, ok) = (
+            l.q.len(slot),
+            l.kv.len(slot),
+            l.q.offset(slot),
+            l.kv.offset(slot),
+        );
+        longest_kv = longest_kv.max(lk);
+        for h in 0..p.num_heads {
+            let hk = h / g;
+            for r in 0..lq {
+                let lse_r = lse[(oq + r, h)];
+                if !lse_r.is_finite() {
+                    continue;
+                }
+                let keys: Vec<usize> = (0..lk)
+                    .filter(|&c| visible(p.mask, p.window, r, c, lq, lk))
+                    .collect();
+                let q = case.q.slice(s![oq + r, h, ..]);
+                let d_o_r = d_o.slice(s![oq + r, h, ..]);
+                // (P_ij, a_ij) of the row's visible keys.
+                let pa: Vec<(f64, f64)> = keys
+                    .iter()
+                    .map(|&c| {
+                        let k = case.k.slice(s![ok + c, hk, ..]);
+                        let v = case.v.slice(s![ok + c, hk, ..]);
+                        let score: f64 = q
+                            .iter()
+                            .zip(k.iter())
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum();
+                        let prob = (score * p.scale - lse_r).exp();
+                        let a: f64 = d_o_r
+                            .iter()
+                            .zip(v.iter())
+                            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                            .sum();
+                        (prob, a)
+                    })
+                    .collect();
+                let big_a: f64 = pa.iter().map(|(prob, a)| prob * a).sum();
+                for (&c, &(prob, a)) in keys.iter().zip(&pa) {
+                    let w = p.scale.abs() * prob * (a + big_a);
+                    for x in 0..dqk {
+                        dq[(oq + r, h, x)] += w * f64::from(case.k[(ok + c, hk, x)]).abs();
+                        dk[(ok + c, hk, x)] += w * f64::from(case.q[(oq + r, h, x)]).abs();
+                    }
+                }
+            }
+        }
+    }
+    let factor = 2.0 * (dv + longest_kv) as f64 * Dtype::F32.unit_roundoff();
+    dq.mapv_inplace(|x| x * factor);
+    dk.mapv_inplace(|x| x * factor);
+    Some(GradAllowance { dq, dk })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AttnConfig;
+    use smallseq_reference::{forward_backward, Layout, Mask};
+
+    fn case(q: f32, k: [f32; 2], v: [f32; 2], d_o: f32) -> Case {
+        let layout = Layout::packed(&[(1, 2)]);
+        let mut cfg = AttnConfig::new(Dtype::F32, 1, 1, Mask::Padding);
+        cfg.params.scale = 1.0;
+        let a = |x: &[f32]| Array3::from_shape_vec((x.len(), 1, 1), x.to_vec()).unwrap();
+        Case::new(cfg, layout, a(&[q]), a(&k), a(&v), Some(a(&[d_o]))).unwrap()
+    }
+
+    fn allowance(c: &Case) -> GradAllowance {
+        let (f, _) = forward_backward(&c.problem().unwrap());
+        grad_allowance(c, &f.lse).unwrap()
+    }
+
+    #[test]
+    fn cancelling_ds_gets_an_allowance_far_above_its_gradient() {
+        // Equal scores, so P = 1/2 each; dP = 1000 and 1000 + 2^-10: dS = ±2^-12, a cancellation
+        // of 1000 against 2^-12.
+        let c = case(1.0, [0.5, 0.5], [1000.0, 1000.0 + 1.0 / 1024.0], 1.0);
+        let al = allowance(&c);
+        let (_, g) = forward_backward(&c.problem().unwrap());
+        // cond(dQ) = Σ_j |k_j| · P_j · (a_j + A) ≈ 2 · 0.5 · 0.5 · 2000 = 1000, and
+        // allowance = 2 · (Dv + Lk) · u32 · cond = 6 · u32 · 1000.
+        let want = 2.0 * 3.0 * Dtype::F32.unit_roundoff() * 1000.0;
+        assert!(
+            (al.dq[(0, 0, 0)] / want - 1.0).abs() < 1e-5,
+            "{}",
+            al.dq[(0, 0, 0)]
+        );
+        // dK_0 = q · dS_0 = -2^-12 sits inside the noise its f32 terms of 1000 carry.
+        let dk = g.unwrap().dk[(0, 0, 0)];
+        assert_eq!(dk, -1.0 / 4096.0);
+        assert!(dk.abs() < al.dk[(0, 0, 0)], "{dk} vs {}", al.dk[(0, 0, 0)]);
+    }
+
+    #[test]
+    fn without_cancellation_the_allowance_is_a_few_hundred_f32_ulps() {
+        let c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
+        let al = allowance(&c);
+        let (_, g) = forward_backward(&c.problem().unwrap());
+        let g = g.unwrap();
+        for (allow, grad) in [
+            (al.dq[(0, 0, 0)], g.dq[(0, 0, 0)]),
+            (al.dk[(1, 0, 0)], g.dk[(1, 0, 0)]),
+        ] {
+            let ulps = allow / (grad.abs() * Dtype::F32.unit_roundoff());
+            assert!(ulps > 1.0 && ulps < 500.0, "{ulps} ulps");
+            // Below one bf16 rounding of the gradient: no loosening at 16 bits.
+            assert!(allow < grad.abs() * Dtype::Bf16.unit_roundoff());
+        }
+    }
+
+    #[test]
+    fn rows_without_keys_and_forward_only_cases_get_nothing() {
+        let mut c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
+        let lse = Array2::from_elem((1, 1), f64::NEG_INFINITY);
+        assert_eq!(grad_allowance(&c, &lse).unwrap().dq[(0, 0, 0)], 0.0);
+        c.d_o = None;
+        assert!(grad_allowance(&c, &lse).is_none());
+    }
+}
