@@ -75,12 +75,22 @@ for s in $stages; do
       # The fuzz campaign in its own process session, so it outlives this call (the device
       # tool ends a call's processes, not a new session's): `fuzzwait` in the next call, within
       # the machine's idle time, collects it. For a campaign longer than one call allows.
+      rm -rf /tmp/fuzz /tmp/fuzz.pid
       echo "\$ setsid $ss fuzz --backend cuda --time $fuzz_time --seed 2027 --shrink-time 3s --out /tmp/fuzz" | tee -a "$log"
-      setsid nohup "$ss" fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s \
-        --out /tmp/fuzz > /tmp/fuzz.log 2>&1 < /dev/null &
-      echo $! > /tmp/fuzz.pid ;;
+      # The campaign writes its own pid (setsid forks when the shell leads a process group).
+      setsid sh -c 'echo $$ > /tmp/fuzz.pid; exec "$@"' sh "$ss" fuzz --backend cuda \
+        --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz \
+        > /tmp/fuzz.log 2>&1 < /dev/null &
+      sleep 1 ;;
     fuzzwait)
+      if [ ! -f /tmp/fuzz.pid ]; then
+        echo "fuzzwait: no background campaign on this machine (a fresh one?)" | tee -a "$log"
+        continue
+      fi
       while kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+      if kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null; then
+        echo "fuzzwait: the campaign is still running at the deadline; collecting what it wrote" | tee -a "$log"
+      fi
       tail -40 /tmp/fuzz.log | tee -a "$log"
       cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
       cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null

@@ -520,7 +520,8 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
   }
 }
 
-extern __shared__ float fb_smem[];
+// 16-byte aligned: the tiled kernel copies and reads it 16 bytes per lane (pt_cp_async16, pt_ld16).
+alignas(16) extern __shared__ float fb_smem[];
 
 // Blocks per multiprocessor the register allocation must allow (CUDA; 0: the compiler's choice).
 // 3 caps D = 128 at 168 registers (from 248, 2 blocks) with 8-12 bytes of spill: 1389 -> 1308 us

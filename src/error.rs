@@ -21,6 +21,8 @@ pub enum Error {
     Workspace(String),
     #[error("backend {backend}: {detail}")]
     Backend { backend: String, detail: String },
+    #[error(transparent)]
+    Misaligned(#[from] crate::backend::launch::Misaligned),
     /// A failure of the HIP backend: a HIP call, a code object, a launch.
     #[cfg(feature = "hip")]
     #[error("backend hip: {0}")]

@@ -254,7 +254,7 @@ impl CudaBackend {
         (d, p): (&LaunchDims, &Ptrs),
         cfg: LaunchConfig,
     ) -> Result<()> {
-        check_aligned(kernel, p).map_err(backend_err)?;
+        check_aligned(kernel, p)?;
         let f = self.func(family, name)?;
         let args = args_of(kernel, d, p);
         let mut lb = self.stream.launch_builder(&f);

@@ -137,8 +137,8 @@ pub enum HipError {
     #[error("{0}")]
     Unsupported(String),
     /// A tensor the kernel accesses 16 bytes at a time does not start on 16 bytes.
-    #[error("{0}")]
-    Misaligned(String),
+    #[error(transparent)]
+    Misaligned(#[from] super::launch::Misaligned),
 }
 
 impl From<HipError> for Error {
@@ -146,6 +146,7 @@ impl From<HipError> for Error {
         match e {
             // The harness skips unsupported cases by this variant, whatever the backend.
             HipError::Unsupported(s) => Error::Unsupported(s),
+            HipError::Misaligned(m) => Error::Misaligned(m),
             other => Error::Hip(other),
         }
     }
@@ -587,7 +588,7 @@ impl HipBackend {
             return Ok(());
         }
         let args = args_of(Kernel::SmallSeqFwd, d, p);
-        check_aligned(Kernel::SmallSeqFwd, p).map_err(HipError::Misaligned)?;
+        check_aligned(Kernel::SmallSeqFwd, p)?;
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
     }
 
@@ -602,7 +603,7 @@ impl HipBackend {
             return Ok(());
         }
         let args = args_of(Kernel::SmallSeqBwd, d, p);
-        check_aligned(Kernel::SmallSeqBwd, p).map_err(HipError::Misaligned)?;
+        check_aligned(Kernel::SmallSeqBwd, p)?;
         Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
     }
 
@@ -620,7 +621,7 @@ impl HipBackend {
                 return Ok(());
             }
             let args = args_of(Kernel::TiledFwd, d, p);
-            check_aligned(Kernel::TiledFwd, p).map_err(HipError::Misaligned)?;
+            check_aligned(Kernel::TiledFwd, p)?;
             let smem = d.tiled_fwd_smem();
             return Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?);
         }

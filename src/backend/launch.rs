@@ -317,14 +317,26 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
     v
 }
 
+/// A tensor that a kernel reads or writes 16 bytes per lane at a time does not start on 16
+/// bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{kernel:?}: tensor {tensor} at {addr:#x} is not 16-byte aligned (vector loads and stores)"
+)]
+pub struct Misaligned {
+    pub kernel: Kernel,
+    pub tensor: &'static str,
+    pub addr: u64,
+}
+
 /// The tensors a kernel reads and writes 16 bytes per lane at a time (`pt_ld16`, `pt_st16`,
 /// `pt_cp_async16` in kernels/portable.h) must start on 16 bytes; rows then stay aligned since
 /// every head dim those kernels take is a multiple of 64 elements.
 ///
 /// # Errors
-/// The first misaligned tensor, by name and address.
-pub fn check_aligned(k: Kernel, p: &Ptrs) -> Result<(), String> {
-    let tensors: &[(&str, u64)] = match k {
+/// The first misaligned tensor.
+pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
+    let tensors: &[(&'static str, u64)] = match kernel {
         Kernel::SmallSeqFwd | Kernel::TiledFwd => &[("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)],
         Kernel::SmallSeqBwd => &[
             ("q", p.q),
@@ -338,9 +350,11 @@ pub fn check_aligned(k: Kernel, p: &Ptrs) -> Result<(), String> {
         Kernel::FallbackFwd | Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => &[],
     };
     match tensors.iter().find(|(_, a)| a % 16 != 0) {
-        Some((name, a)) => Err(format!(
-            "{k:?}: tensor {name} at {a:#x} is not 16-byte aligned (vector loads and stores)"
-        )),
+        Some(&(tensor, addr)) => Err(Misaligned {
+            kernel,
+            tensor,
+            addr,
+        }),
         None => Ok(()),
     }
 }
@@ -467,7 +481,8 @@ mod tests {
         };
         assert_eq!(check_aligned(Kernel::SmallSeqFwd, &p), Ok(()));
         let e = check_aligned(Kernel::SmallSeqBwd, &p).unwrap_err();
-        assert!(e.contains("tensor dv at 0x8008"), "{e}");
+        assert_eq!((e.tensor, e.addr), ("dv", 0x8008));
+        assert!(e.to_string().contains("tensor dv at 0x8008"), "{e}");
         let q_off = Ptrs { q: 0x1002, ..p };
         assert!(check_aligned(Kernel::TiledFwd, &q_off).is_err());
         assert_eq!(check_aligned(Kernel::FallbackFwd, &q_off), Ok(()));

@@ -1,7 +1,7 @@
 //! Per-element rounding allowances of the gradients dQ and dK.
 //!
-//! dS = P·(dP − D) cancels where dP ≈ D, and there the f32 roundings of the intermediates
-//! (dP = dO·Vᵀ, D = Σ P·dP, P itself) move dS by far more than `u · |dS|`. Two correct kernels
+//! dS = P·(dP − D) cancels where dP ≈ D, and there the f32 roundings of its terms (dP = dO·Vᵀ
+//! and D = Σ P·dP) move dS by far more than `u · |dS|`. Two correct kernels
 //! that sum in different orders then differ by many ulps of dQ or dK, and the emulation's own
 //! error is one draw of that noise: a threshold from it alone failed a correct kernel by a
 //! margin of 1.11 (f32 dQ on an H200, `proptests/tests/backends.proptest-regressions`).
@@ -30,6 +30,17 @@ use smallseq_reference::{visible, Dtype};
 pub struct GradAllowance {
     pub dq: Array3<f64>,
     pub dk: Array3<f64>,
+}
+
+impl GradAllowance {
+    /// The allowance of a comparison between two outputs that each carry this noise (two
+    /// kernels, or a kernel and a sum of another's outputs): twice as wide.
+    pub fn between_two_outputs(&self) -> GradAllowance {
+        GradAllowance {
+            dq: &self.dq * 2.0,
+            dk: &self.dk * 2.0,
+        }
+    }
 }
 
 /// The allowances of a forward+backward case, from its inputs and the f64 reference LSE
@@ -154,6 +165,15 @@ mod tests {
             // Below one bf16 rounding of the gradient: no loosening at 16 bits.
             assert!(allow < grad.abs() * Dtype::Bf16.unit_roundoff());
         }
+    }
+
+    #[test]
+    fn a_comparison_of_two_noisy_outputs_gets_both_allowances() {
+        let c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
+        let one = allowance(&c);
+        let two = one.between_two_outputs();
+        assert_eq!(two.dq, &one.dq * 2.0);
+        assert_eq!(two.dk, &one.dk * 2.0);
     }
 
     #[test]

@@ -550,13 +550,14 @@ impl<'a> Checker<'a> {
             past_limit_agreed(actual, &y.reference, limit),
             past_limit_agreed(&fb_out, &y.reference, limit),
         );
+        let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
         let between_js = judge_all(
             &ss_cmp,
             &fb_cmp,
             &y.emulated,
             case,
             y.lse_magnitude,
-            y.grads.as_ref(),
+            between.as_ref(),
         );
         for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
             let between = between.err;
@@ -637,7 +638,7 @@ impl<'a> Checker<'a> {
                     "splitting the batch in two launches",
                 )
             }
-            "gqa" => self.gqa_relation(case, actual, js, y.lse_magnitude),
+            "gqa" => self.gqa_relation(case, actual, js, y),
             _ => self.scale_relation(case, actual),
         }
     }
@@ -696,7 +697,7 @@ impl<'a> Checker<'a> {
         case: &Case,
         actual: &Outputs,
         js: &[Judgement],
-        lse_magnitude: f64,
+        y: &Yardstick,
     ) -> Outcome {
         let mha = repeat_kv(case);
         let p = match run_pair(self.backend, &mha, &self.opts) {
@@ -732,7 +733,15 @@ impl<'a> Checker<'a> {
         if near_overflow(actual) || near_overflow(&summed) {
             return skip("dK/dV next to the dtype's overflow");
         }
-        let diffs = judge_all(actual, &summed, actual, case, lse_magnitude, None);
+        let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
+        let diffs = judge_all(
+            actual,
+            &summed,
+            actual,
+            case,
+            y.lse_magnitude,
+            between.as_ref(),
+        );
         for (d, j) in diffs.iter().zip(js) {
             // Both sides are within tolerance of the reference; the group sum adds at most
             // g roundings of the MHA side.

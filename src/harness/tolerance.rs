@@ -108,8 +108,9 @@ fn max_err(
                 continue;
             }
         }
-        let e = match allow {
-            Some(al) => (elem_err(x, y) - al[&idx]).max(0.0),
+        // A non-finite allowance (from non-finite inputs) excuses nothing.
+        let e = match allow.map(|al| al[&idx]).filter(|a| a.is_finite()) {
+            Some(a) => (elem_err(x, y) - a).max(0.0),
             None => elem_err(x, y),
         };
         if e > best.0 || (best.1.is_none() && e.is_nan()) {
@@ -340,6 +341,31 @@ mod tests {
             max_finite: max,
             allowance: None,
         })
+    }
+
+    fn with_allowance(actual: f64, reference: f64, allowance: f64) -> Judgement {
+        let valid = [true];
+        judge(&Triple {
+            name: "dq",
+            actual: arr3(&[[[actual]]]).into_dyn(),
+            reference: arr3(&[[[reference]]]).into_dyn(),
+            emulated: arr3(&[[[reference]]]).into_dyn(),
+            valid: &valid,
+            unit: Dtype::F32.unit_roundoff(),
+            min_magnitude: 0.0,
+            max_finite: f64::from(f32::MAX),
+            allowance: Some(arr3(&[[[allowance]]]).into_dyn()),
+        })
+    }
+
+    #[test]
+    fn an_elements_allowance_comes_off_its_error_and_a_non_finite_one_excuses_nothing() {
+        let j = with_allowance(2.0, 1.0, 0.75);
+        assert!((j.err - 0.25).abs() < 1e-12, "{}", j.err);
+        assert!(!j.passed());
+        assert!(with_allowance(2.0, 1.0, 1.5).passed());
+        assert!(!with_allowance(2.0, 1.0, f64::NAN).passed());
+        assert!(!with_allowance(2.0, 1.0, f64::INFINITY).passed());
     }
 
     #[test]

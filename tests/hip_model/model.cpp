@@ -154,7 +154,7 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
 #include "../../kernels/small_seq.cu"
 #include "../../kernels/fallback.cu"
 // The fallback kernels' dynamic shared memory: 4 wavefronts of (Dqk + Dv) floats at most.
-float fb_smem[FB_WPB * 2 * FB_MAXD];
+alignas(16) float fb_smem[FB_WPB * 2 * FB_MAXD];
 
 #ifndef PT_MFMA
 #error "the model must see the matrix-core branch of portable.h"
