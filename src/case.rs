@@ -3,7 +3,7 @@
 use crate::config::{AttnConfig, LayoutKind};
 use crate::error::{Error, Result};
 use ndarray::{Array2, Array3, ArrayView3};
-use smallseq_reference::{Layout, Problem, Side};
+use smallseq_reference::{visible, Layout, Problem, Side};
 use std::collections::BTreeMap;
 
 /// Outputs of one run, widened to f64 (device values embed exactly). Any tensor may be absent
@@ -89,7 +89,46 @@ impl std::fmt::Debug for Case {
     }
 }
 
+/// One query row of a case with the keys it sees (`Case::visible_rows`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VisibleRow {
+    /// Query token (row of `q`, `d_o`, `o`, `lse`).
+    pub token: usize,
+    pub head: usize,
+    /// The K/V head of `head`'s group.
+    pub kv_head: usize,
+    /// Key tokens (rows of `k`, `v`) the mask and window leave visible; may be empty.
+    pub keys: Vec<usize>,
+}
+
 impl Case {
+    /// Every valid query row of every slot and head, with its visible keys (mask and window of
+    /// `semantics.md` §1), in slot, head, row order.
+    pub fn visible_rows(&self) -> impl Iterator<Item = VisibleRow> + '_ {
+        let p = &self.config.params;
+        let l = &self.layout;
+        let g = p.group_size();
+        (0..l.slots()).flat_map(move |slot| {
+            let (lq, lk, oq, ok) = (
+                l.q.len(slot),
+                l.kv.len(slot),
+                l.q.offset(slot),
+                l.kv.offset(slot),
+            );
+            (0..p.num_heads).flat_map(move |head| {
+                (0..lq).map(move |r| VisibleRow {
+                    token: oq + r,
+                    head,
+                    kv_head: head / g,
+                    keys: (0..lk)
+                        .filter(|&c| visible(p.mask, p.window, r, c, lq, lk))
+                        .map(|c| ok + c)
+                        .collect(),
+                })
+            })
+        })
+    }
+
     /// Builds a case and validates config, layout and shapes together.
     ///
     /// # Errors

@@ -274,27 +274,23 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.dk),
             Ptr(p.dv),
         ],
-        Kernel::FallbackBwdQ => vec![
-            Ptr(p.q),
-            Ptr(p.k),
-            Ptr(p.v),
-            Ptr(p.d_o),
-            Ptr(p.lse),
-            Ptr(p.delta),
-            Ptr(p.rowsum),
-            Ptr(p.dq),
-        ],
-        Kernel::FallbackBwdKv => vec![
-            Ptr(p.q),
-            Ptr(p.k),
-            Ptr(p.v),
-            Ptr(p.d_o),
-            Ptr(p.lse),
-            Ptr(p.delta),
-            Ptr(p.rowsum),
-            Ptr(p.dk),
-            Ptr(p.dv),
-        ],
+        Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => {
+            let inputs = [
+                Ptr(p.q),
+                Ptr(p.k),
+                Ptr(p.v),
+                Ptr(p.d_o),
+                Ptr(p.lse),
+                Ptr(p.delta),
+                Ptr(p.rowsum),
+            ];
+            let outputs: &[Arg] = if k == Kernel::FallbackBwdQ {
+                &[Ptr(p.dq)]
+            } else {
+                &[Ptr(p.dk), Ptr(p.dv)]
+            };
+            [&inputs[..], outputs].concat()
+        }
     };
     v.extend(offsets);
     match k {

@@ -23,7 +23,7 @@
 
 use crate::case::Case;
 use ndarray::{s, Array2, Array3};
-use smallseq_reference::{visible, Dtype};
+use smallseq_reference::Dtype;
 
 /// Allowances of `dq [Tq, H, Dqk]` and `dk [Tk, Hkv, Dqk]`, in the tensors' units.
 #[derive(Clone, Debug)]
@@ -48,63 +48,48 @@ impl GradAllowance {
 pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
     let d_o = case.d_o.as_ref()?;
     let p = &case.config.params;
-    let l = &case.layout;
-    let (g, dqk, dv) = (p.group_size(), p.head_dim_qk, p.head_dim_v);
     let mut dq = Array3::<f64>::zeros(case.q.dim());
     let mut dk = Array3::<f64>::zeros(case.k.dim());
-    let mut longest_kv = 0;
-    for slot in 0..l.slots() {
-        let (lq, lk, oq, ok) = (
-            l.q.len(slot),
-            l.kv.len(slot),
-            l.q.offset(slot),
-            l.kv.offset(slot),
-        );
-        longest_kv = longest_kv.max(lk);
-        for h in 0..p.num_heads {
-            let hk = h / g;
-            for r in 0..lq {
-                let lse_r = lse[(oq + r, h)];
-                if !lse_r.is_finite() {
-                    continue;
-                }
-                let keys: Vec<usize> = (0..lk)
-                    .filter(|&c| visible(p.mask, p.window, r, c, lq, lk))
-                    .collect();
-                let q = case.q.slice(s![oq + r, h, ..]);
-                let d_o_r = d_o.slice(s![oq + r, h, ..]);
-                // (P_ij, a_ij) of the row's visible keys.
-                let pa: Vec<(f64, f64)> = keys
+    for row in case.visible_rows() {
+        let (t, h, hk) = (row.token, row.head, row.kv_head);
+        let lse_r = lse[(t, h)];
+        if !lse_r.is_finite() {
+            continue;
+        }
+        let q = case.q.slice(s![t, h, ..]);
+        let d_o_r = d_o.slice(s![t, h, ..]);
+        // (P_ij, a_ij) of the row's visible keys.
+        let pa: Vec<(f64, f64)> = row
+            .keys
+            .iter()
+            .map(|&c| {
+                let k = case.k.slice(s![c, hk, ..]);
+                let v = case.v.slice(s![c, hk, ..]);
+                let score: f64 = q
                     .iter()
-                    .map(|&c| {
-                        let k = case.k.slice(s![ok + c, hk, ..]);
-                        let v = case.v.slice(s![ok + c, hk, ..]);
-                        let score: f64 = q
-                            .iter()
-                            .zip(k.iter())
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum();
-                        let prob = (score * p.scale - lse_r).exp();
-                        let a: f64 = d_o_r
-                            .iter()
-                            .zip(v.iter())
-                            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                            .sum();
-                        (prob, a)
-                    })
-                    .collect();
-                let big_a: f64 = pa.iter().map(|(prob, a)| prob * a).sum();
-                for (&c, &(prob, a)) in keys.iter().zip(&pa) {
-                    let w = p.scale.abs() * prob * (a + big_a);
-                    for x in 0..dqk {
-                        dq[(oq + r, h, x)] += w * f64::from(case.k[(ok + c, hk, x)]).abs();
-                        dk[(ok + c, hk, x)] += w * f64::from(case.q[(oq + r, h, x)]).abs();
-                    }
-                }
+                    .zip(k.iter())
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let prob = (score * p.scale - lse_r).exp();
+                let a: f64 = d_o_r
+                    .iter()
+                    .zip(v.iter())
+                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                    .sum();
+                (prob, a)
+            })
+            .collect();
+        let big_a: f64 = pa.iter().map(|(prob, a)| prob * a).sum();
+        for (&c, &(prob, a)) in row.keys.iter().zip(&pa) {
+            let w = p.scale.abs() * prob * (a + big_a);
+            for x in 0..p.head_dim_qk {
+                dq[(t, h, x)] += w * f64::from(case.k[(c, hk, x)]).abs();
+                dk[(c, hk, x)] += w * f64::from(case.q[(t, h, x)]).abs();
             }
         }
     }
-    let factor = 2.0 * (dv + longest_kv) as f64 * Dtype::F32.unit_roundoff();
+    let longest_kv = case.layout.kv.max_len();
+    let factor = 2.0 * (p.head_dim_v + longest_kv) as f64 * Dtype::F32.unit_roundoff();
     dq.mapv_inplace(|x| x * factor);
     dk.mapv_inplace(|x| x * factor);
     Some(GradAllowance { dq, dk })

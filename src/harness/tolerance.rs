@@ -23,7 +23,7 @@ use super::conditioning::GradAllowance;
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, Dimension};
 use serde::Serialize;
-use smallseq_reference::{visible, Dtype};
+use smallseq_reference::Dtype;
 
 /// Multiplier on the emulation's error.
 pub const K: f64 = 4.0;
@@ -196,25 +196,18 @@ pub fn judge(t: &Triple) -> Judgement {
 /// cancellation it far exceeds `|lse|`, which alone would make the noise floor too tight for
 /// any accumulation order but the emulation's.
 pub fn score_magnitude(case: &Case) -> f64 {
-    let p = &case.config.params;
-    let l = &case.layout;
-    let g = p.group_size();
+    let scale = case.config.params.scale.abs();
     let mut best = 0.0f64;
-    for i in 0..l.slots() {
-        let (lq, lk, oq, ok) = (l.q.len(i), l.kv.len(i), l.q.offset(i), l.kv.offset(i));
-        for h in 0..p.num_heads {
-            for r in 0..lq {
-                let q = case.q.slice(ndarray::s![oq + r, h, ..]);
-                for c in (0..lk).filter(|&c| visible(p.mask, p.window, r, c, lq, lk)) {
-                    let k = case.k.slice(ndarray::s![ok + c, h / g, ..]);
-                    let s: f64 = q
-                        .iter()
-                        .zip(k.iter())
-                        .map(|(a, b)| f64::from(*a).abs() * f64::from(*b).abs())
-                        .sum();
-                    best = best.max(s * p.scale.abs());
-                }
-            }
+    for row in case.visible_rows() {
+        let q = case.q.slice(ndarray::s![row.token, row.head, ..]);
+        for &c in &row.keys {
+            let k = case.k.slice(ndarray::s![c, row.kv_head, ..]);
+            let s: f64 = q
+                .iter()
+                .zip(k.iter())
+                .map(|(a, b)| f64::from(*a).abs() * f64::from(*b).abs())
+                .sum();
+            best = best.max(s * scale);
         }
     }
     best
@@ -328,33 +321,32 @@ mod tests {
     }
 
     fn triple_with(actual: f64, reference: f64, emulated: f64) -> Judgement {
+        one_element(Dtype::F16, actual, reference, emulated, None)
+    }
+
+    fn with_allowance(actual: f64, reference: f64, allowance: f64) -> Judgement {
+        one_element(Dtype::F32, actual, reference, reference, Some(allowance))
+    }
+
+    /// A one-element dq tensor of `dtype`, judged.
+    fn one_element(
+        dtype: Dtype,
+        actual: f64,
+        reference: f64,
+        emulated: f64,
+        allowance: Option<f64>,
+    ) -> Judgement {
         let valid = [true];
-        let max = f64::from(Dtype::F16.max_finite());
         judge(&Triple {
             name: "dq",
             actual: arr3(&[[[actual]]]).into_dyn(),
             reference: arr3(&[[[reference]]]).into_dyn(),
             emulated: arr3(&[[[emulated]]]).into_dyn(),
             valid: &valid,
-            unit: Dtype::F16.unit_roundoff(),
+            unit: dtype.unit_roundoff(),
             min_magnitude: 0.0,
-            max_finite: max,
-            allowance: None,
-        })
-    }
-
-    fn with_allowance(actual: f64, reference: f64, allowance: f64) -> Judgement {
-        let valid = [true];
-        judge(&Triple {
-            name: "dq",
-            actual: arr3(&[[[actual]]]).into_dyn(),
-            reference: arr3(&[[[reference]]]).into_dyn(),
-            emulated: arr3(&[[[reference]]]).into_dyn(),
-            valid: &valid,
-            unit: Dtype::F32.unit_roundoff(),
-            min_magnitude: 0.0,
-            max_finite: f64::from(f32::MAX),
-            allowance: Some(arr3(&[[[allowance]]]).into_dyn()),
+            max_finite: f64::from(dtype.max_finite()),
+            allowance: allowance.map(|a| arr3(&[[[a]]]).into_dyn()),
         })
     }
 
