@@ -36,6 +36,13 @@ run() { # limit, command...
   timeout "$limit" "$@" 2>&1 | tee -a "$log" | tail -40
   echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
+# The campaign of the fuzz stages, and what of it comes back.
+fuzz_args=(fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz)
+collect_fuzz() {
+  cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
+  cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
+  tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
 for s in $stages; do
   echo "== $s $(date +%T)" | tee -a "$log"
@@ -76,10 +83,9 @@ for s in $stages; do
       # tool ends a call's processes, not a new session's): `fuzzwait` in the next call, within
       # the machine's idle time, collects it. For a campaign longer than one call allows.
       rm -rf /tmp/fuzz /tmp/fuzz.pid
-      echo "\$ setsid $ss fuzz --backend cuda --time $fuzz_time --seed 2027 --shrink-time 3s --out /tmp/fuzz" | tee -a "$log"
+      echo "\$ setsid $ss ${fuzz_args[*]}" | tee -a "$log"
       # The campaign writes its own pid (setsid forks when the shell leads a process group).
-      setsid sh -c 'echo $$ > /tmp/fuzz.pid; exec "$@"' sh "$ss" fuzz --backend cuda \
-        --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz \
+      setsid sh -c 'echo $$ > /tmp/fuzz.pid; exec "$@"' sh "$ss" "${fuzz_args[@]}" \
         > /tmp/fuzz.log 2>&1 < /dev/null &
       sleep 1 ;;
     fuzzwait)
@@ -92,14 +98,10 @@ for s in $stages; do
         echo "fuzzwait: the campaign is still running at the deadline; collecting what it wrote" | tee -a "$log"
       fi
       tail -40 /tmp/fuzz.log | tee -a "$log"
-      cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
-      cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
-      tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null ;;
+      collect_fuzz ;;
     fuzz)
-      run $(( ${fuzz_time%s} + 40 )) "$ss" fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz
-      cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
-      cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
-      tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null ;;
+      run $(( ${fuzz_time%s} + 40 )) "$ss" "${fuzz_args[@]}"
+      collect_fuzz ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;
   esac
 done
