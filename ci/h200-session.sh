@@ -8,11 +8,11 @@
 #
 # BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
-# Stages, in the order given: tests calibrate bench variants ncu sanitize mutants fuzz fuzzbg
-# fuzzwait (default: all but variants, fuzzbg and fuzzwait; VARIANTS lists the define sets, VARIANT_FIX512=0 leaves out the 512-token
-# fallback there). Results go to OUT_DIR
-# (log.txt, bench.json, peers.json, calibrate.json, fuzz-report.json, fuzz-summary.md,
-# capsules.tar.gz, proptest-capsules.tar.gz): at most 8 files, the tool's limit.
+# Stages, in the order given: tests calibrate bench variants ncu stalls sanitize mutants fuzz
+# fuzzbg fuzzwait (default: all but variants, stalls, fuzzbg and fuzzwait; VARIANTS lists the
+# variants, VARIANT_FIX512=0 leaves out the 512-token fallback there). Results go to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json,
+# ncu-stalls.txt, fuzz-report.json, fuzz-summary.md, capsules.tar.gz, proptest-capsules.tar.gz):
+# at most 8 files per call, the tool's limit.
 set -u
 bin=$1 out=$2 fuzz_time=$3
 shift 3
@@ -59,19 +59,39 @@ for s in $stages; do
       run 150 "$ss" bench --backend cuda --out "$out/bench.json" ${BENCH_ARGS:-}
       run 150 python3 bench/peers.py "$out/bench.json" ;;
     variants)
-      # Kernel variants (SMALLSEQ_KERNEL_DEFINES) timed back to back with the default build,
-      # the 512-token fallback forward and the small-seq workloads' forward and backward.
+      # Kernel variants timed back to back with the default build, the 512-token fallback
+      # forward and the small-seq workloads' forward and backward. A variant is a comma list:
+      # SMALLSEQ_* entries are environment settings (SMALLSEQ_SS_WAVES=0), the others kernel
+      # defines (SMALLSEQ_KERNEL_DEFINES, SS_NEXT_PREFETCH=0).
       for v in "" ${VARIANTS:-}; do
         echo "-- variant: ${v:-default}" | tee -a "$log"
-        SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 90 "$ss" bench --backend cuda --iters 20 \
-          --fallback false --filter fix16,rnd,q1
-        [ "${VARIANT_FIX512:-1}" = 1 ] && SMALLSEQ_KERNEL_DEFINES="${v//,/ }" run 40 "$ss" bench \
-          --backend cuda --iters 20 --forward-only --filter fix512
+        envs=() defs=()
+        IFS=, read -r -a parts <<< "$v"
+        for p in "${parts[@]}"; do
+          case $p in SMALLSEQ_*) envs+=("$p") ;; *) defs+=("$p") ;; esac
+        done
+        vrun() { run "$1" env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "${@:2}"; }
+        vrun 90 "$ss" bench --backend cuda --iters 20 --fallback false --filter fix16,rnd,q1
+        [ "${VARIANT_FIX512:-1}" = 1 ] && vrun 40 "$ss" bench --backend cuda --iters 20 \
+          --forward-only --filter fix512
       done ;;
     ncu)
       run 120 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd|fallback_fwd_tc' \
         --launch-count 6 --metrics launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
         "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix ;;
+    stalls)
+      # Where the small-seq kernels' warps wait, on the ragged workloads (W2 `rnd1-17_h16`, W4
+      # `q1`; the backward's setup runs the forward again): ncu's sections and every stall
+      # reason's cycles per issued instruction, into ncu-stalls.txt.
+      echo "\$ ncu (stalls) > ncu-stalls.txt" | tee -a "$log"
+      timeout 200 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd' \
+        --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section WarpStateStats \
+        --section SchedulerStats --section Occupancy \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --fallback false \
+        --filter rnd1-17_h16,q1 > "$out/ncu-stalls.txt" 2>&1
+      echo "-> exit $?" | tee -a "$log" ;;
     sanitize)
       run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --out /tmp/san-m
       run 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --forward-only --filter fix512

@@ -6,7 +6,7 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
-use super::launch::{args_of, check_aligned, Arg, Kernel};
+use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS,
@@ -29,9 +29,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 const PORTABLE_H: &str = include_str!("../../kernels/portable.h");
 const SMALL_SEQ_CU: &str = include_str!("../../kernels/small_seq.cu");
 const FALLBACK_CU: &str = include_str!("../../kernels/fallback.cu");
-
-/// Warps (work items) per block, as `SS_WPB` / `FB_WPB` in the kernels.
-const WARPS_PER_BLOCK: u32 = 4;
 
 fn backend_err(detail: impl Into<String>) -> Error {
     Error::Backend {

@@ -18,7 +18,7 @@
 //! would be undefined behaviour there. `hip-sys` provides the link to `libamdhip64` and the
 //! `hipDeviceProp_t` layout.
 
-use super::launch::{args_of, check_aligned, Arg, Kernel};
+use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_HEAD_DIMS, TILED_ROWS,
@@ -40,8 +40,6 @@ mod embedded {
     include!(concat!(env!("OUT_DIR"), "/hip_code_objects.rs"));
 }
 
-/// Work items per block, as `SS_WPB` / `FB_WPB` in the kernels.
-const ITEMS_PER_BLOCK: u32 = 4;
 /// Threads per work item on HIP: one wavefront (`PT_LWARP_THREADS`, `PT_WARP`).
 const THREADS_PER_ITEM: u32 = 64;
 /// Architectures code objects are built for, in order of preference.
@@ -487,7 +485,7 @@ impl HipBackend {
     }
 
     fn blocks(items: i64) -> std::result::Result<u32, HipError> {
-        let blocks = (items.max(0) as u64).div_ceil(ITEMS_PER_BLOCK as u64);
+        let blocks = (items.max(0) as u64).div_ceil(WARPS_PER_BLOCK as u64);
         u32::try_from(blocks)
             .ok()
             .filter(|&b| b < i32::MAX as u32)
@@ -528,7 +526,7 @@ impl HipBackend {
                 blocks,
                 1,
                 1,
-                ITEMS_PER_BLOCK * THREADS_PER_ITEM,
+                WARPS_PER_BLOCK * THREADS_PER_ITEM,
                 1,
                 1,
                 shared_bytes,
@@ -616,7 +614,7 @@ impl HipBackend {
         if let Some((name, tiles)) = d.tiled_fwd() {
             // One block per (head, slot, query tile): `blocks` counts items.
             let items = d.heads as i64 * d.b as i64 * tiles as i64;
-            let blocks = Self::blocks(items * ITEMS_PER_BLOCK as i64)?;
+            let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
             if blocks == 0 {
                 return Ok(());
             }
@@ -631,7 +629,7 @@ impl HipBackend {
             return Ok(());
         }
         // One f32 row of Dqk per wavefront.
-        let smem = ITEMS_PER_BLOCK * 4 * d.dqk as u32;
+        let smem = WARPS_PER_BLOCK * 4 * d.dqk as u32;
         let args = args_of(Kernel::FallbackFwd, d, p);
         Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?)
     }
@@ -646,7 +644,7 @@ impl HipBackend {
         if d.b == 0 {
             return Ok(());
         }
-        let smem = ITEMS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
+        let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {
             let args = args_of(Kernel::FallbackBwdQ, d, p);

@@ -24,6 +24,10 @@ pub const TILED_ROWS: i32 = 64;
 /// keys the two meet near 2 queries.
 pub const TILED_MIN_QUERIES: i32 = 3;
 
+/// Work items (logical warps) per block of the small-seq and scalar fallback kernels, as
+/// `SS_WPB` / `FB_WPB` in the kernels.
+pub const WARPS_PER_BLOCK: u32 = 4;
+
 /// Which kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
