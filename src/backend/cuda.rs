@@ -557,18 +557,8 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    /// Measured on an H200 (`smallseq calibrate --backend cuda --cases 3000 --seed 1`, 575
-    /// small-seq cases, bench/NOTES.md): at most 0.32 % of `o` and 1.2 % of `dv` elements sit
-    /// more than one ulp from the emulation (means 0.01 % and 0.04 %), so 2 % and 5 % leave a
-    /// margin of 4-6x and still catch a kernel that skips the rounding of P. `dq` and `dk` reach
-    /// 24 % and 5.5 % on cases whose dS cancels (a one-ulp change of dS moves a near-zero sum
-    /// by many of its ulps): their rate says nothing about roundings, so it is not judged.
     fn rounding_budget(&self, tensor: &str) -> Option<f64> {
-        match tensor {
-            "o" => Some(0.02),
-            "dv" => Some(0.05),
-            _ => None,
-        }
+        super::rounding_budget_of("cuda", tensor)
     }
 
     fn name(&self) -> &str {

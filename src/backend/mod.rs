@@ -130,6 +130,29 @@ pub struct BwdBufs {
     pub workspace: DevBuf,
 }
 
+/// The `emulation_conformance` rate budget of backend `backend` for output `tensor` (see
+/// [`Backend::rounding_budget`]), by name, so that a capsule's stored outputs are judged on any
+/// machine with the budgets of the backend that produced them (`smallseq repro`).
+///
+/// - `cpu`: its small-seq kernel performs the emulation's roundings in the same order; only
+///   f32 summation order differs, which moves an output across a rounding boundary in well
+///   under 0.2 % of elements (measured over the generator's distributions): 1 %.
+/// - `cuda`: measured on an H200 (`smallseq calibrate --backend cuda --cases 3000 --seed 1`,
+///   575 small-seq cases, bench/NOTES.md): at most 0.32 % of `o` and 1.2 % of `dv` elements
+///   sit more than one ulp from the emulation (means 0.01 % and 0.04 %), so 2 % and 5 % leave
+///   a margin of 4-6x and still catch a kernel that skips the rounding of P. `dq` and `dk`
+///   reach 24 % and 5.5 % on cases whose dS cancels (a one-ulp change of dS moves a near-zero
+///   sum by many of its ulps): their rate says nothing about roundings, so it is not judged.
+/// - others (HIP, external programs): not calibrated, not judged.
+pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
+    match (backend, tensor) {
+        ("cpu", _) => Some(0.01),
+        ("cuda", "o") => Some(0.02),
+        ("cuda", "dv") => Some(0.05),
+        _ => None,
+    }
+}
+
 /// A place where attention kernels run.
 pub trait Backend: Send + Sync {
     /// Short name (`cpu`, `cuda`, `hip`, `te625-model`).

@@ -9,10 +9,9 @@ use serde::Serialize;
 use smallseq::backend;
 use smallseq::dispatch::{Path, Profile};
 use smallseq::harness::campaign::case_seed;
+use smallseq::harness::conformance::{self, CONFORMANCE_TENSORS};
 use smallseq::harness::gen::{build, draw_geometry_for};
-use smallseq::harness::props::{
-    conformance_counts, oracle, run_pair, CONFORMANCE_TENSORS, MIN_CONFORMANCE_ELEMENTS,
-};
+use smallseq::harness::props::{oracle, run_pair};
 use smallseq::harness::rng::Rng;
 use smallseq::wrapper::RunOptions;
 use std::collections::BTreeMap;
@@ -37,7 +36,7 @@ pub struct CalibrateArgs {
 
 #[derive(Default, Serialize)]
 struct Rates {
-    /// Tensors judged (at least MIN_CONFORMANCE_ELEMENTS valid elements).
+    /// Tensors judged (enough elements and rows, `Count::judged`).
     tensors: usize,
     elements: usize,
     off: usize,
@@ -81,20 +80,21 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         }
         small += 1;
         let y = oracle(&case).with_context(|| format!("case {i} (seed {cs})"))?;
-        for (name, n, off) in conformance_counts(&case, &pair, &pair.outputs(), &y.emulated) {
-            if n < MIN_CONFORMANCE_ELEMENTS {
+        for c in conformance::counts(&case, pair.small_seq(), &pair.outputs(), &y.emulated) {
+            if !c.judged() {
                 continue;
             }
             let key = format!(
-                "{} d{} {name}",
+                "{} d{} {}",
                 case.config.dtype.name(),
-                case.config.params.head_dim_qk
+                case.config.params.head_dim_qk,
+                c.tensor
             );
             let r = rates.entry(key).or_default();
             r.tensors += 1;
-            r.elements += n;
-            r.off += off;
-            r.max_rate = r.max_rate.max(off as f64 / n as f64);
+            r.elements += c.elements;
+            r.off += c.off;
+            r.max_rate = r.max_rate.max(c.rate());
         }
     }
     bar.finish_and_clear();

@@ -47,6 +47,9 @@ pub fn write(path: &Path, case: &Case, run: &CaseRun, backend: &str, profile: &s
     if let Some(p) = run.path_fwd {
         c.meta.insert("smallseq.path".into(), p.name().into());
     }
+    if let Some(p) = run.path_bwd {
+        c.meta.insert("smallseq.path_bwd".into(), p.name().into());
+    }
     c.meta.insert(
         "smallseq.verdict".into(),
         verdict_json(&run.failures(), &run.judgements),

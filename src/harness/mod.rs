@@ -4,6 +4,7 @@ pub mod campaign;
 pub mod capsule;
 pub mod classes;
 pub mod conditioning;
+pub mod conformance;
 pub mod fuzz_input;
 pub mod gen;
 pub mod oracles;

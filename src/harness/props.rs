@@ -2,6 +2,7 @@
 //! (with a reason).
 
 use super::conditioning::{grad_allowance, GradAllowance};
+use super::conformance::{self, CONFORMANCE_TENSORS};
 use super::gen::{dont_care_rows, poison};
 use super::oracles;
 use super::rng::Rng;
@@ -126,6 +127,14 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// Whether the forward and the backward ran on the small-seq path.
+    pub fn small_seq(&self) -> (bool, bool) {
+        (
+            self.fwd.path == Some(Path::SmallSeq),
+            self.bwd.as_ref().and_then(|b| b.path) == Some(Path::SmallSeq),
+        )
+    }
+
     pub fn outputs(&self) -> Outputs {
         Outputs {
             o: Some(self.fwd.o.mapv(f64::from)),
@@ -276,12 +285,6 @@ fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
     None
 }
 
-/// Fewest valid elements of a tensor for the conformance rate to be judged.
-pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
-/// The outputs whose conformance to the emulation is counted, each with its own budget
-/// ([`crate::backend::Backend::rounding_budget`]).
-pub const CONFORMANCE_TENSORS: [&str; 4] = ["o", "dq", "dk", "dv"];
-
 /// Runs the property suite on one case.
 pub struct Checker<'a> {
     pub backend: &'a dyn Backend,
@@ -389,10 +392,8 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Error bounds cannot tell a kernel that skips a rounding of the spec (P to the input
-    /// dtype before P·V) from one that performs it: the skipping kernel is more accurate.
-    /// What gives it away is how often its outputs land on a different representable value
-    /// than the emulation's, by more than the one ulp a summation-order difference can cause.
+    /// See [`conformance`]: outputs off the emulation by more than an ulp, counted against
+    /// the backend's rate budgets.
     fn emulation_conformance(
         &self,
         case: &Case,
@@ -409,40 +410,8 @@ impl<'a> Checker<'a> {
         if base.fwd.path != Some(Path::SmallSeq) {
             return skip("not on the small-seq path");
         }
-        let mut judged = false;
-        let mut worst: Option<(f64, String)> = None;
-        for (name, n, off) in conformance_counts(case, base, actual, emulated) {
-            let Some(budget) = self.backend.rounding_budget(name) else {
-                continue;
-            };
-            // A rate needs enough elements to mean anything.
-            if n < MIN_CONFORMANCE_ELEMENTS {
-                continue;
-            }
-            judged = true;
-            let rate = off as f64 / n as f64;
-            let margin = rate / budget;
-            if margin > 1.0 && worst.as_ref().is_none_or(|(m, _)| margin > *m) {
-                worst = Some((
-                    margin,
-                    format!(
-                        "{name}: {off} of {n} elements ({:.1}%) differ from the emulation by more than one ulp (budget {:.1}%)",
-                        100.0 * rate,
-                        100.0 * budget
-                    ),
-                ));
-            }
-        }
-        match worst {
-            Some((margin, detail)) => Outcome::Fail(Failure {
-                prop: Prop::EmulationConformance,
-                detail,
-                worst: None,
-                margin,
-            }),
-            None if judged => Outcome::Pass,
-            None => skip("too few elements for a rate"),
-        }
+        let counts = conformance::counts(case, base.small_seq(), actual, emulated);
+        conformance::judge(&counts, |t| self.backend.rounding_budget(t))
     }
 
     /// Guards intact, usage within the plan, the plan within the trace-time bound; and the
@@ -933,49 +902,6 @@ fn past_limit_agreed(out: &Outputs, reference: &Outputs, limit: f64) -> Outputs 
         dk: fix(&out.dk, &reference.dk),
         dv: fix(&out.dv, &reference.dv),
     }
-}
-
-/// Per output tensor the small-seq path computed: its name, the valid elements compared, and
-/// how many of them lie more than one ulp of the dtype from the emulation's value (the count
-/// `emulation_conformance` bounds and `smallseq calibrate` measures).
-pub fn conformance_counts(
-    case: &Case,
-    base: &Pair,
-    actual: &Outputs,
-    emulated: &Outputs,
-) -> Vec<(&'static str, usize, usize)> {
-    let fwd_small = base.fwd.path == Some(Path::SmallSeq);
-    let bwd_small = base.bwd.as_ref().and_then(|b| b.path) == Some(Path::SmallSeq);
-    let vq = case.layout.q.valid_tokens();
-    let vk = case.layout.kv.valid_tokens();
-    let u = case.config.dtype.unit_roundoff();
-    let tensors = [
-        ("o", &actual.o, &emulated.o, &vq, fwd_small),
-        ("dq", &actual.dq, &emulated.dq, &vq, bwd_small),
-        ("dk", &actual.dk, &emulated.dk, &vk, bwd_small),
-        ("dv", &actual.dv, &emulated.dv, &vk, bwd_small),
-    ];
-    let mut out = Vec::new();
-    for (name, a, e, valid, on_path) in tensors {
-        let (Some(a), Some(e), true) = (a, e, on_path) else {
-            continue;
-        };
-        let pairs = a
-            .indexed_iter()
-            .filter(|((t, _, _), _)| valid[*t])
-            .map(|(i, &x)| (x, e[i]));
-        let (n, off) = pairs.fold((0usize, 0usize), |(n, off), (x, y)| {
-            let ulp = 2.0 * u * y.abs();
-            let differs = if x.is_finite() && y.is_finite() {
-                (x - y).abs() > ulp * 1.01
-            } else {
-                x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
-            };
-            (n + 1, off + usize::from(differs))
-        });
-        out.push((name, n, off));
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,8 +1,11 @@
 //! Replaying a capsule: re-judge its stored outputs on this machine, or run it again on a
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
+use super::conformance;
 use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
+use crate::backend::rounding_budget_of;
 use crate::case::Case;
+use crate::dispatch::Path;
 use crate::error::Result;
 
 /// What a replay found.
@@ -19,7 +22,10 @@ impl Diagnosis {
 }
 
 /// Judges the outputs stored in `case` against the f64 reference, on every property the
-/// stored outputs allow (numeric agreement and don't-care outputs).
+/// stored outputs allow: numeric agreement, don't-care outputs, and conformance to the
+/// emulation with the rate budgets of the backend that produced them
+/// ([`rounding_budget_of`]; the paths are the capsule's `smallseq.path` and
+/// `smallseq.path_bwd`, the backward's taken as the forward's where a capsule predates it).
 ///
 /// # Errors
 /// An invalid case.
@@ -32,7 +38,8 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Some(v) = case.meta.get("smallseq.verdict") {
         d.say(format!("recorded verdict: {v}"));
     }
-    let (num, js) = numeric(case, &case.outputs, &oracle(case)?);
+    let y = oracle(case)?;
+    let (num, js) = numeric(case, &case.outputs, &y);
     for j in &js {
         d.say(format!(
             "{:>4}: max error {:.3e}, threshold {:.3e}, margin {:.3} {}",
@@ -57,6 +64,27 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Some(msg) = dont_care_outputs(case, &case.outputs) {
         d.failed = true;
         d.say(format!("dont_care FAILED: {msg}"));
+    }
+    let small = |key: &str| {
+        case.meta
+            .get(key)
+            .map(|p| p.as_str() == Path::SmallSeq.name())
+    };
+    let fwd_small = small("smallseq.path").unwrap_or(false);
+    let paths = (fwd_small, small("smallseq.path_bwd").unwrap_or(fwd_small));
+    if let (Some(be), true) = (case.meta.get("smallseq.backend"), paths.0 || paths.1) {
+        let counts = conformance::counts(case, paths, &case.outputs, &y.emulated);
+        match conformance::judge(&counts, |t| rounding_budget_of(be, t)) {
+            Outcome::Fail(f) => {
+                d.failed = true;
+                d.say(format!(
+                    "emulation_conformance FAILED ({be} budgets): {}",
+                    f.detail
+                ));
+            }
+            Outcome::Pass => d.say(format!("emulation_conformance: pass ({be} budgets)")),
+            Outcome::Skip { reason } => d.say(format!("emulation_conformance: skip ({reason})")),
+        }
     }
     if !d.failed {
         d.say("stored outputs pass every property they allow".into());

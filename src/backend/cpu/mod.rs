@@ -308,11 +308,8 @@ impl Backend for CpuBackend {
         !self.has(Mutant::DontCareNotZeroed)
     }
 
-    /// The CPU small-seq kernel performs the emulation's roundings in the same order; only
-    /// f32 summation order differs, which moves an output across a rounding boundary in well
-    /// under 0.2% of elements (measured over the generator's distributions).
-    fn rounding_budget(&self, _tensor: &str) -> Option<f64> {
-        Some(0.01)
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        super::rounding_budget_of("cpu", tensor)
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
