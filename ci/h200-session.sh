@@ -10,7 +10,8 @@
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
 # Stages, in the order given: tests calibrate bench variants ncu stalls sanitize mutants fuzz
 # fuzzbg fuzzwait (default: all but variants, stalls, fuzzbg and fuzzwait; VARIANTS lists the
-# variants, VARIANT_FIX512=0 leaves out the 512-token fallback there). Results go to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json,
+# variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
+# seed, 2027 by default). Results go to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json,
 # ncu-stalls.txt, fuzz-report.json, fuzz-summary.md, capsules.tar.gz, proptest-capsules.tar.gz):
 # at most 8 files per call, the tool's limit.
 set -u
@@ -37,7 +38,8 @@ run() { # limit, command...
   echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 # The campaign of the fuzz stages, and what of it comes back.
-fuzz_args=(fuzz --backend cuda --time "$fuzz_time" --seed 2027 --shrink-time 3s --out /tmp/fuzz)
+fuzz_args=(fuzz --backend cuda --time "$fuzz_time" --seed "${FUZZ_SEED:-2027}" --shrink-time 3s
+  --out /tmp/fuzz)
 collect_fuzz() {
   cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
   cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null

@@ -39,6 +39,15 @@
 #ifndef SS_XYT_UNROLL
 #define SS_XYT_UNROLL 2
 #endif
+// Softmax (forward) and P/dS (backward) only over the tiles the item fills: row tile 1 holds
+// query 16 and key tile 2 keys 16-23, dead for slots of at most 16 tokens per side (a
+// warp-uniform test). Scores of a dead tile stay the zeros ss_xyt left there, which pack to
+// P = 0 and dS = 0, and stay out of the row's max and sum. Off by default until measured.
+#ifndef SS_SKIP_DEAD_TILES
+#define SS_SKIP_DEAD_TILES 0
+#endif
+#define SS_DEAD(it, mt, nt) \
+  (SS_SKIP_DEAD_TILES && (((mt) == 1 && (it).lq <= 16) || ((nt) == 2 && (it).lk <= 16)))
 #define SS_PRAGMA(x) _Pragma(#x)
 #define SS_UNROLL(n) SS_PRAGMA(unroll n)
 #ifdef PT_CUDA
@@ -256,12 +265,14 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
+      if (SS_DEAD(it, mt, 0)) continue;
       const int row = mt * 16 + hh * 8 + g;
       float mx = ninf;
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (SS_DEAD(it, mt, nt)) continue;
           const int key = nt * 8 + 2 * t + e;
           float x = ss_scaled(s[mt][nt][hh * 2 + e], scale);
           x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
@@ -274,6 +285,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (SS_DEAD(it, mt, nt)) continue;
           float x = s[mt][nt][hh * 2 + e];
           float ex = x == ninf ? 0.f : pt_exp(x - mx);
           s[mt][nt][hh * 2 + e] = ex;
@@ -285,6 +297,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (SS_DEAD(it, mt, nt)) continue;
           float ex = s[mt][nt][hh * 2 + e];
           s[mt][nt][hh * 2 + e] = sum > 0.f ? ex * rcp : 0.f;
         }
@@ -333,6 +346,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
+      if (SS_DEAD(it, mt, 0)) continue;
       const int row = mt * 16 + hh * 8 + g;
       const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
       float dsum = 0.f;
@@ -340,6 +354,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (SS_DEAD(it, mt, nt)) continue;
           const int key = nt * 8 + 2 * t + e;
           const bool vis = ss_visible(row, key, it.lq, it.lk, mask) && lr != ninf;
           float p = vis ? pt_exp(ss_scaled(s[mt][nt][hh * 2 + e], scale) - lr) : 0.f;
@@ -351,6 +366,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (SS_DEAD(it, mt, nt)) continue;
           float p = s[mt][nt][hh * 2 + e];
           // Saturated: dS rounded to E is a tensor-core operand, and an infinite dS of one
           // key with the opposite infinity of another made the row's dQ NaN (fuzz seed 2027,
