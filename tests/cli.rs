@@ -284,6 +284,42 @@ fn fuzz_writes_reports_and_hits_classes() {
     );
 }
 
+/// A campaign that CI's time limit stops (SIGTERM, as `timeout` sends) still writes its
+/// report, marked interrupted, with the cases it ran.
+#[cfg(unix)]
+#[test]
+fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
+    let dir = tmp("fuzz-term");
+    let mut child = bin()
+        .args(["fuzz", "--time", "300s", "--seed", "8", "--out"])
+        .arg(&dir)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed().as_secs() < 120,
+            "the campaign did not stop within 120 s of SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(0), "a clean campaign, stopped early");
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep["interrupted"], true);
+    assert!(rep["cases"].as_u64().unwrap() > 0);
+}
+
 #[test]
 fn te625_campaign_names_every_modelled_defect() {
     let dir = tmp("te625-out");
