@@ -387,7 +387,9 @@ fn calibrate_reports_rates_per_dtype_dim_and_tensor() {
         assert!(key.split(' ').count() == 3, "{key}");
         assert!(r["tensors"].as_u64().unwrap() > 0);
         assert!(r["max_rate"].as_f64().unwrap() < 0.01, "{key}: {r}");
+        assert!(r["max_margin"].as_f64().unwrap() <= 1.0, "{key}: {r}");
     }
+    assert!(stdout.contains("largest margin 0."), "{stdout}");
 }
 
 #[test]

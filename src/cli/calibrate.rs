@@ -41,6 +41,9 @@ struct Rates {
     elements: usize,
     off: usize,
     max_rate: f64,
+    /// Largest `off / allowance` under the backend's current budget (above 1 fails the
+    /// property); None where the tensor is not judged.
+    max_margin: Option<f64>,
 }
 
 pub fn run(args: &CalibrateArgs) -> Result<i32> {
@@ -95,22 +98,31 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             r.elements += c.elements;
             r.off += c.off;
             r.max_rate = r.max_rate.max(c.rate());
+            if let Some(allowed) = be.rounding_budget(c.tensor).and_then(|b| c.allowance(b)) {
+                let m = c.off as f64 / allowed;
+                r.max_margin = Some(r.max_margin.map_or(m, |x| x.max(m)));
+            }
         }
     }
     bar.finish_and_clear();
     println!(
-        "{:22} {:>8} {:>10} {:>9} {:>9}",
-        "dtype d tensor", "tensors", "elements", "mean %", "max %"
+        "{:22} {:>8} {:>10} {:>9} {:>9} {:>10}",
+        "dtype d tensor", "tensors", "elements", "mean %", "max %", "max margin"
     );
     let mut max = 0.0f64;
+    let mut max_margin = None::<f64>;
     for (k, r) in &rates {
         max = max.max(r.max_rate);
+        if let Some(m) = r.max_margin {
+            max_margin = Some(max_margin.map_or(m, |x| x.max(m)));
+        }
         println!(
-            "{k:22} {:>8} {:>10} {:>9.3} {:>9.3}",
+            "{k:22} {:>8} {:>10} {:>9.3} {:>9.3} {:>10}",
             r.tensors,
             r.elements,
             100.0 * r.off as f64 / r.elements.max(1) as f64,
-            100.0 * r.max_rate
+            100.0 * r.max_rate,
+            r.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
         );
     }
     let budgets: Vec<String> = CONFORMANCE_TENSORS
@@ -123,10 +135,15 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         })
         .collect();
     println!(
-        "{small} small-seq cases of {}; largest rate {:.3} % (current budgets: {})",
+        "{small} small-seq cases of {}; largest rate {:.3} % (current budgets: {}, at least one \
+         row); largest margin {}",
         args.cases,
         100.0 * max,
-        budgets.join(", ")
+        budgets.join(", "),
+        max_margin.map_or("- (nothing judged)".into(), |m| format!(
+            "{m:.3}{}",
+            if m > 1.0 { ": over budget" } else { "" }
+        ))
     );
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
