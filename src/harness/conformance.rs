@@ -108,12 +108,13 @@ pub fn counts(
 /// The property's verdict on `counts` under the per-tensor rate budgets `budget` (None: that
 /// tensor is not judged).
 pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
-    let mut judged = false;
+    let (mut budgeted, mut judged) = (false, false);
     let mut worst: Option<(f64, String)> = None;
     for c in counts {
         let Some(b) = budget(c.tensor) else {
             continue;
         };
+        budgeted = true;
         let Some(allowed) = c.allowance(b) else {
             continue;
         };
@@ -144,7 +145,12 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
         }),
         None if judged => Outcome::Pass,
         None => Outcome::Skip {
-            reason: "too few elements or rows for a rate".into(),
+            reason: if budgeted {
+                "too few elements or rows for a rate"
+            } else {
+                "no rounding budget for these tensors on this backend"
+            }
+            .into(),
         },
     }
 }
@@ -193,7 +199,7 @@ mod tests {
         ));
         assert!(matches!(
             judge(&[count(100_000, 90_000, 64)], |_| None),
-            Outcome::Skip { .. }
+            Outcome::Skip { reason } if reason.contains("no rounding budget")
         ));
         assert_eq!(count(1024, 0, 256).allowance(0.02), Some(256.0));
     }
