@@ -69,9 +69,11 @@ fn main() -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        // A second Ctrl-C kills the process as usual; the first lets the report be written.
+        // Ctrl-C or SIGTERM: `fuzz` reads the flag, finishes its case and writes the report (a
+        // second signal exits at once); every other command exits at once, as without a handler.
+        let graceful = matches!(cli.command, Command::Fuzz(_));
         let _ = ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
+            if !graceful || stop.swap(true, Ordering::SeqCst) {
                 std::process::exit(130);
             }
         });

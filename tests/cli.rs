@@ -320,6 +320,37 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
     assert!(rep["cases"].as_u64().unwrap() > 0);
 }
 
+/// Commands without a report to save exit on the first SIGTERM, as without a handler: a CI
+/// time limit still stops them.
+#[cfg(unix)]
+#[test]
+fn other_commands_exit_on_the_first_sigterm() {
+    let mut child = bin()
+        .args(["calibrate", "--cases", "1000000", "--seed", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed().as_secs() >= 20 {
+            child.kill().unwrap();
+            panic!("calibrate ignored SIGTERM for 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!status.success());
+}
+
 #[test]
 fn te625_campaign_names_every_modelled_defect() {
     let dir = tmp("te625-out");
