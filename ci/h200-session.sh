@@ -34,13 +34,15 @@ run() { # limit, command...
     return
   fi
   echo "\$ $*" | tee -a "$log"
-  timeout "$limit" "$@" 2>&1 | tee -a "$log" | tail -40
+  # -k: `fuzz` finishes its case on SIGTERM (to write its report); a hung case is killed.
+  timeout -k 20 "$limit" "$@" 2>&1 | tee -a "$log" | tail -40
   echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 # The campaign of the fuzz stages, and what of it comes back.
 fuzz_args=(fuzz --backend cuda --seed "${FUZZ_SEED:-2027}" --shrink-time 3s --out /tmp/fuzz)
-secs() { # 10m, 300s or 300 -> seconds
-  case $1 in *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" ;; *) echo "$1" ;; esac
+secs() { # 2h, 1.5m, 300s or 300 -> whole seconds (the fuzz CLI's duration forms)
+  awk -v d="$1" 'BEGIN { u = substr(d, length(d)); m = u == "h" ? 3600 : u == "m" ? 60 : 1
+                         printf "%d\n", (d + 0) * m }'
 }
 collect_fuzz() {
   cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
@@ -87,8 +89,14 @@ for s in $stages; do
       # Where the small-seq kernels' warps wait, on the ragged workloads (W2 `rnd1-17_h16`, W4
       # `q1`; the backward's setup runs the forward again): ncu's sections and every stall
       # reason's cycles per issued instruction, into ncu-stalls.txt.
-      echo "\$ ncu (stalls) > ncu-stalls.txt" | tee -a "$log"
-      timeout 200 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd' \
+      left=$((deadline - SECONDS))
+      [ "$left" -gt 200 ] && left=200
+      if [ "$left" -lt 15 ]; then
+        echo "SKIP (session time): stalls" | tee -a "$log"
+        continue
+      fi
+      echo "\$ ncu (stalls, ${left} s) > ncu-stalls.txt" | tee -a "$log"
+      timeout -k 20 "$left" ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd' \
         --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section InstructionStats --section WarpStateStats \
         --section SchedulerStats --section Occupancy \

@@ -134,7 +134,8 @@ pub struct BwdBufs {
 /// [`Backend::rounding_budget`]), by name, so that a capsule's stored outputs are judged on any
 /// machine with the budgets of the backend that produced them (`smallseq repro`).
 ///
-/// - `cpu`: its small-seq kernel performs the emulation's roundings in the same order; only
+/// - `cpu` (and `te625-model`, the same kernels with TE's gate): its small-seq kernel performs
+///   the emulation's roundings in the same order; only
 ///   f32 summation order differs, which moves an output across a rounding boundary in well
 ///   under 0.2 % of elements (measured over the generator's distributions): 1 %.
 /// - `cuda`: measured on an H200 (`smallseq calibrate --backend cuda --cases 3000 --seed 1`,
@@ -146,7 +147,7 @@ pub struct BwdBufs {
 /// - others (HIP, external programs): not calibrated, not judged.
 pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     match (backend, tensor) {
-        ("cpu", _) => Some(0.01),
+        ("cpu" | "te625-model", _) => Some(0.01),
         ("cuda", "o") => Some(0.02),
         ("cuda", "dv") => Some(0.05),
         _ => None,
@@ -232,5 +233,26 @@ pub fn open(name: &str) -> Result<Box<dyn Backend>> {
             "unknown backend {other:?} (expected one of {})",
             NAMES.join(", ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rounding_budget_of, Backend};
+
+    #[test]
+    fn rounding_budgets_by_backend_name() {
+        for be in ["cpu", "te625-model"] {
+            for t in ["o", "dq", "dk", "dv"] {
+                assert_eq!(rounding_budget_of(be, t), Some(0.01), "{be} {t}");
+            }
+        }
+        assert_eq!(rounding_budget_of("cuda", "o"), Some(0.02));
+        assert_eq!(rounding_budget_of("cuda", "dv"), Some(0.05));
+        assert_eq!(rounding_budget_of("cuda", "dq"), None);
+        assert_eq!(rounding_budget_of("hip", "o"), None);
+        // A live CPU backend and a capsule it wrote are judged with the same budget.
+        let te = crate::backend::cpu::CpuBackend::te625_model();
+        assert_eq!(te.rounding_budget("o"), rounding_budget_of(te.name(), "o"));
     }
 }

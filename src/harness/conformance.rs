@@ -145,7 +145,9 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
         }),
         None if judged => Outcome::Pass,
         None => Outcome::Skip {
-            reason: if budgeted {
+            reason: if counts.is_empty() {
+                "no outputs of the small-seq path to judge"
+            } else if budgeted {
                 "too few elements or rows for a rate"
             } else {
                 "no rounding budget for these tensors on this backend"
@@ -200,6 +202,10 @@ mod tests {
         assert!(matches!(
             judge(&[count(100_000, 90_000, 64)], |_| None),
             Outcome::Skip { reason } if reason.contains("no rounding budget")
+        ));
+        assert!(matches!(
+            judge(&[], budget),
+            Outcome::Skip { reason } if reason.contains("no outputs")
         ));
         assert_eq!(count(1024, 0, 256).allowance(0.02), Some(256.0));
     }

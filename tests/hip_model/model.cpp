@@ -306,16 +306,16 @@ struct Geometry {
   float scale = 0;
 };
 
+// full: slots 0 and 1 have max_len queries, slots 0 and 2 max_len keys, whatever the draws.
 static Geometry make_geometry(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv,
-                              int mask, int wl, int wr, int min_len, int max_len) {
+                              int mask, int wl, int wr, int min_len, int max_len,
+                              bool full = false) {
   Geometry g{b, H, Hkv, Dqk, Dv, mask, wl, wr};
   std::uniform_int_distribution<int> len(min_len, max_len), gap(0, 2);
   for (int i = 0; i < b; ++i) {
     int lq = len(rng), lk = len(rng);
-    // The first slots are full length on one side or both (17 for the small-seq kernels: the
-    // row and key tiles a shorter slot leaves dead), whatever the draws.
-    if (i == 0 || i == 1) lq = max_len;
-    if (i == 0 || i == 2) lk = max_len;
+    if (full && (i == 0 || i == 1)) lq = max_len;
+    if (full && (i == 0 || i == 2)) lk = max_len;
     if (lk == 0 && lq > 0) lk = 1;
     g.cu_q.push_back(g.cu_q.back() + lq);
     g.cu_kv.push_back(g.cu_kv.back() + lk);
@@ -477,8 +477,10 @@ static void judge(const char* family, const Geometry& g, const Buffers<E, O>& bu
 
 // The small-seq kernels (one item per wavefront, matrix cores).
 template <class E, class O, int D>
-static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slots) {
-  const Geometry g = make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17);
+static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slots,
+                       bool full = false) {
+  const Geometry g =
+      make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17, full);
   Buffers<E, O> bu(rng, g);
   const long long waves = (long long)b * H;
   std::string why;
@@ -574,13 +576,17 @@ int main() {
     test_mma<BF16>(rng, "bf16");
     test_mma<F16>(rng, "f16");
   }
-  // Every head dim, every mask, both element types and f32 outputs, full-length (17) and empty
-  // slots, a grid tail (b*H not a multiple of the 4 items of a block).
+  // Every head dim, every mask, both element types and f32 outputs, empty slots, a grid tail
+  // (b*H not a multiple of the 4 items of a block).
   test_small<BF16, BF16, 64>(rng, 3, 2, 0, false);
   test_small<F16, F16, 64>(rng, 5, 1, 1, true);
   test_small<BF16, F32, 128>(rng, 2, 3, 2, true);
   test_small<F16, F32, 128>(rng, 1, 1, 1, false);
   test_small<BF16, BF16, 256>(rng, 2, 1, 0, false);
+  // Slots of 17 tokens on one side or both next to shorter ones: the row and key tiles a slot
+  // of at most 16 leaves dead (SS_SKIP_DEAD_TILES) are live here, under both causal masks.
+  test_small<BF16, BF16, 128>(rng, 4, 2, 1, false, true);
+  test_small<F16, F32, 64>(rng, 4, 1, 2, true, true);
   // Fallback: GQA, Dqk != Dv, windows, f32, empty slots, and slots of 40..70 tokens, so that
   // rows see more than 32 keys (a reduction over half a wavefront would be wrong) and more than
   // 64 (two key tiles of a wavefront).

@@ -309,7 +309,7 @@ impl Backend for CpuBackend {
     }
 
     fn rounding_budget(&self, tensor: &str) -> Option<f64> {
-        super::rounding_budget_of("cpu", tensor)
+        super::rounding_budget_of(self.name(), tensor)
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
