@@ -127,7 +127,10 @@ for s in $stages; do
       fi
       while kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
       if kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null; then
-        echo "fuzzwait: the campaign is still running at the deadline; collecting what it wrote" | tee -a "$log"
+        # SIGTERM: the campaign finishes its case and writes the report of what ran.
+        echo "fuzzwait: the campaign is still running at the deadline; stopping it" | tee -a "$log"
+        kill -TERM "$(cat /tmp/fuzz.pid)"
+        for _ in $(seq 30); do kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null || break; sleep 1; done
       fi
       tail -40 /tmp/fuzz.log | tee -a "$log"
       collect_fuzz ;;
