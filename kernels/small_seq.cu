@@ -42,12 +42,15 @@
 // Softmax (forward) and P/dS (backward) only over the tiles the item fills: row tile 1 holds
 // query 16 and key tile 2 keys 16-23, dead for slots of at most 16 tokens per side (a
 // warp-uniform test). Scores of a dead tile stay the zeros ss_xyt left there, which pack to
-// P = 0 and dS = 0, and stay out of the row's max and sum. Off by default until measured.
+// P = 0 and dS = 0, and stay out of the row's max and sum. Bit 0 skips the dead row tile, bit
+// 1 the dead key tile (3: both, measured faster on the H200, bench/NOTES.md v6; the key tile's
+// skip costs the forward 12-32 bytes of spill at d128/d256). Off by default until fuzzed there.
 #ifndef SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_TILES 0
 #endif
-#define SS_DEAD(it, mt, nt) \
-  (SS_SKIP_DEAD_TILES && (((mt) == 1 && (it).lq <= 16) || ((nt) == 2 && (it).lk <= 16)))
+#define SS_DEAD(it, mt, nt)                                    \
+  (((SS_SKIP_DEAD_TILES & 1) && (mt) == 1 && (it).lq <= 16) || \
+   ((SS_SKIP_DEAD_TILES & 2) && (nt) == 2 && (it).lk <= 16))
 #define SS_PRAGMA(x) _Pragma(#x)
 #define SS_UNROLL(n) SS_PRAGMA(unroll n)
 #ifdef PT_CUDA
