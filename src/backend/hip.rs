@@ -492,15 +492,19 @@ impl HipBackend {
             .ok_or(HipError::Grid { items })
     }
 
+    /// Launches `name` with the argument list [`args_of`] builds for `kernel`, after
+    /// [`check_aligned`], as the CUDA backend's `launch` does.
     fn launch(
         &self,
         family: Family,
         name: &str,
-        blocks: u32,
-        shared_bytes: u32,
-        args: &[Arg],
+        kernel: Kernel,
+        (d, p): (&LaunchDims, &Ptrs),
+        (blocks, shared_bytes): (u32, u32),
     ) -> std::result::Result<(), HipError> {
+        check_aligned(kernel, p)?;
         let f = self.func(family, name)?;
+        let args = args_of(kernel, d, p);
         // Each argument by value in its own slot; the runtime reads them through `params`
         // according to the kernel's argument layout, during the call.
         let mut slots: Vec<[u8; 8]> = args
@@ -585,9 +589,13 @@ impl HipBackend {
         if blocks == 0 {
             return Ok(());
         }
-        let args = args_of(Kernel::SmallSeqFwd, d, p);
-        check_aligned(Kernel::SmallSeqFwd, p)?;
-        Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
+        Ok(self.launch(
+            Family::SmallSeq,
+            &name,
+            Kernel::SmallSeqFwd,
+            (d, p),
+            (blocks, 0),
+        )?)
     }
 
     /// Small-seq backward on raw pointers (`q, k, v, d_o, lse, dq, dk, dv`, offsets).
@@ -600,9 +608,13 @@ impl HipBackend {
         if blocks == 0 {
             return Ok(());
         }
-        let args = args_of(Kernel::SmallSeqBwd, d, p);
-        check_aligned(Kernel::SmallSeqBwd, p)?;
-        Ok(self.launch(Family::SmallSeq, &name, blocks, 0, &args)?)
+        Ok(self.launch(
+            Family::SmallSeq,
+            &name,
+            Kernel::SmallSeqBwd,
+            (d, p),
+            (blocks, 0),
+        )?)
     }
 
     /// Fallback forward on raw pointers.
@@ -618,10 +630,14 @@ impl HipBackend {
             if blocks == 0 {
                 return Ok(());
             }
-            let args = args_of(Kernel::TiledFwd, d, p);
-            check_aligned(Kernel::TiledFwd, p)?;
             let smem = d.tiled_fwd_smem();
-            return Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?);
+            return Ok(self.launch(
+                Family::Fallback,
+                &name,
+                Kernel::TiledFwd,
+                (d, p),
+                (blocks, smem),
+            )?);
         }
         let [name, _, _] = Self::fallback_names(d)?;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
@@ -630,8 +646,13 @@ impl HipBackend {
         }
         // One f32 row of Dqk per wavefront.
         let smem = WARPS_PER_BLOCK * 4 * d.dqk as u32;
-        let args = args_of(Kernel::FallbackFwd, d, p);
-        Ok(self.launch(Family::Fallback, &name, blocks, smem, &args)?)
+        Ok(self.launch(
+            Family::Fallback,
+            &name,
+            Kernel::FallbackFwd,
+            (d, p),
+            (blocks, smem),
+        )?)
     }
 
     /// Fallback backward on raw pointers (query side with `delta`, then key side).
@@ -647,13 +668,23 @@ impl HipBackend {
         let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {
-            let args = args_of(Kernel::FallbackBwdQ, d, p);
-            self.launch(Family::Fallback, &name_q, blocks, smem, &args)?;
+            self.launch(
+                Family::Fallback,
+                &name_q,
+                Kernel::FallbackBwdQ,
+                (d, p),
+                (blocks, smem),
+            )?;
         }
         let blocks = Self::blocks(d.tk * d.kv_heads as i64)?;
         if blocks > 0 {
-            let args = args_of(Kernel::FallbackBwdKv, d, p);
-            self.launch(Family::Fallback, &name_kv, blocks, smem, &args)?;
+            self.launch(
+                Family::Fallback,
+                &name_kv,
+                Kernel::FallbackBwdKv,
+                (d, p),
+                (blocks, smem),
+            )?;
         }
         Ok(())
     }
