@@ -135,9 +135,9 @@ pub struct BwdBufs {
 /// machine with the budgets of the backend that produced them (`smallseq repro`).
 ///
 /// - `cpu` (and `te625-model`, the same kernels with TE's gate): its small-seq kernel performs
-///   the emulation's roundings in the same order; only
-///   f32 summation order differs, which moves an output across a rounding boundary in well
-///   under 0.2 % of elements (measured over the generator's distributions): 1 %.
+///   the emulation's roundings in the same order; only f32 summation order differs, which
+///   moves an output across a rounding boundary in well under 0.2 % of elements (measured over
+///   the generator's distributions): 1 %.
 /// - `cuda`: measured on an H200 (`smallseq calibrate --backend cuda --cases 3000 --seed 1`,
 ///   575 small-seq cases, bench/NOTES.md): at most 0.32 % of `o` and 1.2 % of `dv` elements
 ///   sit more than one ulp from the emulation (means 0.01 % and 0.04 %), so 2 % and 5 % leave

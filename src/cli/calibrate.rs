@@ -98,8 +98,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             r.elements += c.elements;
             r.off += c.off;
             r.max_rate = r.max_rate.max(c.rate());
-            if let Some(allowed) = be.rounding_budget(c.tensor).and_then(|b| c.allowance(b)) {
-                let m = c.off as f64 / allowed;
+            if let Some(m) = be.rounding_budget(c.tensor).and_then(|b| c.margin(b)) {
                 r.max_margin = Some(r.max_margin.map_or(m, |x| x.max(m)));
             }
         }

@@ -44,6 +44,12 @@ impl Count {
             .then(|| (budget * self.elements as f64).max(self.row as f64))
     }
 
+    /// `off` over the [`Count::allowance`] at `budget` (above 1 fails the property); None
+    /// where the tensor is not judged.
+    pub fn margin(&self, budget: f64) -> Option<f64> {
+        self.allowance(budget).map(|a| self.off as f64 / a)
+    }
+
     /// Whether the tensor has enough elements and rows for a rate.
     pub fn judged(&self) -> bool {
         self.elements >= MIN_CONFORMANCE_ELEMENTS
