@@ -284,35 +284,45 @@ fn fuzz_writes_reports_and_hits_classes() {
     );
 }
 
+/// Runs `smallseq args`, sends it SIGTERM after `after_s` seconds, and waits up to `limit_s`
+/// for it to exit (killing it and panicking past that).
+#[cfg(unix)]
+fn exit_after_sigterm(args: &[&str], after_s: u64, limit_s: u64) -> std::process::ExitStatus {
+    use std::time::{Duration, Instant};
+    let mut child = bin()
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(after_s));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed().as_secs() >= limit_s {
+            child.kill().unwrap();
+            panic!("smallseq {args:?} did not stop within {limit_s} s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A campaign that CI's time limit stops (SIGTERM, as `timeout` sends) still writes its
 /// report, marked interrupted, with the cases it ran.
 #[cfg(unix)]
 #[test]
 fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
     let dir = tmp("fuzz-term");
-    let mut child = bin()
-        .args(["fuzz", "--time", "300s", "--seed", "8", "--out"])
-        .arg(&dir)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            start.elapsed().as_secs() < 120,
-            "the campaign did not stop within 120 s of SIGTERM"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let out = dir.to_str().unwrap();
+    let args = ["fuzz", "--time", "300s", "--seed", "8", "--out", out];
+    let status = exit_after_sigterm(&args, 3, 120);
     assert_eq!(status.code(), Some(0), "a clean campaign, stopped early");
     let rep: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
@@ -325,29 +335,7 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
 #[cfg(unix)]
 #[test]
 fn other_commands_exit_on_the_first_sigterm() {
-    let mut child = bin()
-        .args(["calibrate", "--cases", "1000000", "--seed", "2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed().as_secs() >= 20 {
-            child.kill().unwrap();
-            panic!("calibrate ignored SIGTERM for 20 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let status = exit_after_sigterm(&["calibrate", "--cases", "1000000", "--seed", "2"], 2, 20);
     assert!(!status.success());
 }
 
