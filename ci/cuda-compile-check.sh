@@ -5,7 +5,7 @@
 # (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
 # Fails on a compile error, or on a small-seq kernel of the shipped build (no mutant define)
 # that spills more than 4 bytes. Also runs the CUDA backend's unit tests, which need
-# `--features cuda`.
+# `--features cuda` and NVRTC (the kernel cache's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=target/cuda-tools
@@ -17,8 +17,13 @@ if [ ! -x "$tools/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$tools/nvidia/cuda_nv
   for w in "$tools"/wheels/*.whl; do python3 -m zipfile -e "$w" "$tools"; done
   chmod +x "$tools/nvidia/cuda_nvcc/bin/ptxas"
 fi
-# The backend's unit tests need the feature (they need no CUDA: cudarc loads it at run time).
-cargo test -q --release --features cuda --lib backend:: 2>&1 | tail -2
+# The backend's unit tests need the feature and NVRTC, no GPU (cudarc loads both at run time;
+# it looks for libnvrtc.so, which the wheel names libnvrtc.so.12). They include the kernel
+# cache's compile-once test, required here rather than skipped.
+nvrtc_lib=$PWD/$tools/nvidia/cuda_nvrtc/lib
+ln -sf libnvrtc.so.12 "$nvrtc_lib/libnvrtc.so"
+LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} SMALLSEQ_REQUIRE_NVRTC=1 \
+  cargo test -q --release --features cuda --lib backend:: 2>&1 | tail -2
 out=target/cuda-compile-check
 for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_MUTANT_CAUSAL_IGNORED; do
   python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"

@@ -11,8 +11,10 @@
 # Stages, in the order given: tests calibrate bench variants ncu stalls sanitize mutants fuzz
 # fuzzbg fuzzwait (default: all but variants, stalls, fuzzbg and fuzzwait; VARIANTS lists the
 # variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
-# seed, 2027 by default). Results go to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json,
-# ncu-stalls.txt, fuzz-report.json, fuzz-summary.md, capsules.tar.gz, proptest-capsules.tar.gz):
+# seed, 2027 by default; FUZZ_VARIANTS the campaigns `fuzzbg` starts side by side, one per
+# variant, `default` for the shipped build). Results go to OUT_DIR (log.txt, bench.json,
+# peers.json, calibrate.json, ncu-stalls.txt, fuzz-report.json, fuzz-summary.md,
+# capsules.tar.gz, proptest-capsules.tar.gz; the Nth further campaign's fuzz files end in -N):
 # at most 8 files per call, the tool's limit.
 set -u
 bin=$1 out=$2 fuzz_time=$3
@@ -39,15 +41,26 @@ run() { # limit, command...
   echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 # The campaign of the fuzz stages, and what of it comes back.
-fuzz_args=(fuzz --backend cuda --seed "${FUZZ_SEED:-2027}" --shrink-time 3s --out /tmp/fuzz)
+fuzz_args=(fuzz --backend cuda --seed "${FUZZ_SEED:-2027}" --shrink-time 3s)
 secs() { # 2h, 1.5m, 300s or 300 -> whole seconds (the fuzz CLI's duration forms)
   awk -v d="$1" 'BEGIN { u = substr(d, length(d)); m = u == "h" ? 3600 : u == "m" ? 60 : 1
                          printf "%d\n", (d + 0) * m }'
 }
-collect_fuzz() {
-  cp /tmp/fuzz/report.json "$out/fuzz-report.json" 2>/dev/null
-  cp /tmp/fuzz/summary.md "$out/fuzz-summary.md" 2>/dev/null
-  tar czf "$out/capsules.tar.gz" -C /tmp/fuzz . 2>/dev/null
+collect_fuzz() { # [SUFFIX]: the campaign in /tmp/fuzzSUFFIX
+  local d=/tmp/fuzz${1:-}
+  cp "$d/report.json" "$out/fuzz-report${1:-}.json" 2>/dev/null
+  cp "$d/summary.md" "$out/fuzz-summary${1:-}.md" 2>/dev/null
+  tar czf "$out/capsules${1:-}.tar.gz" -C "$d" . 2>/dev/null
+}
+# A variant is a comma list: SMALLSEQ_* entries are environment settings (SMALLSEQ_SS_WAVES=0),
+# the others kernel defines (SS_SKIP_DEAD_TILES=3); `default` is the shipped build.
+split_variant() { # VARIANT -> arrays envs (NAME=VALUE) and defs
+  envs=() defs=()
+  local parts p
+  IFS=, read -r -a parts <<< "$1"
+  for p in "${parts[@]}"; do
+    case $p in default) ;; SMALLSEQ_*) envs+=("$p") ;; *) defs+=("$p") ;; esac
+  done
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
 for s in $stages; do
@@ -66,16 +79,10 @@ for s in $stages; do
       run 150 python3 bench/peers.py "$out/bench.json" ;;
     variants)
       # Kernel variants timed back to back with the default build, the 512-token fallback
-      # forward and the small-seq workloads' forward and backward. A variant is a comma list:
-      # SMALLSEQ_* entries are environment settings (SMALLSEQ_SS_WAVES=0), the others kernel
-      # defines (SMALLSEQ_KERNEL_DEFINES, SS_NEXT_PREFETCH=0).
-      for v in "" ${VARIANTS:-}; do
-        echo "-- variant: ${v:-default}" | tee -a "$log"
-        envs=() defs=()
-        IFS=, read -r -a parts <<< "$v"
-        for p in "${parts[@]}"; do
-          case $p in SMALLSEQ_*) envs+=("$p") ;; *) defs+=("$p") ;; esac
-        done
+      # forward and the small-seq workloads' forward and backward.
+      for v in default ${VARIANTS:-}; do
+        echo "-- variant: $v" | tee -a "$log"
+        split_variant "$v"
         vrun() { run "$1" env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "${@:2}"; }
         vrun 90 "$ss" bench --backend cuda --iters 20 --fallback false --filter fix16,rnd,q1
         [ "${VARIANT_FIX512:-1}" = 1 ] && vrun 40 "$ss" bench --backend cuda --iters 20 \
@@ -111,29 +118,43 @@ for s in $stages; do
     mutants)
       run 150 "$ss" mutants --backend cuda --cases 150 --seed 1 ;;
     fuzzbg)
-      # The fuzz campaign in its own process session, so it outlives this call (the device
+      # The fuzz campaigns in their own process sessions, so they outlive this call (the device
       # tool ends a call's processes, not a new session's): `fuzzwait` in the next call, within
-      # the machine's idle time, collects it. For a campaign longer than one call allows.
-      rm -rf /tmp/fuzz /tmp/fuzz.pid
-      echo "\$ setsid $ss ${fuzz_args[*]} --time $fuzz_time" | tee -a "$log"
-      # The campaign writes its own pid (setsid forks when the shell leads a process group).
-      setsid sh -c 'echo $$ > /tmp/fuzz.pid; exec "$@"' sh "$ss" "${fuzz_args[@]}" --time "$fuzz_time" \
-        > /tmp/fuzz.log 2>&1 < /dev/null &
+      # the machine's idle time, collects them. For campaigns longer than one call allows.
+      rm -rf /tmp/fuzz /tmp/fuzz-* /tmp/fuzz.pid /tmp/fuzz*.pid
+      i=0
+      for v in ${FUZZ_VARIANTS:-default}; do
+        sfx=$([ $i -gt 0 ] && echo "-$i")
+        split_variant "$v"
+        args=("${fuzz_args[@]}" --out "/tmp/fuzz$sfx")
+        echo "\$ setsid env ${envs[*]} SMALLSEQ_KERNEL_DEFINES='${defs[*]}' $ss ${args[*]} --time $fuzz_time" | tee -a "$log"
+        # The campaign writes its own pid (setsid forks when the shell leads a process group).
+        setsid sh -c 'echo $$ > "$0"; exec "$@"' "/tmp/fuzz$sfx.pid" env "${envs[@]}" \
+          SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "$ss" "${args[@]}" --time "$fuzz_time" \
+          > "/tmp/fuzz$sfx.log" 2>&1 < /dev/null &
+        i=$((i + 1))
+      done
       sleep 1 ;;
     fuzzwait)
-      if [ ! -f /tmp/fuzz.pid ]; then
+      pids=(/tmp/fuzz*.pid)
+      if [ ! -f "${pids[0]}" ]; then
         echo "fuzzwait: no background campaign on this machine (a fresh one?)" | tee -a "$log"
         continue
       fi
-      while kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
-      if kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null; then
-        # SIGTERM: the campaign finishes its case and writes the report of what ran.
-        echo "fuzzwait: the campaign is still running at the deadline; stopping it" | tee -a "$log"
-        kill -TERM "$(cat /tmp/fuzz.pid)"
-        for _ in $(seq 30); do kill -0 "$(cat /tmp/fuzz.pid)" 2>/dev/null || break; sleep 1; done
+      alive() { local f; for f in "${pids[@]}"; do kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
+      while alive && [ $SECONDS -lt $deadline ]; do sleep 5; done
+      if alive; then
+        # SIGTERM: a campaign finishes its case and writes the report of what ran.
+        echo "fuzzwait: campaigns still running at the deadline; stopping them" | tee -a "$log"
+        for f in "${pids[@]}"; do kill -TERM "$(cat "$f")" 2>/dev/null; done
+        for _ in $(seq 30); do alive || break; sleep 1; done
       fi
-      tail -40 /tmp/fuzz.log | tee -a "$log"
-      collect_fuzz ;;
+      for f in "${pids[@]}"; do
+        sfx=${f#/tmp/fuzz}; sfx=${sfx%.pid}
+        echo "-- campaign /tmp/fuzz$sfx" | tee -a "$log"
+        tail -25 "/tmp/fuzz$sfx.log" | tee -a "$log"
+        collect_fuzz "$sfx"
+      done ;;
     fuzz)
       # The campaign's own budget ends inside the session's, so it stops by itself and writes
       # its report (one that the limit kills leaves none).
@@ -142,7 +163,7 @@ for s in $stages; do
       if [ "$t" -lt 10 ]; then
         echo "SKIP (session time): fuzz" | tee -a "$log"
       else
-        run $((t + 40)) "$ss" "${fuzz_args[@]}" --time "${t}s"
+        run $((t + 40)) "$ss" "${fuzz_args[@]}" --out /tmp/fuzz --time "${t}s"
       fi
       collect_fuzz ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;

@@ -6,6 +6,7 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
+use super::kernel_cache::KernelCache;
 use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
@@ -20,6 +21,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
     LaunchConfig, PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
 use ndarray::ArrayView3;
 use smallseq_reference::{Dtype, Layout};
 use std::collections::HashMap;
@@ -57,6 +59,7 @@ pub struct CudaBackend {
     funcs: Mutex<HashMap<String, CudaFunction>>,
     /// Preprocessor defines the kernels are compiled with (planted bugs for mutation runs).
     defines: Vec<String>,
+    cache: KernelCache,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -120,6 +123,7 @@ impl CudaBackend {
             modules: OnceLock::new(),
             funcs: Mutex::new(HashMap::new()),
             defines: defines_from_env(),
+            cache: KernelCache::from_env(),
         })
     }
 
@@ -144,48 +148,32 @@ impl CudaBackend {
         &self.ctx
     }
 
-    fn compile(&self, name: &str, body: &str) -> std::result::Result<Arc<CudaModule>, String> {
-        let src = body.replace("#include \"portable.h\"", PORTABLE_H);
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: [
-                format!("--gpu-architecture={}", self.arch_name),
-                "--std=c++17".into(),
-                "-lineinfo".into(),
-            ]
-            .into_iter()
-            .chain(self.defines.iter().map(|d| format!("-D{d}")))
-            .collect(),
-            name: Some(name.into()),
-            ..Default::default()
-        };
-        let present = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
-        if !present.unwrap_or(false) {
-            return Err("libnvrtc was not found (set LD_LIBRARY_PATH to the CUDA toolkit)".into());
-        }
-        let ptx = match catch_unwind(AssertUnwindSafe(|| {
-            cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
-        })) {
-            Ok(Ok(p)) => p,
-            Ok(Err(cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. })) => {
-                return Err(format!(
-                    "NVRTC failed on {name}: {nvrtc:?}\n{}",
-                    log.to_string_lossy()
-                ))
-            }
-            Ok(Err(e)) => return Err(format!("NVRTC failed on {name}: {e:?}")),
-            Err(p) => return Err(format!("NVRTC: {}", panic_text(p))),
-        };
-        self.ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading {name}: {e}"))
-    }
-
     fn modules(&self) -> Result<&Modules> {
         self.modules
             .get_or_init(|| {
+                // NVRTC compiles the two files in parallel (a miss costs tens of seconds);
+                // the modules load on this thread, the context's.
+                let files = [("small_seq.cu", SMALL_SEQ_CU), ("fallback.cu", FALLBACK_CU)];
+                let [small, fallback] = std::thread::scope(|s| {
+                    files
+                        .map(|(name, body)| {
+                            s.spawn(move || {
+                                kernel_ptx(name, body, &self.arch_name, &self.defines, &self.cache)
+                            })
+                        })
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|p| Err(format!("NVRTC: {}", panic_text(p))))
+                        })
+                });
+                let load = |name: &str, ptx: String| {
+                    self.ctx
+                        .load_module(Ptx::from_src(ptx))
+                        .map_err(|e| format!("loading {name}: {e}"))
+                };
                 Ok(Modules {
-                    small: self.compile("small_seq.cu", SMALL_SEQ_CU)?,
-                    fallback: self.compile("fallback.cu", FALLBACK_CU)?,
+                    small: load(files[0].0, small?)?,
+                    fallback: load(files[1].0, fallback?)?,
                 })
             })
             .as_ref()
@@ -397,6 +385,94 @@ impl CudaBackend {
 /// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
 /// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
 /// without a rebuild.
+/// NVRTC's version, or why NVRTC cannot be used.
+fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
+    let present = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
+    if !present.unwrap_or(false) {
+        return Err("libnvrtc was not found (set LD_LIBRARY_PATH to the CUDA toolkit)".into());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out-pointers; the library was found above.
+    let rc = catch_unwind(AssertUnwindSafe(|| unsafe {
+        cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor)
+    }));
+    match rc {
+        Ok(cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS) => Ok((major, minor)),
+        Ok(e) => Err(format!("nvrtcVersion: {e:?}")),
+        Err(p) => Err(format!("NVRTC: {}", panic_text(p))),
+    }
+}
+
+/// The PTX of one kernel file (`portable.h` inlined) for `arch` (`sm_90`) under `defines`:
+/// from `cache` when an entry for exactly this source, these options and this NVRTC exists,
+/// else compiled by NVRTC and stored. Needs NVRTC, not a device.
+///
+/// # Errors
+/// NVRTC missing, or its compile error with the log.
+pub fn kernel_ptx(
+    name: &str,
+    body: &str,
+    arch: &str,
+    defines: &[String],
+    cache: &KernelCache,
+) -> std::result::Result<String, String> {
+    let src = body.replace("#include \"portable.h\"", PORTABLE_H);
+    let options: Vec<String> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+    .into_iter()
+    .chain(defines.iter().map(|d| format!("-D{d}")))
+    .collect();
+    let (major, minor) = nvrtc_version()?;
+    let key = format!(
+        "{name}\n{}\nnvrtc {major}.{minor}\n{src}",
+        options.join("\n")
+    );
+    if let Some(ptx) = cache
+        .load(name, key.as_bytes())
+        .and_then(|b| String::from_utf8(b).ok())
+    {
+        return Ok(ptx);
+    }
+    eprintln!(
+        "smallseq: compiling {name} for {arch} with NVRTC {major}.{minor} ({})",
+        cache.dir().map_or("kernel cache off".into(), |d| format!(
+            "once: then kept in {}",
+            d.display()
+        ))
+    );
+    let opts = cudarc::nvrtc::CompileOptions {
+        options,
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let ptx = match catch_unwind(AssertUnwindSafe(|| {
+        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map(|p| p.to_src())
+    })) {
+        Ok(Ok(p)) => p,
+        Ok(Err(cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. })) => {
+            return Err(format!(
+                "NVRTC failed on {name}: {nvrtc:?}\n{}",
+                log.to_string_lossy()
+            ))
+        }
+        Ok(Err(e)) => return Err(format!("NVRTC failed on {name}: {e:?}")),
+        Err(p) => return Err(format!("NVRTC: {}", panic_text(p))),
+    };
+    if let (Some(dir), Err(e)) = (
+        cache.dir(),
+        cache.store(name, key.as_bytes(), ptx.as_bytes()),
+    ) {
+        eprintln!(
+            "smallseq: could not keep {name} in {} ({e}); the next process compiles it again",
+            dir.display()
+        );
+    }
+    Ok(ptx)
+}
+
 fn defines_from_env() -> Vec<String> {
     std::env::var("SMALLSEQ_KERNEL_DEFINES")
         .map(|v| v.split_whitespace().map(String::from).collect())
@@ -613,6 +689,51 @@ mod tests {
                 SMALL_SEQ_CU.contains("SS_ALL(") && SMALL_SEQ_CU.contains(&format!("SS_ALL({d})"))
             );
         }
+    }
+
+    /// Needs NVRTC only (ci/cuda-compile-check.sh provides PyPI's and sets
+    /// SMALLSEQ_REQUIRE_NVRTC=1, so a missing one fails there instead of skipping).
+    #[test]
+    fn kernel_ptx_compiles_once_per_key_then_reads_the_cache() {
+        if let Err(e) = nvrtc_version() {
+            assert!(
+                std::env::var_os("SMALLSEQ_REQUIRE_NVRTC").is_none(),
+                "SMALLSEQ_REQUIRE_NVRTC is set: {e}"
+            );
+            println!("SKIP kernel_ptx cache: {e}");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("smallseq-ptx-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = KernelCache::at(Some(dir.clone()));
+        let entries = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        let timed = |defines: &[String]| {
+            let t = std::time::Instant::now();
+            let ptx = kernel_ptx("fallback.cu", FALLBACK_CU, "sm_90", defines, &cache)
+                .expect("fallback.cu compiles");
+            (ptx, t.elapsed())
+        };
+        let (first, compile) = timed(&[]);
+        assert!(
+            first.contains(".entry fallback_fwd"),
+            "not the fallback's PTX"
+        );
+        assert_eq!(entries(), 1);
+        let (again, hit) = timed(&[]);
+        assert_eq!(again, first, "the cached PTX differs from the compiled one");
+        assert_eq!(entries(), 1, "a hit stored a second entry");
+        assert!(
+            hit * 4 < compile,
+            "hit {hit:?} is not much faster than the compile {compile:?}"
+        );
+        // Another define is another key: compiled and kept beside the first.
+        let (other, _) = timed(&["SMALLSEQ_CACHE_TEST=1".to_string()]);
+        assert_eq!(entries(), 2);
+        println!(
+            "fallback.cu: NVRTC {compile:?}, cache hit {hit:?}, {} B of PTX",
+            other.len()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

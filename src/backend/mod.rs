@@ -11,6 +11,8 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
+/// Compiled kernels kept on disk between processes (pure Rust, tested without a GPU).
+pub mod kernel_cache;
 /// What a GPU launch needs (pure Rust: compiled and tested without the GPU features).
 pub mod launch;
 
