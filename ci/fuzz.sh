@@ -5,7 +5,8 @@
 # installed; otherwise stable with RUSTC_BOOTSTRAP=1 and --sanitizer none (coverage-guided,
 # no ASan: Rust's own bounds checks still turn memory errors into crashes).
 # New corpus entries go to target/fuzz-corpus/TARGET; the committed seeds in fuzz/corpus are
-# read, never written. A crash leaves its input in fuzz/artifacts/TARGET and fails the script.
+# read, never written. A crash leaves its input in fuzz/artifacts/TARGET, prints it (base64)
+# with the command that reproduces it, and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -36,8 +37,16 @@ for t in "${targets[@]}"; do
   log="target/l0/fuzz-$t.log"
   if ! cargo "${toolchain[@]}" fuzz run -O "${sanitizer[@]}" "$t" "target/fuzz-corpus/$t" "fuzz/corpus/$t" \
       -- -max_total_time="$secs" -print_final_stats=1 >"$log" 2>&1; then
-    grep -E "panicked|violat|ERROR|SUMMARY|Test unit written" "$log" | head -20 || true
-    echo "fuzz target $t crashed; log: $log; reproduce: cargo fuzz run $t fuzz/artifacts/$t/<crash file>"
+    grep -E -A3 "panicked|violat|ERROR|SUMMARY|Test unit written|INFO: Seed" "$log" | head -40 || true
+    # The input itself, so a CI log alone reproduces the crash (the runner's files are gone).
+    crash=$(ls -t "fuzz/artifacts/$t"/* 2>/dev/null | head -1)
+    if [ -n "$crash" ] && [ "$(stat -c %s "$crash")" -le 65536 ]; then
+      echo "fuzz target $t crashed; log: $log; reproduce anywhere:"
+      echo "  echo '$(base64 -w0 "$crash")' | base64 -d > crash && cargo fuzz run $t crash"
+      echo "  (then keep it as a regression seed: mv crash fuzz/corpus/$t/regress-<what>)"
+    else
+      echo "fuzz target $t crashed; log: $log; reproduce: cargo fuzz run $t ${crash:-fuzz/artifacts/$t/<crash file>}"
+    fi
     exit 1
   fi
   n=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)

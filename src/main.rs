@@ -69,12 +69,13 @@ fn main() -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        // Ctrl-C or SIGTERM: `fuzz` reads the flag, finishes its case and writes the report (a
-        // second signal exits at once); every other command exits at once, as without a handler.
-        let graceful = matches!(cli.command, Command::Fuzz(_));
+        // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, finish their case and write
+        // the report of what ran (a second signal exits at once); every other command exits at
+        // once, as without a handler.
+        let graceful = matches!(cli.command, Command::Fuzz(_) | Command::Mutants(_));
         let _ = ctrlc::set_handler(move || {
             if !graceful || stop.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
+                std::process::exit(cli::EXIT_INTERRUPTED);
             }
         });
     }
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
         Command::Repro(a) => cli::repro::run(a),
         Command::Run(a) => cli::run::run(a),
         Command::Explain(a) => cli::explain::run(a),
-        Command::Mutants(a) => cli::mutants::run(a),
+        Command::Mutants(a) => cli::mutants::run(a, &stop),
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
         Command::Calibrate(a) => cli::calibrate::run(a),

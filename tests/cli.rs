@@ -284,17 +284,29 @@ fn fuzz_writes_reports_and_hits_classes() {
     );
 }
 
-/// Runs `smallseq args`, sends it SIGTERM after `after_s` seconds, and waits up to `limit_s`
-/// for it to exit (killing it and panicking past that).
+/// Runs `smallseq args`, waits for its first stderr line (its signal handler is set by then),
+/// sends it SIGTERM `after_s` seconds later, and waits up to `limit_s` for it to exit (killing
+/// it and panicking past that).
 #[cfg(unix)]
 fn exit_after_sigterm(args: &[&str], after_s: u64, limit_s: u64) -> std::process::ExitStatus {
+    use std::io::BufRead;
     use std::time::{Duration, Instant};
     let mut child = bin()
         .args(args)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Drained on a thread, so a chatty child never blocks on a full pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(60));
+    assert!(first.is_ok(), "smallseq {args:?} printed nothing in 60 s");
     std::thread::sleep(Duration::from_secs(after_s));
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -328,6 +340,30 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(rep["interrupted"], true);
     assert!(rep["cases"].as_u64().unwrap() > 0);
+}
+
+/// A mutation run that CI's time limit stops writes `mutants.json` with the mutants it did not
+/// finish marked interrupted (not survivors) and exits 130, not 0 or 1.
+#[cfg(unix)]
+#[test]
+fn mutants_stopped_by_sigterm_mark_unfinished_mutants_interrupted() {
+    let dir = tmp("mutants-term");
+    let out = dir.to_str().unwrap();
+    let args = ["mutants", "--time", "300s", "--seed", "4", "--out", out];
+    let status = exit_after_sigterm(&args, 0, 60);
+    assert_eq!(status.code(), Some(130));
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("mutants.json")).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert!(rows.len() > 20, "every selected mutant has a row");
+    let interrupted = rows.iter().filter(|r| r["interrupted"] == true).count();
+    assert!(interrupted > 0);
+    for r in rows {
+        assert!(
+            r["killed"] == true || r["interrupted"] == true,
+            "a mutant neither killed nor interrupted is a survivor: {r}"
+        );
+    }
 }
 
 /// Commands without a report to save exit on the first SIGTERM, as without a handler: a CI

@@ -14,6 +14,9 @@ use std::time::Duration;
 
 /// Exit status for usage and infrastructure errors (bad input, no device).
 pub const EXIT_USAGE: i32 = 2;
+/// Exit status of a command stopped by Ctrl-C or SIGTERM before its verdict was known (the
+/// shell's 128 + SIGINT).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// Parses `90`, `90s`, `10m`, `2h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

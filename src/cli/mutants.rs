@@ -1,6 +1,6 @@
 //! `smallseq mutants`: the standard campaign against every planted bug.
 
-use super::parse_duration;
+use super::{parse_duration, EXIT_INTERRUPTED};
 use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -44,6 +44,9 @@ pub struct MutantsArgs {
 struct Row {
     mutant: String,
     killed: bool,
+    /// Stopped by Ctrl-C or SIGTERM before a kill or the end of its budget: not a survivor.
+    interrupted: bool,
+    cases_run: u64,
     cases_to_kill: Option<u64>,
     property: Option<String>,
     shrunk_slots: Option<usize>,
@@ -67,7 +70,7 @@ fn mutant_backend(backend: &str, m: Mutant) -> smallseq::Result<Box<dyn Backend>
     }
 }
 
-pub fn run(args: &MutantsArgs) -> Result<i32> {
+pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     let list: Vec<Mutant> = if args.only.is_empty() {
         Mutant::ALL.to_vec()
     } else {
@@ -88,7 +91,6 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
         list.len(),
         args.seed
     );
-    let stop = AtomicBool::new(false);
     let one = |&m: &Mutant| -> Result<Row> {
         let be = mutant_backend(&args.backend, m)?;
         let campaign = Campaign {
@@ -99,22 +101,20 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
             shrink_budget: Duration::from_secs(20),
             stop_on_failure: true,
         };
-        let rep = campaign.run(&stop, &mut |_| {})?;
+        let rep = campaign.run(stop, &mut |_| {})?;
         let f = rep.failures.first();
         let row = Row {
             mutant: m.name().into(),
             killed: f.is_some(),
+            interrupted: f.is_none() && rep.interrupted,
+            cases_run: rep.cases,
             cases_to_kill: f.map(|f| f.case + 1),
             property: f.map(|f| f.property.clone()),
             shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.0)),
             shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
             capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
         };
-        eprintln!(
-            "  {:<28} {}",
-            m.name(),
-            if row.killed { "killed" } else { "SURVIVED" }
-        );
+        eprintln!("  {:<28} {}", m.name(), row.result());
         Ok(row)
     };
     // The CPU mutants run in parallel; a GPU runs one campaign at a time.
@@ -130,7 +130,7 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
         println!(
             "| {} | {} | {} | {} | {} | {} |",
             r.mutant,
-            if r.killed { "killed" } else { "SURVIVED" },
+            r.result(),
             opt(r.cases_to_kill.map(|x| x.to_string())),
             opt(r.property.clone()),
             opt(r.shrunk_slots.map(|x| x.to_string())),
@@ -138,17 +138,39 @@ pub fn run(args: &MutantsArgs) -> Result<i32> {
         );
     }
     let killed = rows.iter().filter(|r| r.killed).count();
+    let interrupted = rows.iter().filter(|r| r.interrupted).count();
     let mut ctk: Vec<u64> = rows.iter().filter_map(|r| r.cases_to_kill).collect();
     ctk.sort_unstable();
     let median = ctk.get(ctk.len() / 2).copied().unwrap_or(0);
     println!(
-        "killed {killed}/{} ; median cases to kill {median}",
-        rows.len()
+        "killed {killed}/{} ; median cases to kill {median}{}",
+        rows.len(),
+        if interrupted > 0 {
+            format!(" ; interrupted: {interrupted} not run to their budget")
+        } else {
+            String::new()
+        }
     );
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(
         args.out.join("mutants.json"),
         serde_json::to_string_pretty(&rows)?,
     )?;
-    Ok(if killed == rows.len() { 0 } else { 1 })
+    Ok(if interrupted > 0 {
+        EXIT_INTERRUPTED
+    } else if killed == rows.len() {
+        0
+    } else {
+        1
+    })
+}
+
+impl Row {
+    fn result(&self) -> &'static str {
+        match (self.killed, self.interrupted) {
+            (true, _) => "killed",
+            (false, true) => "INTERRUPTED",
+            (false, false) => "SURVIVED",
+        }
+    }
 }

@@ -199,7 +199,8 @@ impl Campaign<'_> {
                     fraction: Some(fraction),
                 });
                 if !self.shrink_budget.is_zero() {
-                    let (small, _) = shrink(&self.checker, &case, first.prop, self.shrink_budget);
+                    let (small, _) =
+                        shrink(&self.checker, &case, first.prop, self.shrink_budget, stop);
                     if let Ok(srun) = self.checker.check(&small, 0) {
                         let scap =
                             capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));

@@ -5,6 +5,7 @@
 use super::props::{Checker, Prop};
 use super::transform::{reduce_heads, select_slots, shorten_slot};
 use crate::case::Case;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Minimum margin a shrunk case must keep.
@@ -70,15 +71,23 @@ fn candidates(case: &Case) -> Vec<Case> {
     out
 }
 
-/// Shrinks `case` (which fails `prop`) within `budget`. Returns the smallest failing case
-/// found and the number of accepted steps.
-pub fn shrink(checker: &Checker, case: &Case, prop: Prop, budget: Duration) -> (Case, usize) {
+/// Shrinks `case` (which fails `prop`) within `budget`, or until `stop` is set (Ctrl-C: the
+/// campaign still writes its report). Returns the smallest failing case found and the number
+/// of accepted steps.
+pub fn shrink(
+    checker: &Checker,
+    case: &Case,
+    prop: Prop,
+    budget: Duration,
+    stop: &AtomicBool,
+) -> (Case, usize) {
     let start = Instant::now();
+    let over = || start.elapsed() >= budget || stop.load(Ordering::SeqCst);
     let mut best = case.clone();
     let mut steps = 0;
-    'outer: while start.elapsed() < budget {
+    'outer: while !over() {
         for cand in candidates(&best) {
-            if start.elapsed() >= budget {
+            if over() {
                 break 'outer;
             }
             if size(&cand) <= size(&best)
@@ -113,4 +122,41 @@ fn size(c: &Case) -> (usize, usize, usize, usize) {
 
 fn cand_differs(a: &Case, b: &Case) -> bool {
     size(a) != size(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::harness::gen::{build, draw_geometry};
+    use crate::harness::rng::Rng;
+    use crate::mutants::{Defects, Mutant};
+
+    /// The first generated case of more than one slot that a planted bug fails.
+    fn failing_case(checker: &Checker) -> (Case, Prop) {
+        for seed in 0..500u64 {
+            let g = draw_geometry(&mut Rng::new(seed));
+            let case = build(&g, seed).expect("generated case");
+            if case.layout.slots() < 2 {
+                continue;
+            }
+            if let Some(f) = checker.check(&case, 0).expect("check").failures().first() {
+                return (case, f.prop);
+            }
+        }
+        panic!("the planted bug failed no case of 500");
+    }
+
+    #[test]
+    fn a_set_stop_flag_ends_shrinking_at_once() {
+        let be = CpuBackend::mutant(Defects::of(&[Mutant::ScaleTwice]));
+        let checker = Checker::isolated(&be);
+        let (case, prop) = failing_case(&checker);
+        let long = Duration::from_secs(600);
+        let (kept, steps) = shrink(&checker, &case, prop, long, &AtomicBool::new(true));
+        assert_eq!(steps, 0);
+        assert_eq!(size(&kept), size(&case));
+        let (small, steps) = shrink(&checker, &case, prop, long, &AtomicBool::new(false));
+        assert!(steps > 0 && size(&small) < size(&case), "nothing shrunk");
+    }
 }
