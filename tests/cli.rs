@@ -18,6 +18,11 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 fn small_case(lens: &[(usize, usize)], h: usize, d: usize) -> Case {
     let layout = Layout::packed(lens);
     let cfg = AttnConfig::new(Dtype::Bf16, h, d, Mask::Padding);
@@ -248,8 +253,7 @@ fn fuzz_writes_reports_and_hits_classes() {
         .status()
         .unwrap();
     assert!(st.success());
-    let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let rep = read_json(&dir.join("report.json"));
     assert_eq!(rep["cases"], 60);
     assert_eq!(rep["seed"], 5);
     for p in [
@@ -336,8 +340,7 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
     let args = ["fuzz", "--time", "300s", "--seed", "8", "--out", out];
     let status = exit_after_sigterm(&args, 3, 120);
     assert_eq!(status.code(), Some(0), "a clean campaign, stopped early");
-    let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let rep = read_json(&dir.join("report.json"));
     assert_eq!(rep["interrupted"], true);
     assert!(rep["cases"].as_u64().unwrap() > 0);
 }
@@ -352,8 +355,7 @@ fn mutants_stopped_by_sigterm_mark_unfinished_mutants_interrupted() {
     let args = ["mutants", "--time", "300s", "--seed", "4", "--out", out];
     let status = exit_after_sigterm(&args, 0, 60);
     assert_eq!(status.code(), Some(130));
-    let rows: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("mutants.json")).unwrap()).unwrap();
+    let rows = read_json(&dir.join("mutants.json"));
     let rows = rows.as_array().unwrap();
     assert!(rows.len() > 20, "every selected mutant has a row");
     let interrupted = rows.iter().filter(|r| r["interrupted"] == true).count();
@@ -394,8 +396,7 @@ fn te625_campaign_names_every_modelled_defect() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "the model must fail");
-    let findings: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("te625.json")).unwrap()).unwrap();
+    let findings = read_json(&dir.join("te625.json"));
     let names: Vec<(String, u64)> = findings
         .as_array()
         .unwrap()
