@@ -244,6 +244,50 @@ fn repro_names_a_corrupted_element() {
     );
 }
 
+/// Outputs carry the device and build they came from; a rerun says whether its own match.
+#[test]
+fn repro_compares_the_capsules_provenance_with_the_rerun() {
+    let case = small_case(&[(2, 3)], 1, 64);
+    let inp = write(&case, "prov-in.safetensors");
+    let cap = tmp("prov-cap.safetensors");
+    let run = bin()
+        .args(["run", "--backend", "cpu", "--case"])
+        .arg(&inp)
+        .arg("--out")
+        .arg(&cap)
+        .status()
+        .unwrap();
+    assert!(run.success());
+    let stdout = |args: &[&str], file: &std::path::Path| {
+        let out = bin().arg("repro").arg(file).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = stdout(&[], &cap);
+    assert!(
+        text.contains("produced on: {\"build\":\"smallseq "),
+        "{text}"
+    );
+    let text = stdout(&["--backend", "cpu"], &cap);
+    assert!(
+        text.contains("provenance: same device and kernel build"),
+        "{text}"
+    );
+    // The same outputs, said to come from another build: the rerun names the difference.
+    let mut c = read_case(&cap).unwrap();
+    c.meta.insert(
+        "smallseq.provenance".into(),
+        r#"{"build":"smallseq 0.0.1","target":"elsewhere"}"#.into(),
+    );
+    let moved = tmp("prov-moved.safetensors");
+    write_case(&c, &moved, OutputPrecision::Device).unwrap();
+    let text = stdout(&["--backend", "cpu"], &moved);
+    assert!(
+        text.contains(r#"provenance differs: build: capsule "smallseq 0.0.1", now "smallseq "#),
+        "{text}"
+    );
+    assert!(text.contains("bitwise equal"), "{text}");
+}
+
 #[test]
 fn fuzz_writes_reports_and_hits_classes() {
     let dir = tmp("fuzz-out");

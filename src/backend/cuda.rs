@@ -6,7 +6,7 @@
 //! whole, so an out-of-bounds write shows up as a corrupted guard. The `launch_*` methods take
 //! raw device pointers and are what the benchmark times.
 
-use super::kernel_cache::KernelCache;
+use super::kernel_cache::{fingerprint, KernelCache};
 use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
@@ -24,7 +24,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use ndarray::ArrayView3;
 use smallseq_reference::{Dtype, Layout};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -146,6 +146,15 @@ impl CudaBackend {
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// One fingerprint of both kernel files' cache keys (sources, options, defines, NVRTC).
+    fn kernel_fingerprint(&self, nvrtc: (i32, i32)) -> String {
+        let keys: Vec<String> = [("small_seq.cu", SMALL_SEQ_CU), ("fallback.cu", FALLBACK_CU)]
+            .iter()
+            .map(|(name, body)| kernel_key(name, body, &self.arch_name, &self.defines, nvrtc).2)
+            .collect();
+        fingerprint(keys.concat().as_bytes())
     }
 
     fn modules(&self) -> Result<&Modules> {
@@ -403,6 +412,31 @@ fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
     }
 }
 
+/// The inlined source, NVRTC options and cache key of one kernel file: the key holds
+/// everything NVRTC's output depends on.
+fn kernel_key(
+    name: &str,
+    body: &str,
+    arch: &str,
+    defines: &[String],
+    (major, minor): (i32, i32),
+) -> (String, Vec<String>, String) {
+    let src = body.replace("#include \"portable.h\"", PORTABLE_H);
+    let options: Vec<String> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+    .into_iter()
+    .chain(defines.iter().map(|d| format!("-D{d}")))
+    .collect();
+    let key = format!(
+        "{name}\n{}\nnvrtc {major}.{minor}\n{src}",
+        options.join("\n")
+    );
+    (src, options, key)
+}
+
 /// The PTX of one kernel file (`portable.h` inlined) for `arch` (`sm_90`) under `defines`:
 /// from `cache` when an entry for exactly this source, these options and this NVRTC exists,
 /// else compiled by NVRTC and stored. Needs NVRTC, not a device.
@@ -416,20 +450,8 @@ pub fn kernel_ptx(
     defines: &[String],
     cache: &KernelCache,
 ) -> std::result::Result<String, String> {
-    let src = body.replace("#include \"portable.h\"", PORTABLE_H);
-    let options: Vec<String> = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-lineinfo".into(),
-    ]
-    .into_iter()
-    .chain(defines.iter().map(|d| format!("-D{d}")))
-    .collect();
     let (major, minor) = nvrtc_version()?;
-    let key = format!(
-        "{name}\n{}\nnvrtc {major}.{minor}\n{src}",
-        options.join("\n")
-    );
+    let (src, options, key) = kernel_key(name, body, arch, defines, (major, minor));
     if let Some(ptx) = cache
         .load(name, key.as_bytes())
         .and_then(|b| String::from_utf8(b).ok())
@@ -633,6 +655,39 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn provenance(&self) -> BTreeMap<String, String> {
+        let mut p = BTreeMap::new();
+        p.insert(
+            "device".into(),
+            self.ctx.name().unwrap_or_else(|e| format!("unknown ({e})")),
+        );
+        p.insert("arch".into(), self.arch_name.clone());
+        let mut driver = 0;
+        // SAFETY: one valid out-pointer; the driver library is loaded (the context exists).
+        let rc = catch_unwind(AssertUnwindSafe(|| unsafe {
+            cudarc::driver::sys::cuDriverGetVersion(&mut driver)
+        }));
+        if let Ok(cudarc::driver::sys::CUresult::CUDA_SUCCESS) = rc {
+            p.insert(
+                "driver".into(),
+                format!("{}.{}", driver / 1000, driver % 1000 / 10),
+            );
+        }
+        match nvrtc_version() {
+            Ok(v) => {
+                p.insert("nvrtc".into(), format!("{}.{}", v.0, v.1));
+                p.insert("kernels".into(), self.kernel_fingerprint(v));
+            }
+            Err(e) => {
+                p.insert("nvrtc".into(), e);
+            }
+        }
+        if !self.defines.is_empty() {
+            p.insert("defines".into(), self.defines.join(" "));
+        }
+        p
+    }
+
     fn rounding_budget(&self, tensor: &str) -> Option<f64> {
         super::rounding_budget_of("cuda", tensor)
     }

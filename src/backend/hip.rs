@@ -18,6 +18,7 @@
 //! would be undefined behaviour there. `hip-sys` provides the link to `libamdhip64` and the
 //! `hipDeviceProp_t` layout.
 
+use super::kernel_cache::fingerprint;
 use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
@@ -31,7 +32,7 @@ use crate::workspace::names;
 use hip_sys::hiprt as sys;
 use ndarray::ArrayView3;
 use smallseq_reference::{Dtype, Layout};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -425,7 +426,7 @@ impl HipBackend {
             check(&format!("hipModuleLoadData({})", co.origin), unsafe {
                 hipModuleLoadData(&mut handle, co.bytes.as_ptr().cast())
             })?;
-            origins.push(co.origin);
+            origins.push(format!("{} ({})", co.origin, fingerprint(&co.bytes)));
             Ok(Module { handle })
         };
         let small = load("small_seq")?;
@@ -457,7 +458,7 @@ impl HipBackend {
         &self.target_id
     }
 
-    /// Where the loaded code objects came from.
+    /// Where the loaded code objects came from, each with its fingerprint.
     pub fn code_objects(&self) -> &[String] {
         &self.origins
     }
@@ -949,6 +950,19 @@ impl HipBackend {
 impl Backend for HipBackend {
     fn name(&self) -> &str {
         "hip"
+    }
+
+    fn provenance(&self) -> BTreeMap<String, String> {
+        let mut p = BTreeMap::from([
+            ("target".to_string(), self.target_id.clone()),
+            ("code_objects".to_string(), self.origins.join("; ")),
+        ]);
+        let mut version = 0i32;
+        // SAFETY: one valid out-pointer.
+        if unsafe { hipRuntimeGetVersion(&mut version) } == HIP_SUCCESS {
+            p.insert("runtime".into(), version.to_string());
+        }
+        p
     }
 
     fn arch(&self) -> Arch {

@@ -66,7 +66,7 @@ impl KernelCache {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
         let dir = self.dir.as_ref()?;
-        Some(dir.join(format!("{stem}-{:016x}{SUFFIX}", fnv1a(key))))
+        Some(dir.join(format!("{stem}-{}{SUFFIX}", fingerprint(key))))
     }
 
     /// The stored value for `key`, if a whole entry with exactly this key exists.
@@ -149,6 +149,12 @@ fn prune(dir: &Path, keep: usize) {
     for (_, p) in &entries[..entries.len() - keep] {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// A short identity of a kernel build (its cache key, or a code object's bytes) for
+/// provenance records: FNV-1a, 64 bits, in hex. Not collision-proof; names, never decides.
+pub fn fingerprint(bytes: &[u8]) -> String {
+    format!("{:016x}", fnv1a(bytes))
 }
 
 /// FNV-1a, 64 bits: names the entry's file only (the key itself is compared on lookup).

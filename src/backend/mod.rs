@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::workspace::Plan;
 use ndarray::ArrayView3;
 use smallseq_reference::Layout;
+use std::collections::BTreeMap;
 
 /// Bit pattern of guard elements: a NaN payload no kernel computes.
 pub const GUARD_BITS: u32 = 0x7fc0_5eed;
@@ -164,6 +165,13 @@ pub trait Backend: Send + Sync {
     fn arch(&self) -> Arch;
     /// Whether a small-seq kernel exists for this device.
     fn has_small_seq(&self) -> bool;
+    /// What identifies the device and the kernel build whose outputs a capsule stores
+    /// (device, driver, compiler, a fingerprint of the kernels): written into capsules as
+    /// `smallseq.provenance`, and compared by `smallseq repro --backend` with the rerun's, so a
+    /// bitwise difference can be told apart from a different build or machine.
+    fn provenance(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
     /// Planted gate defects (mutation testing); none for real backends.
     fn gate_defects(&self) -> GateDefects {
         GateDefects::default()

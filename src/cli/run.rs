@@ -4,6 +4,7 @@ use anyhow::Result;
 use smallseq::backend;
 use smallseq::case_file::{read_case, write_case, OutputPrecision};
 use smallseq::dispatch::{EnvView, Profile};
+use smallseq::harness::capsule;
 use smallseq::harness::props::run_pair;
 use smallseq::reference::forward_backward;
 use smallseq::wrapper::RunOptions;
@@ -68,8 +69,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             }
         };
         case.outputs = pair.outputs();
-        case.meta
-            .insert("smallseq.backend".into(), be.name().into());
+        capsule::stamp(&mut case.meta, be.as_ref());
         let path = pair.fwd.path.map_or("none", |p| p.name());
         case.meta.insert("smallseq.path".into(), path.into());
         OutputPrecision::Device

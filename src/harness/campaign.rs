@@ -183,7 +183,7 @@ impl Campaign<'_> {
                 let name = format!("case-{i:06}-{}.safetensors", first.prop);
                 let cap = capsules.join(&name);
                 // The capsule is on disk before anything reports the failure.
-                capsule::write(&cap, &case, &run, be.name(), &rep.profile)?;
+                capsule::write(&cap, &case, &run, be, &rep.profile)?;
                 let mut entry = FailureEntry {
                     case: i,
                     property: first.prop.name().into(),
@@ -204,7 +204,7 @@ impl Campaign<'_> {
                     if let Ok(srun) = self.checker.check(&small, 0) {
                         let scap =
                             capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));
-                        capsule::write(&scap, &small, &srun, be.name(), &rep.profile)?;
+                        capsule::write(&scap, &small, &srun, be, &rep.profile)?;
                         let l = &small.layout;
                         let max_tok = (0..l.slots())
                             .map(|s| l.q.len(s).max(l.kv.len(s)))

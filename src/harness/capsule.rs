@@ -3,6 +3,7 @@
 
 use super::props::{CaseRun, Failure};
 use super::tolerance::Judgement;
+use crate::backend::Backend;
 use crate::case::Case;
 use crate::case_file::{write_case, OutputPrecision};
 use crate::error::Result;
@@ -35,14 +36,33 @@ fn finite(x: f64) -> serde_json::Value {
     }
 }
 
-/// Writes a capsule for `case` with the outputs and verdict of `run`.
+/// The metadata key of the producing backend's [`Backend::provenance`], a JSON object.
+pub const PROVENANCE: &str = "smallseq.provenance";
+
+/// Records in `meta` which backend produced a case file's outputs (`smallseq.backend`) and on
+/// what device and kernel build (`smallseq.provenance`).
+pub fn stamp(meta: &mut BTreeMap<String, String>, backend: &dyn Backend) {
+    meta.insert("smallseq.backend".into(), backend.name().into());
+    let provenance = backend.provenance();
+    if !provenance.is_empty() {
+        meta.insert(PROVENANCE.into(), serde_json::json!(provenance).to_string());
+    }
+}
+
+/// Writes a capsule for `case` with the outputs and verdict of `run` on `backend`.
 ///
 /// # Errors
 /// I/O errors.
-pub fn write(path: &Path, case: &Case, run: &CaseRun, backend: &str, profile: &str) -> Result<()> {
+pub fn write(
+    path: &Path,
+    case: &Case,
+    run: &CaseRun,
+    backend: &dyn Backend,
+    profile: &str,
+) -> Result<()> {
     let mut c = case.clone();
     c.outputs = run.outputs.clone();
-    c.meta.insert("smallseq.backend".into(), backend.into());
+    stamp(&mut c.meta, backend);
     c.meta.insert("smallseq.profile".into(), profile.into());
     if let Some(p) = run.path_fwd {
         c.meta.insert("smallseq.path".into(), p.name().into());

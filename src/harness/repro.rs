@@ -1,12 +1,14 @@
 //! Replaying a capsule: re-judge its stored outputs on this machine, or run it again on a
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
+use super::capsule::PROVENANCE;
 use super::conformance;
 use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
 use crate::backend::rounding_budget_of;
 use crate::case::Case;
 use crate::dispatch::Path;
 use crate::error::Result;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a replay found.
 #[derive(Clone, Debug, Default)]
@@ -21,7 +23,8 @@ impl Diagnosis {
     }
 }
 
-/// Judges the outputs stored in `case` against the f64 reference, on every property the
+/// Judges the outputs stored in `case` (produced on the machine its `smallseq.provenance`
+/// names, which is printed) against the f64 reference, on every property the
 /// stored outputs allow: numeric agreement, don't-care outputs, and conformance to the
 /// emulation with the rate budgets of the backend that produced them
 /// ([`rounding_budget_of`]; the paths are the capsule's `smallseq.path` and
@@ -37,6 +40,9 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     }
     if let Some(v) = case.meta.get("smallseq.verdict") {
         d.say(format!("recorded verdict: {v}"));
+    }
+    if let Some(p) = case.meta.get(PROVENANCE) {
+        d.say(format!("produced on: {p}"));
     }
     let y = oracle(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
@@ -117,20 +123,67 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
             }
         }
     }
+    let differs = provenance_differences(
+        case.meta.get(PROVENANCE).map(String::as_str),
+        &checker.backend.provenance(),
+    );
+    match &differs {
+        None => d.say("provenance: the capsule records none".into()),
+        Some(v) if v.is_empty() => {
+            d.say("provenance: same device and kernel build as the capsule's".into())
+        }
+        Some(v) => {
+            for line in v {
+                d.say(format!("provenance differs: {line}"));
+            }
+        }
+    }
     if !case.outputs.is_empty() {
         let same = run
             .outputs
             .bitwise_eq(&restrict(&run.outputs, &case.outputs));
-        d.say(format!(
-            "new outputs are {} to the stored ones",
-            if same {
-                "bitwise equal"
-            } else {
-                "NOT bitwise equal"
+        let why = match (same, differs.as_ref().map(Vec::is_empty)) {
+            (true, _) => "bitwise equal",
+            (false, Some(true)) => {
+                "NOT bitwise equal, on the same device and build: nondeterminism (a race, \
+                 an uninitialised read) or a flaky device"
             }
-        ));
+            (false, Some(false)) => {
+                "NOT bitwise equal; the device or kernel build differs (above), which can \
+                 explain it"
+            }
+            (false, None) => "NOT bitwise equal",
+        };
+        d.say(format!("new outputs are {why} to the stored ones"));
     }
     Ok(d)
+}
+
+/// How the capsule's provenance (`smallseq.provenance`, JSON) differs from `now`: one
+/// `key: capsule A, now B` line per differing entry; empty when they agree; `None` when the
+/// capsule records none (or an unreadable one, which is said).
+pub fn provenance_differences(
+    stored: Option<&str>,
+    now: &BTreeMap<String, String>,
+) -> Option<Vec<String>> {
+    let stored: BTreeMap<String, String> = match serde_json::from_str(stored?) {
+        Ok(m) => m,
+        Err(e) => return Some(vec![format!("the capsule's record is unreadable ({e})")]),
+    };
+    let keys: BTreeSet<&String> = stored.keys().chain(now.keys()).collect();
+    let shown = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("{v:?}"));
+    Some(
+        keys.into_iter()
+            .filter(|k| stored.get(*k) != now.get(*k))
+            .map(|k| {
+                format!(
+                    "{k}: capsule {}, now {}",
+                    shown(stored.get(k)),
+                    shown(now.get(k))
+                )
+            })
+            .collect(),
+    )
 }
 
 /// The stored outputs, limited to the tensors the rerun produced.
@@ -141,5 +194,34 @@ fn restrict(new: &crate::case::Outputs, stored: &crate::case::Outputs) -> crate:
         dq: new.dq.as_ref().and(stored.dq.clone()),
         dk: new.dk.as_ref().and(stored.dk.clone()),
         dv: new.dv.as_ref().and(stored.dv.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("device".to_string(), "NVIDIA H200".to_string()),
+            ("kernels".to_string(), "00ff".to_string()),
+        ])
+    }
+
+    #[test]
+    fn provenance_differences_name_each_changed_entry() {
+        assert_eq!(provenance_differences(None, &now()), None);
+        let same = r#"{"device":"NVIDIA H200","kernels":"00ff"}"#;
+        assert_eq!(provenance_differences(Some(same), &now()), Some(vec![]));
+        let other = r#"{"device":"NVIDIA H100","driver":"13.0","kernels":"00ff"}"#;
+        assert_eq!(
+            provenance_differences(Some(other), &now()),
+            Some(vec![
+                r#"device: capsule "NVIDIA H100", now "NVIDIA H200""#.to_string(),
+                r#"driver: capsule "13.0", now (none)"#.to_string(),
+            ])
+        );
+        let bad = provenance_differences(Some("[1,2]"), &now()).unwrap();
+        assert!(bad[0].contains("unreadable"), "{bad:?}");
     }
 }

@@ -16,6 +16,7 @@ use crate::mutants::{Defects, Mutant};
 use half::bf16;
 use ndarray::ArrayView3;
 use smallseq_reference::{visible, AttnParams, CausalAlign, Dtype, Layout, Mask, Window};
+use std::collections::BTreeMap;
 
 /// The CPU backend, optionally with planted defects.
 #[derive(Clone, Debug, Default)]
@@ -276,6 +277,25 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 impl Backend for CpuBackend {
     fn name(&self) -> &str {
         self.label.unwrap_or("cpu")
+    }
+
+    fn provenance(&self) -> BTreeMap<String, String> {
+        let mut p = BTreeMap::from([
+            (
+                "build".to_string(),
+                format!("smallseq {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "target".to_string(),
+                format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+            ),
+        ]);
+        let defects = self.defects.list();
+        if !defects.is_empty() {
+            let names: Vec<&str> = defects.iter().map(|m| m.name()).collect();
+            p.insert("defects".into(), names.join(","));
+        }
+        p
     }
 
     fn arch(&self) -> Arch {
