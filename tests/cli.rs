@@ -289,6 +289,17 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
 }
 
 #[test]
+fn fuzz_refuses_zero_jobs() {
+    let out = bin()
+        .args(["fuzz", "--cases", "1", "--jobs", "0", "--out"])
+        .arg(tmp("jobs0"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--jobs 0"));
+}
+
+#[test]
 fn fuzz_writes_reports_and_hits_classes() {
     let dir = tmp("fuzz-out");
     let st = bin()

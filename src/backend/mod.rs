@@ -172,6 +172,12 @@ pub trait Backend: Send + Sync {
     fn provenance(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+    /// Whether a campaign may check several cases at once on this backend, from as many
+    /// threads (`smallseq fuzz --jobs`). The CPU backends can; the GPU backends are called
+    /// from one thread until concurrent use has been verified on a device.
+    fn concurrent_cases(&self) -> bool {
+        false
+    }
     /// Planted gate defects (mutation testing); none for real backends.
     fn gate_defects(&self) -> GateDefects {
         GateDefects::default()

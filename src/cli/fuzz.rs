@@ -39,6 +39,11 @@ pub struct FuzzArgs {
     /// Seconds spent shrinking each failure (0 disables shrinking).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     pub shrink_time: Duration,
+    /// Cases checked at once, each on its own thread (default: one per core on the CPU
+    /// backends, 1 on a GPU backend, which allows no other value yet). The report is the same
+    /// for any value.
+    #[arg(long)]
+    pub jobs: Option<usize>,
 }
 
 /// The variable that switches TE's small-seq path on.
@@ -60,13 +65,31 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             return Ok(super::EXIT_USAGE);
         }
     };
+    let jobs = match (args.jobs, be.concurrent_cases()) {
+        (Some(0), _) => {
+            eprintln!("smallseq: --jobs 0: at least one case must run at a time");
+            return Ok(super::EXIT_USAGE);
+        }
+        (Some(n), false) if n > 1 => {
+            eprintln!(
+                "smallseq: --jobs {n}: backend {} checks one case at a time (its concurrent \
+                 use is not yet verified)",
+                be.name()
+            );
+            return Ok(super::EXIT_USAGE);
+        }
+        (Some(n), _) => n,
+        (None, true) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (None, false) => 1,
+    };
     let seed = seed_or_clock(args.seed);
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
         None => Budget::Time(args.time),
     };
     eprintln!(
-        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget:?}, out {}",
+        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget:?}, {jobs} \
+         job(s), out {}",
         be.name(),
         be.arch(),
         args.profile,
@@ -93,6 +116,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         out: args.out.clone(),
         shrink_budget: args.shrink_time,
         stop_on_failure: false,
+        jobs,
     };
     let report = campaign.run(&stop, &mut progress_printer())?;
     write_reports(&args.out, &report)?;

@@ -100,6 +100,8 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             out: args.out.join(m.name()),
             shrink_budget: Duration::from_secs(20),
             stop_on_failure: true,
+            // The mutants themselves run in parallel.
+            jobs: 1,
         };
         let rep = campaign.run(stop, &mut |_| {})?;
         let f = rep.failures.first();

@@ -4,14 +4,15 @@
 use super::capsule;
 use super::classes::{self, classify};
 use super::gen::{build, draw_geometry_for};
-use super::props::{Checker, Outcome, Prop};
+use super::props::{CaseRun, Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
+use crate::case::Case;
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// When to stop.
@@ -95,6 +96,9 @@ pub struct Campaign<'a> {
     pub shrink_budget: Duration,
     /// Stop at the first failing case (mutation runs).
     pub stop_on_failure: bool,
+    /// Cases checked at once, on as many threads (1: on the calling thread). The report is
+    /// the same for any value: cases are merged in order, as one thread would have run them.
+    pub jobs: usize,
 }
 
 /// The seed of case `i` of a campaign.
@@ -108,22 +112,151 @@ pub struct Progress<'r> {
     pub fraction: Option<f64>,
 }
 
+/// One case, drawn, built and checked: the part of a campaign that may run on any thread.
+struct Checked {
+    case: Case,
+    classes: Vec<&'static str>,
+    run: CaseRun,
+}
+
+/// Cases a worker may run ahead of the merged ones, per job: bounds what waits in memory
+/// while the merging thread shrinks a failure.
+const AHEAD_PER_JOB: u64 = 4;
+
 impl Campaign<'_> {
     /// Runs until the budget is spent, `stop` is set, or (optionally) a failure.
     ///
     /// # Errors
-    /// Infrastructure errors (cannot write the output directory).
+    /// Infrastructure errors (cannot write the output directory, a case the harness cannot
+    /// run), those of the lowest-numbered case first.
     pub fn run(&self, stop: &AtomicBool, progress: &mut dyn FnMut(Progress)) -> Result<Report> {
         let capsules = self.out.join("capsules");
         std::fs::create_dir_all(&capsules).map_err(|source| Error::Io {
             path: capsules.display().to_string(),
             source,
         })?;
-        let be = self.checker.backend;
-        let mut rep = Report {
+        let mut merge = Merge {
+            campaign: self,
+            capsules,
+            rep: self.empty_report(),
+            margins: BTreeMap::new(),
+            start: Instant::now(),
+        };
+        if self.jobs <= 1 {
+            let mut i = 0;
+            while !merge.halt_before(i, stop) {
+                let checked = self.check_case(i);
+                if !merge.take(i, checked, stop, progress)? {
+                    break;
+                }
+                i += 1;
+            }
+        } else {
+            self.run_parallel(&mut merge, stop, progress)?;
+        }
+        Ok(merge.finish())
+    }
+
+    /// Workers take case numbers in order and send their results; this thread merges them in
+    /// order. Whatever ends the campaign (budget, `stop`, a failure with `stop_on_failure`,
+    /// an error) halts the workers; cases already started still finish and, when they follow
+    /// the last merged case without a gap, are merged, as one thread would have.
+    fn run_parallel(
+        &self,
+        merge: &mut Merge,
+        stop: &AtomicBool,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<()> {
+        let next = AtomicU64::new(0);
+        let merged = AtomicU64::new(0);
+        let halt = AtomicBool::new(false);
+        let ahead = self.jobs as u64 * AHEAD_PER_JOB;
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Checked>)>();
+            for _ in 0..self.jobs {
+                let tx = tx.clone();
+                let (next, merged, halt) = (&next, &merged, &halt);
+                s.spawn(move || loop {
+                    if halt.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if matches!(self.budget, Budget::Cases(n) if i >= n) {
+                        break;
+                    }
+                    while i >= merged.load(Ordering::SeqCst) + ahead {
+                        if halt.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    if tx.send((i, self.check_case(i))).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            let mut pending: BTreeMap<u64, Result<Checked>> = BTreeMap::new();
+            let mut outcome = Ok(());
+            let mut merging = true;
+            let halt_if = |why: bool| {
+                if why {
+                    halt.store(true, Ordering::SeqCst);
+                }
+            };
+            loop {
+                halt_if(merging && merge.halt_before(merged.load(Ordering::SeqCst), stop));
+                while merging {
+                    let i = merged.load(Ordering::SeqCst);
+                    let Some(checked) = pending.remove(&i) else {
+                        break;
+                    };
+                    match merge.take(i, checked, stop, progress) {
+                        Ok(true) => {
+                            merged.store(i + 1, Ordering::SeqCst);
+                            halt_if(merge.halt_before(i + 1, stop));
+                        }
+                        Ok(false) => merging = false,
+                        Err(e) => {
+                            outcome = Err(e);
+                            merging = false;
+                        }
+                    }
+                    halt_if(!merging);
+                }
+                match rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok((i, r)) => {
+                        pending.insert(i, r);
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    // Every worker has exited: what follows the merged cases without a gap
+                    // is merged above; a gap (a case picked, then abandoned) ends it.
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        if !merging || !pending.contains_key(&merged.load(Ordering::SeqCst)) {
+                            break;
+                        }
+                    }
+                }
+            }
+            outcome
+        })
+    }
+
+    /// Case `i`: drawn, built and checked.
+    fn check_case(&self, i: u64) -> Result<Checked> {
+        let cs = case_seed(self.seed, i);
+        let g = draw_geometry_for(&mut Rng::new(cs), self.checker.opts.profile);
+        let case = build(&g, cs ^ 0xda7a)?;
+        let run = self.checker.check(&case, cs)?;
+        let classes = classify(&case, g.segment_split, g.poison);
+        Ok(Checked { case, classes, run })
+    }
+
+    fn empty_report(&self) -> Report {
+        Report {
             cases: 0,
             seed: self.seed,
-            backend: be.name().into(),
+            backend: self.checker.backend.name().into(),
             profile: self.checker.opts.profile.name().into(),
             elapsed_s: 0.0,
             cases_per_s: 0.0,
@@ -137,103 +270,138 @@ impl Campaign<'_> {
             margins: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
+        }
+    }
+}
+
+/// The report as cases are merged, in case order.
+struct Merge<'c, 'a> {
+    campaign: &'c Campaign<'a>,
+    capsules: PathBuf,
+    rep: Report,
+    margins: BTreeMap<String, Vec<f64>>,
+    start: Instant,
+}
+
+impl Merge<'_, '_> {
+    fn fraction(&self, i: u64) -> f64 {
+        match self.campaign.budget {
+            Budget::Cases(n) => i as f64 / n.max(1) as f64,
+            Budget::Time(t) => self.start.elapsed().as_secs_f64() / t.as_secs_f64(),
+        }
+    }
+
+    /// Whether the campaign ends before case `i` (budget spent, or `stop` set: then the
+    /// report is marked interrupted).
+    fn halt_before(&mut self, i: u64, stop: &AtomicBool) -> bool {
+        let spent = match self.campaign.budget {
+            Budget::Cases(n) => i >= n,
+            Budget::Time(t) => self.start.elapsed() >= t,
         };
-        let mut margins: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        let start = Instant::now();
-        let mut i = 0u64;
-        loop {
-            let fraction = match self.budget {
-                Budget::Cases(n) if i >= n => break,
-                Budget::Time(t) if start.elapsed() >= t => break,
-                Budget::Cases(n) => i as f64 / n as f64,
-                Budget::Time(t) => start.elapsed().as_secs_f64() / t.as_secs_f64(),
+        if !spent && stop.load(Ordering::SeqCst) {
+            self.rep.interrupted = true;
+            return true;
+        }
+        spent
+    }
+
+    /// Counts case `i`; on a failure writes its capsule, reports it, and shrinks it. Returns
+    /// whether the campaign goes on.
+    fn take(
+        &mut self,
+        i: u64,
+        checked: Result<Checked>,
+        stop: &AtomicBool,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<bool> {
+        let Checked { case, classes, run } = checked?;
+        let fraction = self.fraction(i);
+        let c = self.campaign;
+        let be = c.checker.backend;
+        let rep = &mut self.rep;
+        for class in classes {
+            *rep.coverage.entry(class.into()).or_default() += 1;
+        }
+        let path = run.path_fwd.map_or("none", |p| p.name());
+        *rep.paths.entry(path.into()).or_default() += 1;
+        for (p, o) in &run.outcomes {
+            let n = rep.properties.entry(p.name().into()).or_default();
+            match o {
+                Outcome::Pass => n.pass += 1,
+                Outcome::Fail(_) => n.fail += 1,
+                Outcome::Skip { reason } => {
+                    n.skip += 1;
+                    *rep.skip_reasons
+                        .entry(format!("{p}: {}", generic(reason)))
+                        .or_default() += 1;
+                }
+            }
+        }
+        for j in &run.judgements {
+            self.margins
+                .entry(j.tensor.clone())
+                .or_default()
+                .push(j.margin);
+        }
+        rep.cases = i + 1;
+        let failures = run.failures();
+        if let Some(first) = failures.first() {
+            let name = format!("case-{i:06}-{}.safetensors", first.prop);
+            let cap = self.capsules.join(&name);
+            // The capsule is on disk before anything reports the failure.
+            capsule::write(&cap, &case, &run, be, &rep.profile)?;
+            let mut entry = FailureEntry {
+                case: i,
+                property: first.prop.name().into(),
+                detail: first.detail.clone(),
+                capsule: cap.display().to_string(),
+                shrunk_capsule: None,
+                shrunk_size: None,
+                repro: repro_cmd(&cap, be.name(), &rep.profile),
             };
-            if stop.load(Ordering::SeqCst) {
-                rep.interrupted = true;
-                break;
-            }
-            let cs = case_seed(self.seed, i);
-            let g = draw_geometry_for(&mut Rng::new(cs), self.checker.opts.profile);
-            let case = build(&g, cs ^ 0xda7a)?;
-            let run = self.checker.check(&case, cs)?;
-            for c in classify(&case, g.segment_split, g.poison) {
-                *rep.coverage.entry(c.into()).or_default() += 1;
-            }
-            let path = run.path_fwd.map_or("none", |p| p.name());
-            *rep.paths.entry(path.into()).or_default() += 1;
-            for (p, o) in &run.outcomes {
-                let c = rep.properties.entry(p.name().into()).or_default();
-                match o {
-                    Outcome::Pass => c.pass += 1,
-                    Outcome::Fail(_) => c.fail += 1,
-                    Outcome::Skip { reason } => {
-                        c.skip += 1;
-                        *rep.skip_reasons
-                            .entry(format!("{p}: {}", generic(reason)))
-                            .or_default() += 1;
-                    }
-                }
-            }
-            for j in &run.judgements {
-                margins.entry(j.tensor.clone()).or_default().push(j.margin);
-            }
-            rep.cases = i + 1;
-            let failures = run.failures();
-            if let Some(first) = failures.first() {
-                let name = format!("case-{i:06}-{}.safetensors", first.prop);
-                let cap = capsules.join(&name);
-                // The capsule is on disk before anything reports the failure.
-                capsule::write(&cap, &case, &run, be, &rep.profile)?;
-                let mut entry = FailureEntry {
-                    case: i,
-                    property: first.prop.name().into(),
-                    detail: first.detail.clone(),
-                    capsule: cap.display().to_string(),
-                    shrunk_capsule: None,
-                    shrunk_size: None,
-                    repro: repro_cmd(&cap, be.name(), &rep.profile),
-                };
-                rep.failures.push(entry.clone());
-                progress(Progress {
-                    report: &rep,
-                    fraction: Some(fraction),
-                });
-                if !self.shrink_budget.is_zero() {
-                    let (small, _) =
-                        shrink(&self.checker, &case, first.prop, self.shrink_budget, stop);
-                    if let Ok(srun) = self.checker.check(&small, 0) {
-                        let scap =
-                            capsules.join(name.replace(".safetensors", "-shrunk.safetensors"));
-                        capsule::write(&scap, &small, &srun, be, &rep.profile)?;
-                        let l = &small.layout;
-                        let max_tok = (0..l.slots())
-                            .map(|s| l.q.len(s).max(l.kv.len(s)))
-                            .max()
-                            .unwrap_or(0);
-                        entry.shrunk_capsule = Some(scap.display().to_string());
-                        entry.shrunk_size = Some((l.slots(), max_tok));
-                        entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
-                        *rep.failures.last_mut().expect("just pushed") = entry;
-                    }
-                }
-                if self.stop_on_failure {
-                    break;
-                }
-            }
-            i += 1;
-            rep.elapsed_s = start.elapsed().as_secs_f64();
+            rep.failures.push(entry.clone());
             progress(Progress {
-                report: &rep,
+                report: rep,
                 fraction: Some(fraction),
             });
+            if !c.shrink_budget.is_zero() {
+                let (small, _) = shrink(&c.checker, &case, first.prop, c.shrink_budget, stop);
+                if let Ok(srun) = c.checker.check(&small, 0) {
+                    let scap = self
+                        .capsules
+                        .join(name.replace(".safetensors", "-shrunk.safetensors"));
+                    capsule::write(&scap, &small, &srun, be, &rep.profile)?;
+                    let l = &small.layout;
+                    let max_tok = (0..l.slots())
+                        .map(|s| l.q.len(s).max(l.kv.len(s)))
+                        .max()
+                        .unwrap_or(0);
+                    entry.shrunk_capsule = Some(scap.display().to_string());
+                    entry.shrunk_size = Some((l.slots(), max_tok));
+                    entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
+                    *rep.failures.last_mut().expect("just pushed") = entry;
+                }
+            }
+            if c.stop_on_failure {
+                return Ok(false);
+            }
         }
-        rep.elapsed_s = start.elapsed().as_secs_f64();
-        rep.cases_per_s = rep.cases as f64 / rep.elapsed_s.max(1e-9);
-        rep.margins = margins
+        rep.elapsed_s = self.start.elapsed().as_secs_f64();
+        progress(Progress {
+            report: rep,
+            fraction: Some(fraction),
+        });
+        Ok(true)
+    }
+
+    fn finish(mut self) -> Report {
+        self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
+        self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
+        self.rep.margins = std::mem::take(&mut self.margins)
             .into_iter()
             .map(|(k, v)| (k, percentiles(v)))
             .collect();
-        Ok(rep)
+        self.rep
     }
 }
 
@@ -260,12 +428,7 @@ fn percentiles(mut v: Vec<f64>) -> Percentiles {
 
 /// The one-line command that reproduces a capsule.
 pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
-    let mut cmd = format!("smallseq repro {}", capsule.display());
-    if backend != "cpu" {
-        cmd.push_str(&format!(" --backend {backend}"));
-    } else {
-        cmd.push_str(" --backend cpu");
-    }
+    let mut cmd = format!("smallseq repro {} --backend {backend}", capsule.display());
     if profile != "native" {
         cmd.push_str(&format!(" --profile {profile}"));
     }

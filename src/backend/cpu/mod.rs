@@ -279,6 +279,10 @@ impl Backend for CpuBackend {
         self.label.unwrap_or("cpu")
     }
 
+    fn concurrent_cases(&self) -> bool {
+        true
+    }
+
     fn provenance(&self) -> BTreeMap<String, String> {
         let mut p = BTreeMap::from([
             (
