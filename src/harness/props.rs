@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::wrapper::{self, BwdResult, FwdResult, RunOptions};
 use serde::Serialize;
 use smallseq_reference::{emulate, forward_backward, Dtype};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// The named properties.
@@ -511,13 +512,20 @@ impl<'a> Checker<'a> {
         let fb_out = fb.outputs();
         let (_, fb_js) = numeric(case, &fb_out, y);
         // Distances between the two paths, one per tensor, in the same order as the judgements.
-        // Where the reference lies past the dtype's limit, each path was judged against it
-        // (overflow rules included); one path overflowing there while the other, rounding dS
-        // with saturation like its emulation, stays finite is no disagreement.
+        // Where the reference lies within a path's threshold of the dtype's limit, each path
+        // was judged against it (overflow rules included: there an overflow is excused); one
+        // path overflowing there while the other, rounding dS with saturation like its
+        // emulation, stays finite is no disagreement.
         let limit = f64::from(case.config.dtype.max_finite());
+        let headroom: BTreeMap<&str, f64> = judgements
+            .iter()
+            .zip(&fb_js)
+            .map(|(a, b)| (a.tensor.as_str(), a.threshold.max(b.threshold)))
+            .collect();
+        let headroom = |t: &str| headroom.get(t).copied().unwrap_or(0.0);
         let (ss_cmp, fb_cmp) = (
-            past_limit_agreed(actual, &y.reference, limit),
-            past_limit_agreed(&fb_out, &y.reference, limit),
+            near_limit_agreed(actual, &y.reference, limit, headroom),
+            near_limit_agreed(&fb_out, &y.reference, limit, headroom),
         );
         let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
         let between_js = judge_all(
@@ -884,23 +892,31 @@ fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
 
 /// `out` with every o/dq/dk/dv element whose reference lies past `limit` replaced by the
 /// reference: such elements drop out of a comparison between two outputs.
-fn past_limit_agreed(out: &Outputs, reference: &Outputs, limit: f64) -> Outputs {
-    let fix = |a: &Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>| {
+/// `out` with each element whose reference lies within `headroom(tensor)` of the dtype's
+/// `limit` (or past it) replaced by the reference: where either path may overflow.
+fn near_limit_agreed(
+    out: &Outputs,
+    reference: &Outputs,
+    limit: f64,
+    headroom: impl Fn(&str) -> f64,
+) -> Outputs {
+    let fix = |name: &str, a: &Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>| {
+        let band = limit - headroom(name).max(0.0);
         a.as_ref().map(|a| match r {
             Some(r) => {
                 ndarray::Zip::from(a)
                     .and(r)
-                    .map_collect(|&x, &rv| if rv.abs() > limit { rv } else { x })
+                    .map_collect(|&x, &rv| if rv.abs() >= band { rv } else { x })
             }
             None => a.clone(),
         })
     };
     Outputs {
-        o: fix(&out.o, &reference.o),
+        o: fix("o", &out.o, &reference.o),
         lse: out.lse.clone(),
-        dq: fix(&out.dq, &reference.dq),
-        dk: fix(&out.dk, &reference.dk),
-        dv: fix(&out.dv, &reference.dv),
+        dq: fix("dq", &out.dq, &reference.dq),
+        dk: fix("dk", &out.dk, &reference.dk),
+        dv: fix("dv", &out.dv, &reference.dv),
     }
 }
 
@@ -990,19 +1006,34 @@ mod tests {
     }
 
     #[test]
-    fn past_limit_elements_drop_out_of_a_path_comparison() {
-        let t = |v: [f64; 3]| Some(Array3::from_shape_vec((1, 1, 3), v.to_vec()).unwrap());
+    fn near_limit_elements_drop_out_of_a_path_comparison() {
+        let t = |v: [f64; 4]| Some(Array3::from_shape_vec((1, 1, 4), v.to_vec()).unwrap());
         let reference = Outputs {
-            dq: t([1.0, 70000.0, -9e4]),
+            dq: t([1.0, 70000.0, -9e4, -63389.0]),
             ..Outputs::default()
         };
         let out = Outputs {
-            dq: t([1.5, 45440.0, f64::NEG_INFINITY]),
+            dq: t([1.5, 45440.0, f64::NEG_INFINITY, f64::NEG_INFINITY]),
             ..Outputs::default()
         };
-        let got = past_limit_agreed(&out, &reference, 65504.0).dq.unwrap();
-        // Inside the range the output is kept; past it both paths get the reference.
-        assert_eq!(got.as_slice().unwrap(), &[1.5, 70000.0, -9e4]);
-        assert!(past_limit_agreed(&out, &reference, 65504.0).o.is_none());
+        // Past the limit both paths get the reference; inside it the output is kept.
+        let got = near_limit_agreed(&out, &reference, 65504.0, |_| 0.0)
+            .dq
+            .unwrap();
+        assert_eq!(
+            got.as_slice().unwrap(),
+            &[1.5, 70000.0, -9e4, f64::NEG_INFINITY]
+        );
+        // Within the tensor's headroom of the limit (a path's overflow is excused there) too.
+        let got = near_limit_agreed(&out, &reference, 65504.0, |t| {
+            if t == "dq" {
+                2500.0
+            } else {
+                0.0
+            }
+        });
+        let dq = got.dq.unwrap();
+        assert_eq!(dq.as_slice().unwrap(), &[1.5, 70000.0, -9e4, -63389.0]);
+        assert!(got.o.is_none());
     }
 }
