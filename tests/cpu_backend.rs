@@ -27,3 +27,46 @@ fn cpu_backend_passes_every_property_on_random_cases() {
         "only {small_seq} cases took the small-seq path"
     );
 }
+
+/// Campaign cases whose f16 dS overflows in a row (large values, scale 3, D = 256): the
+/// device-faithful emulation and the CPU kernel both sum infinities into dQ, some of the
+/// opposite sign to the reference (CPU fuzz, seed 2032, cases 4871 and 13767). The kernel
+/// holding the emulation's own infinity is faithful, and the emulation's overflow must not make
+/// the whole tensor's threshold infinite.
+#[test]
+fn infinities_the_emulation_holds_are_no_error_and_keep_the_threshold_finite() {
+    use smallseq::harness::gen::draw_geometry_for;
+    use smallseq::harness::props::{oracle, Prop};
+    let be = CpuBackend::default();
+    let checker = Checker::isolated(&be);
+    for i in [4871, 13767] {
+        let cs = case_seed(2032, i);
+        let g = draw_geometry_for(&mut Rng::new(cs), checker.opts.profile);
+        let case = build(&g, cs ^ 0xda7a).unwrap();
+        // The generator still makes the case this test is about.
+        let y = oracle(&case).unwrap();
+        let (r, e) = (y.reference.dq.unwrap(), y.emulated.dq.unwrap());
+        let flipped = r
+            .iter()
+            .zip(&e)
+            .filter(|(r, e)| r.abs() < 65504.0 && e.is_infinite() && e.signum() != r.signum())
+            .count();
+        assert!(
+            flipped > 0,
+            "case {i}: no dQ infinity of the reference's opposite sign"
+        );
+        let run = checker.check(&case, cs).unwrap();
+        assert!(run.failures().is_empty(), "case {i}: {:?}", run.failures());
+        let dq = run.judgements.iter().find(|j| j.tensor == "dq").unwrap();
+        assert!(dq.threshold.is_finite(), "case {i}: {dq:?}");
+        let (_, na) = run
+            .outcomes
+            .iter()
+            .find(|(p, _)| *p == Prop::NumericAgreement)
+            .unwrap();
+        assert!(
+            matches!(na, smallseq::harness::props::Outcome::Pass),
+            "{na:?}"
+        );
+    }
+}
