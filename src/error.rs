@@ -53,3 +53,15 @@ impl Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The first line of a caught panic's message.
+pub(crate) fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}

@@ -269,7 +269,7 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
     );
     let text = stdout(&["--backend", "cpu"], &cap);
     assert!(
-        text.contains("provenance: same device and kernel build"),
+        text.contains("provenance: as the capsule's"),
         "{text}"
     );
     // The same outputs, said to come from another build: the rerun names the difference.

@@ -15,13 +15,12 @@ pub use super::launch::{
 use super::{Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::config::AttnConfig;
 use crate::dispatch::Arch;
-use crate::error::{Error, Result};
+use crate::error::{panic_text, Error, Result};
 use crate::workspace::names;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
     LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::Ptx;
 use ndarray::ArrayView3;
 use smallseq_reference::{Dtype, Layout};
 use std::collections::{BTreeMap, HashMap};
@@ -75,17 +74,6 @@ fn no_device(detail: impl Into<String>) -> Error {
         backend: "cuda".into(),
         detail: detail.into(),
     }
-}
-
-fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string()
 }
 
 impl CudaBackend {
@@ -175,14 +163,32 @@ impl CudaBackend {
                                 .unwrap_or_else(|p| Err(format!("NVRTC: {}", panic_text(p))))
                         })
                 });
-                let load = |name: &str, ptx: String| {
-                    self.ctx
-                        .load_module(Ptx::from_src(ptx))
-                        .map_err(|e| format!("loading {name}: {e}"))
+                let load = |(name, body): (&str, &str), ptx: Ptx| {
+                    let module = |text: String| {
+                        self.ctx
+                            .load_module(cudarc::nvrtc::Ptx::from_src(text))
+                            .map_err(|e| format!("loading {name}: {e}"))
+                    };
+                    match module(ptx.text) {
+                        // A cached entry the driver refuses (damaged on disk): compiled again,
+                        // and the entry replaced.
+                        Err(_) if ptx.cached => {
+                            let fresh = kernel_ptx_from(
+                                name,
+                                body,
+                                &self.arch_name,
+                                &self.defines,
+                                &self.cache,
+                                false,
+                            )?;
+                            module(fresh.text)
+                        }
+                        loaded => loaded,
+                    }
                 };
                 Ok(Modules {
-                    small: load(files[0].0, small?)?,
-                    fallback: load(files[1].0, fallback?)?,
+                    small: load(files[0], small?)?,
+                    fallback: load(files[1], fallback?)?,
                 })
             })
             .as_ref()
@@ -391,9 +397,6 @@ impl CudaBackend {
     }
 }
 
-/// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
-/// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
-/// without a rebuild.
 /// NVRTC's version, or why NVRTC cannot be used.
 fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
     let present = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
@@ -449,14 +452,31 @@ pub fn kernel_ptx(
     arch: &str,
     defines: &[String],
     cache: &KernelCache,
-) -> std::result::Result<String, String> {
+) -> std::result::Result<Ptx, String> {
+    kernel_ptx_from(name, body, arch, defines, cache, true)
+}
+
+/// The PTX of one kernel file, and whether it came from `cache`. `reuse = false` compiles
+/// regardless and replaces the entry: for one the driver would not load.
+fn kernel_ptx_from(
+    name: &str,
+    body: &str,
+    arch: &str,
+    defines: &[String],
+    cache: &KernelCache,
+    reuse: bool,
+) -> std::result::Result<Ptx, String> {
     let (major, minor) = nvrtc_version()?;
     let (src, options, key) = kernel_key(name, body, arch, defines, (major, minor));
     if let Some(ptx) = cache
         .load(name, key.as_bytes())
+        .filter(|_| reuse)
         .and_then(|b| String::from_utf8(b).ok())
     {
-        return Ok(ptx);
+        return Ok(Ptx {
+            text: ptx,
+            cached: true,
+        });
     }
     eprintln!(
         "smallseq: compiling {name} for {arch} with NVRTC {major}.{minor} ({})",
@@ -492,9 +512,22 @@ pub fn kernel_ptx(
             dir.display()
         );
     }
-    Ok(ptx)
+    Ok(Ptx {
+        text: ptx,
+        cached: false,
+    })
 }
 
+/// A kernel file's PTX text, and whether it came from the on-disk cache.
+#[derive(Debug)]
+pub struct Ptx {
+    pub text: String,
+    pub cached: bool,
+}
+
+/// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
+/// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
+/// without a rebuild.
 fn defines_from_env() -> Vec<String> {
     std::env::var("SMALLSEQ_KERNEL_DEFINES")
         .map(|v| v.split_whitespace().map(String::from).collect())
@@ -769,13 +802,18 @@ mod tests {
             (ptx, t.elapsed())
         };
         let (first, compile) = timed(&[]);
+        assert!(!first.cached);
         assert!(
-            first.contains(".entry fallback_fwd"),
+            first.text.contains(".entry fallback_fwd"),
             "not the fallback's PTX"
         );
         assert_eq!(entries(), 1);
         let (again, hit) = timed(&[]);
-        assert_eq!(again, first, "the cached PTX differs from the compiled one");
+        assert!(again.cached);
+        assert_eq!(
+            again.text, first.text,
+            "the cached PTX differs from the compiled one"
+        );
         assert_eq!(entries(), 1, "a hit stored a second entry");
         assert!(
             hit * 4 < compile,
@@ -783,10 +821,16 @@ mod tests {
         );
         // Another define is another key: compiled and kept beside the first.
         let (other, _) = timed(&["SMALLSEQ_CACHE_TEST=1".to_string()]);
+        assert!(!other.cached);
+        assert_eq!(entries(), 2);
+        // Refused by the driver: compiled again regardless, the entry replaced.
+        let fresh = kernel_ptx_from("fallback.cu", FALLBACK_CU, "sm_90", &[], &cache, false)
+            .expect("fallback.cu compiles");
+        assert!(!fresh.cached && fresh.text == first.text);
         assert_eq!(entries(), 2);
         println!(
             "fallback.cu: NVRTC {compile:?}, cache hit {hit:?}, {} B of PTX",
-            other.len()
+            other.text.len()
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The environment variable naming the cache directory (`off` disables the cache).
+/// The environment variable naming the cache directory (`off` or `0` disables the cache).
 pub const CACHE_ENV: &str = "SMALLSEQ_KERNEL_CACHE";
 /// Entries kept per directory; storing one more removes the least recently written.
 pub const MAX_ENTRIES: usize = 24;
@@ -34,7 +34,7 @@ impl KernelCache {
         KernelCache { dir }
     }
 
-    /// The cache the environment asks for: `SMALLSEQ_KERNEL_CACHE` (a directory, or `off`),
+    /// The cache the environment asks for: `SMALLSEQ_KERNEL_CACHE` (a directory, or `off`/`0`),
     /// else `$XDG_CACHE_HOME/smallseq/kernels`, else `$HOME/.cache/smallseq/kernels`.
     pub fn from_env() -> Self {
         Self::from_vars(|k| std::env::var_os(k))
@@ -69,10 +69,16 @@ impl KernelCache {
         Some(dir.join(format!("{stem}-{}{SUFFIX}", fingerprint(key))))
     }
 
-    /// The stored value for `key`, if a whole entry with exactly this key exists.
+    /// The stored value for `key`, if a whole entry with exactly this key exists. A hit
+    /// counts as a use: pruning removes the least recently used entries.
     pub fn load(&self, name: &str, key: &[u8]) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.entry_path(name, key)?).ok()?;
-        decode(&bytes, key)
+        let path = self.entry_path(name, key)?;
+        let value = decode(&std::fs::read(&path).ok()?, key)?;
+        let _ = std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        Some(value)
     }
 
     /// Stores `value` under `key` and prunes the directory to [`MAX_ENTRIES`].
@@ -131,17 +137,29 @@ fn decode(bytes: &[u8], key: &[u8]) -> Option<Vec<u8>> {
     (stored_key == key).then(|| value.to_vec())
 }
 
-/// Removes the oldest entries (by modification time) beyond `keep`.
+/// Removes the least recently used entries beyond `keep`, and temporary files a store that
+/// died left behind (older than an hour: a live store is seconds old).
 fn prune(dir: &Path, keep: usize) {
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = read
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == &SUFFIX[1..]))
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .collect();
+    let aged = |p: &Path| {
+        let m = std::fs::metadata(p).ok()?.modified().ok()?;
+        Some((m, m.elapsed().unwrap_or_default()))
+    };
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for p in read.filter_map(|e| e.ok()).map(|e| e.path()) {
+        let Some((modified, age)) = aged(&p) else {
+            continue;
+        };
+        match p.extension().and_then(|x| x.to_str()) {
+            Some(x) if x == &SUFFIX[1..] => entries.push((modified, p)),
+            Some("tmp") if age > std::time::Duration::from_secs(3600) => {
+                let _ = std::fs::remove_file(&p);
+            }
+            _ => {}
+        }
+    }
     if entries.len() <= keep {
         return;
     }
@@ -237,6 +255,46 @@ mod tests {
         assert_eq!(c.load("k.cu", b"key-0"), None, "the oldest went first");
         let newest = format!("key-{}", MAX_ENTRIES + 2);
         assert!(c.load("k.cu", newest.as_bytes()).is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_hit_is_a_use_and_dead_stores_are_swept() {
+        let c = temp_cache("lru");
+        let dir = c.dir().unwrap().to_path_buf();
+        let set_time = |p: &Path, secs: u64| {
+            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            std::fs::File::options()
+                .append(true)
+                .open(p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        for i in 0..MAX_ENTRIES {
+            let key = format!("key-{i}");
+            let path = c.store("k.cu", key.as_bytes(), b"v").expect("store");
+            set_time(&path, i as u64);
+        }
+        // The oldest entry is read: it is the newest use now.
+        assert!(c.load("k.cu", b"key-0").is_some());
+        let dead = dir.join(".k_cu-dead.1-0.tmp");
+        let live = dir.join(".k_cu-live.2-0.tmp");
+        std::fs::write(&dead, b"half").unwrap();
+        std::fs::write(&live, b"half").unwrap();
+        set_time(&dead, 0);
+        c.store("k.cu", b"key-new", b"v").expect("store");
+        assert!(
+            c.load("k.cu", b"key-0").is_some(),
+            "a used entry was pruned"
+        );
+        assert_eq!(
+            c.load("k.cu", b"key-1"),
+            None,
+            "the least recently used stays"
+        );
+        assert!(!dead.exists(), "an hour-old temporary file stays");
+        assert!(live.exists(), "a store in progress lost its file");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

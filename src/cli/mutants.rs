@@ -158,12 +158,13 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         args.out.join("mutants.json"),
         serde_json::to_string_pretty(&rows)?,
     )?;
-    Ok(if interrupted > 0 {
-        EXIT_INTERRUPTED
-    } else if killed == rows.len() {
-        0
-    } else {
+    // A survivor that ran its whole budget is a finding even when others were interrupted.
+    Ok(if killed + interrupted < rows.len() {
         1
+    } else if interrupted > 0 {
+        EXIT_INTERRUPTED
+    } else {
+        0
     })
 }
 

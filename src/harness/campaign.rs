@@ -8,9 +8,10 @@ use super::props::{CaseRun, Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
 use crate::case::Case;
-use crate::error::{Error, Result};
+use crate::error::{panic_text, Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -119,6 +120,15 @@ struct Checked {
     run: CaseRun,
 }
 
+/// Sets its flag when dropped: on every way out of the merging loop, unwinding included.
+struct HaltOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for HaltOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Cases a worker may run ahead of the merged ones, per job: bounds what waits in memory
 /// while the merging thread shrinks a failure.
 const AHEAD_PER_JOB: u64 = 4;
@@ -159,8 +169,9 @@ impl Campaign<'_> {
 
     /// Workers take case numbers in order and send their results; this thread merges them in
     /// order. Whatever ends the campaign (budget, `stop`, a failure with `stop_on_failure`,
-    /// an error) halts the workers; cases already started still finish and, when they follow
-    /// the last merged case without a gap, are merged, as one thread would have.
+    /// an error, a panic on either side) halts the workers; results of cases past the end are
+    /// dropped, as one thread would not have started them. A worker's panic is the error of
+    /// its case.
     fn run_parallel(
         &self,
         merge: &mut Merge,
@@ -177,7 +188,7 @@ impl Campaign<'_> {
                 let tx = tx.clone();
                 let (next, merged, halt) = (&next, &merged, &halt);
                 s.spawn(move || loop {
-                    if halt.load(Ordering::SeqCst) {
+                    if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::SeqCst);
@@ -190,22 +201,26 @@ impl Campaign<'_> {
                         }
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    if tx.send((i, self.check_case(i))).is_err() {
+                    let checked = catch_unwind(AssertUnwindSafe(|| self.check_case(i)))
+                        .unwrap_or_else(|p| {
+                            Err(Error::Backend {
+                                backend: self.checker.backend.name().into(),
+                                detail: format!("case {i} panicked: {}", panic_text(p)),
+                            })
+                        });
+                    if tx.send((i, checked)).is_err() {
                         break;
                     }
                 });
             }
             drop(tx);
+            // A panic while merging (a shrink, a capsule write) must still release the workers.
+            let _release = HaltOnDrop(&halt);
             let mut pending: BTreeMap<u64, Result<Checked>> = BTreeMap::new();
             let mut outcome = Ok(());
             let mut merging = true;
-            let halt_if = |why: bool| {
-                if why {
-                    halt.store(true, Ordering::SeqCst);
-                }
-            };
             loop {
-                halt_if(merging && merge.halt_before(merged.load(Ordering::SeqCst), stop));
+                merging = merging && !merge.halt_before(merged.load(Ordering::SeqCst), stop);
                 while merging {
                     let i = merged.load(Ordering::SeqCst);
                     let Some(checked) = pending.remove(&i) else {
@@ -214,7 +229,7 @@ impl Campaign<'_> {
                     match merge.take(i, checked, stop, progress) {
                         Ok(true) => {
                             merged.store(i + 1, Ordering::SeqCst);
-                            halt_if(merge.halt_before(i + 1, stop));
+                            merging = !merge.halt_before(i + 1, stop);
                         }
                         Ok(false) => merging = false,
                         Err(e) => {
@@ -222,7 +237,9 @@ impl Campaign<'_> {
                             merging = false;
                         }
                     }
-                    halt_if(!merging);
+                }
+                if !merging {
+                    halt.store(true, Ordering::SeqCst);
                 }
                 match rx.recv_timeout(Duration::from_millis(20)) {
                     Ok((i, r)) => {
@@ -365,8 +382,14 @@ impl Merge<'_, '_> {
                 fraction: Some(fraction),
             });
             if !c.shrink_budget.is_zero() {
-                let (small, _) = shrink(&c.checker, &case, first.prop, c.shrink_budget, stop);
-                if let Ok(srun) = c.checker.check(&small, 0) {
+                let (small, steps) = shrink(&c.checker, &case, first.prop, c.shrink_budget, stop);
+                // No step (nothing smaller fails, or `stop` came first): no second capsule.
+                let srun = if steps > 0 {
+                    c.checker.check(&small, 0).ok()
+                } else {
+                    None
+                };
+                if let Some(srun) = srun {
                     let scap = self
                         .capsules
                         .join(name.replace(".safetensors", "-shrunk.safetensors"));

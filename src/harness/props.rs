@@ -523,10 +523,7 @@ impl<'a> Checker<'a> {
             .map(|(a, b)| (a.tensor.as_str(), a.threshold.max(b.threshold)))
             .collect();
         let headroom = |t: &str| headroom.get(t).copied().unwrap_or(0.0);
-        let (ss_cmp, fb_cmp) = (
-            near_limit_agreed(actual, &y.reference, limit, headroom),
-            near_limit_agreed(&fb_out, &y.reference, limit, headroom),
-        );
+        let (ss_cmp, fb_cmp) = near_limit_agreed(actual, &fb_out, &y.reference, limit, headroom);
         let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
         let between_js = judge_all(
             &ss_cmp,
@@ -892,32 +889,54 @@ fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
 
 /// `out` with every o/dq/dk/dv element whose reference lies past `limit` replaced by the
 /// reference: such elements drop out of a comparison between two outputs.
-/// `out` with each element whose reference lies within `headroom(tensor)` of the dtype's
-/// `limit` (or past it) replaced by the reference: where either path may overflow.
+/// Both paths' outputs with the reference in place of each element where it lies past the
+/// dtype's `limit` (neither path is judged there), or where one path is not finite and it lies
+/// within `headroom(tensor)` of the limit (either path may overflow there); other finite pairs
+/// are compared as they are.
 fn near_limit_agreed(
-    out: &Outputs,
+    a: &Outputs,
+    b: &Outputs,
     reference: &Outputs,
     limit: f64,
     headroom: impl Fn(&str) -> f64,
-) -> Outputs {
-    let fix = |name: &str, a: &Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>| {
+) -> (Outputs, Outputs) {
+    type T = Option<ndarray::Array3<f64>>;
+    let fix = |name: &str, x: &T, y: &T, r: &T| -> (T, T) {
         let band = limit - headroom(name).max(0.0);
-        a.as_ref().map(|a| match r {
-            Some(r) => {
-                ndarray::Zip::from(a)
+        match (x, y, r) {
+            (Some(x), Some(y), Some(r)) => {
+                let (mut x, mut y) = (x.clone(), y.clone());
+                ndarray::Zip::from(&mut x)
+                    .and(&mut y)
                     .and(r)
-                    .map_collect(|&x, &rv| if rv.abs() >= band { rv } else { x })
+                    .for_each(|x, y, &rv| {
+                        let overflowed = !x.is_finite() || !y.is_finite();
+                        if rv.abs() > limit || (overflowed && rv.abs() >= band) {
+                            (*x, *y) = (rv, rv);
+                        }
+                    });
+                (Some(x), Some(y))
             }
-            None => a.clone(),
-        })
+            _ => (x.clone(), y.clone()),
+        }
     };
-    Outputs {
-        o: fix("o", &out.o, &reference.o),
-        lse: out.lse.clone(),
-        dq: fix("dq", &out.dq, &reference.dq),
-        dk: fix("dk", &out.dk, &reference.dk),
-        dv: fix("dv", &out.dv, &reference.dv),
-    }
+    let (o, dq, dk, dv) = (
+        fix("o", &a.o, &b.o, &reference.o),
+        fix("dq", &a.dq, &b.dq, &reference.dq),
+        fix("dk", &a.dk, &b.dk, &reference.dk),
+        fix("dv", &a.dv, &b.dv, &reference.dv),
+    );
+    let side = |o: T, dq: T, dk: T, dv: T, lse: &Option<ndarray::Array2<f64>>| Outputs {
+        o,
+        lse: lse.clone(),
+        dq,
+        dk,
+        dv,
+    };
+    (
+        side(o.0, dq.0, dk.0, dv.0, &a.lse),
+        side(o.1, dq.1, dk.1, dv.1, &b.lse),
+    )
 }
 
 #[cfg(test)]
@@ -1006,34 +1025,33 @@ mod tests {
     }
 
     #[test]
-    fn near_limit_elements_drop_out_of_a_path_comparison() {
+    fn near_limit_overflows_drop_out_of_a_path_comparison() {
         let t = |v: [f64; 4]| Some(Array3::from_shape_vec((1, 1, 4), v.to_vec()).unwrap());
+        let dq = |o: &Outputs| o.dq.as_ref().unwrap().as_slice().unwrap().to_vec();
         let reference = Outputs {
             dq: t([1.0, 70000.0, -9e4, -63389.0]),
             ..Outputs::default()
         };
-        let out = Outputs {
-            dq: t([1.5, 45440.0, f64::NEG_INFINITY, f64::NEG_INFINITY]),
+        let ss = Outputs {
+            dq: t([1.5, 45440.0, -65504.0, -47072.0]),
             ..Outputs::default()
         };
-        // Past the limit both paths get the reference; inside it the output is kept.
-        let got = near_limit_agreed(&out, &reference, 65504.0, |_| 0.0)
-            .dq
-            .unwrap();
-        assert_eq!(
-            got.as_slice().unwrap(),
-            &[1.5, 70000.0, -9e4, f64::NEG_INFINITY]
-        );
+        let fb = Outputs {
+            dq: t([1.25, 60000.0, f64::NEG_INFINITY, f64::NEG_INFINITY]),
+            ..Outputs::default()
+        };
+        // Past the limit both get the reference; inside it the outputs stay.
+        let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
+        assert_eq!(dq(&a), [1.5, 70000.0, -9e4, -47072.0]);
+        assert_eq!(dq(&b), [1.25, 70000.0, -9e4, f64::NEG_INFINITY]);
         // Within the tensor's headroom of the limit (a path's overflow is excused there) too.
-        let got = near_limit_agreed(&out, &reference, 65504.0, |t| {
-            if t == "dq" {
-                2500.0
-            } else {
-                0.0
-            }
-        });
-        let dq = got.dq.unwrap();
-        assert_eq!(dq.as_slice().unwrap(), &[1.5, 70000.0, -9e4, -63389.0]);
-        assert!(got.o.is_none());
+        let headroom = |t: &str| if t == "dq" { 2500.0 } else { 0.0 };
+        let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, headroom);
+        assert_eq!(dq(&a), [1.5, 70000.0, -9e4, -63389.0]);
+        assert_eq!(dq(&b), [1.25, 70000.0, -9e4, -63389.0]);
+        // Finite on both sides within the headroom: compared as they are.
+        let (a, _) = near_limit_agreed(&ss, &ss, &reference, 65504.0, headroom);
+        assert_eq!(dq(&a), [1.5, 70000.0, -9e4, -47072.0]);
+        assert!(a.o.is_none() && b.o.is_none());
     }
 }

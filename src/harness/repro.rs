@@ -123,17 +123,20 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
             }
         }
     }
-    let differs = provenance_differences(
+    let provenance = compare_provenance(
         case.meta.get(PROVENANCE).map(String::as_str),
         &checker.backend.provenance(),
     );
-    match &differs {
-        None => d.say("provenance: the capsule records none".into()),
-        Some(v) if v.is_empty() => {
-            d.say("provenance: same device and kernel build as the capsule's".into())
+    match &provenance {
+        Provenance::Missing => d.say("provenance: the capsule records none".into()),
+        Provenance::Unreadable(e) => {
+            d.say(format!("provenance: the capsule's is unreadable ({e})"))
         }
-        Some(v) => {
-            for line in v {
+        Provenance::Same => {
+            d.say("provenance: as the capsule's (device, driver, compiler, kernel build)".into())
+        }
+        Provenance::Differs(lines) => {
+            for line in lines {
                 d.say(format!("provenance differs: {line}"));
             }
         }
@@ -142,48 +145,62 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
         let same = run
             .outputs
             .bitwise_eq(&restrict(&run.outputs, &case.outputs));
-        let why = match (same, differs.as_ref().map(Vec::is_empty)) {
+        let why = match (same, &provenance) {
             (true, _) => "bitwise equal",
-            (false, Some(true)) => {
-                "NOT bitwise equal, on the same device and build: nondeterminism (a race, \
-                 an uninitialised read) or a flaky device"
+            (false, Provenance::Same) => {
+                "NOT bitwise equal, with the same recorded provenance: nondeterminism (a race, \
+                 an uninitialised read), a flaky device, or host code changed since"
             }
-            (false, Some(false)) => {
+            (false, Provenance::Differs(_)) => {
                 "NOT bitwise equal; the device or kernel build differs (above), which can \
                  explain it"
             }
-            (false, None) => "NOT bitwise equal",
+            (false, _) => "NOT bitwise equal",
         };
         d.say(format!("new outputs are {why} to the stored ones"));
     }
     Ok(d)
 }
 
-/// How the capsule's provenance (`smallseq.provenance`, JSON) differs from `now`: one
-/// `key: capsule A, now B` line per differing entry; empty when they agree; `None` when the
-/// capsule records none (or an unreadable one, which is said).
-pub fn provenance_differences(
-    stored: Option<&str>,
-    now: &BTreeMap<String, String>,
-) -> Option<Vec<String>> {
-    let stored: BTreeMap<String, String> = match serde_json::from_str(stored?) {
+/// How a capsule's recorded provenance compares with the rerun backend's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// The capsule records none (written before provenance was recorded).
+    Missing,
+    /// The record is not a JSON object of strings.
+    Unreadable(String),
+    Same,
+    /// One `key: capsule A, now B` line per differing entry.
+    Differs(Vec<String>),
+}
+
+/// Compares the capsule's provenance (`smallseq.provenance`, JSON) with `now`.
+pub fn compare_provenance(stored: Option<&str>, now: &BTreeMap<String, String>) -> Provenance {
+    let Some(stored) = stored else {
+        return Provenance::Missing;
+    };
+    let stored: BTreeMap<String, String> = match serde_json::from_str(stored) {
         Ok(m) => m,
-        Err(e) => return Some(vec![format!("the capsule's record is unreadable ({e})")]),
+        Err(e) => return Provenance::Unreadable(e.to_string()),
     };
     let keys: BTreeSet<&String> = stored.keys().chain(now.keys()).collect();
     let shown = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("{v:?}"));
-    Some(
-        keys.into_iter()
-            .filter(|k| stored.get(*k) != now.get(*k))
-            .map(|k| {
-                format!(
-                    "{k}: capsule {}, now {}",
-                    shown(stored.get(k)),
-                    shown(now.get(k))
-                )
-            })
-            .collect(),
-    )
+    let lines: Vec<String> = keys
+        .into_iter()
+        .filter(|k| stored.get(*k) != now.get(*k))
+        .map(|k| {
+            format!(
+                "{k}: capsule {}, now {}",
+                shown(stored.get(k)),
+                shown(now.get(k))
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        Provenance::Same
+    } else {
+        Provenance::Differs(lines)
+    }
 }
 
 /// The stored outputs, limited to the tensors the rerun produced.
@@ -209,19 +226,21 @@ mod tests {
     }
 
     #[test]
-    fn provenance_differences_name_each_changed_entry() {
-        assert_eq!(provenance_differences(None, &now()), None);
+    fn provenance_comparison_names_each_changed_entry() {
+        assert_eq!(compare_provenance(None, &now()), Provenance::Missing);
         let same = r#"{"device":"NVIDIA H200","kernels":"00ff"}"#;
-        assert_eq!(provenance_differences(Some(same), &now()), Some(vec![]));
+        assert_eq!(compare_provenance(Some(same), &now()), Provenance::Same);
         let other = r#"{"device":"NVIDIA H100","driver":"13.0","kernels":"00ff"}"#;
         assert_eq!(
-            provenance_differences(Some(other), &now()),
-            Some(vec![
+            compare_provenance(Some(other), &now()),
+            Provenance::Differs(vec![
                 r#"device: capsule "NVIDIA H100", now "NVIDIA H200""#.to_string(),
                 r#"driver: capsule "13.0", now (none)"#.to_string(),
             ])
         );
-        let bad = provenance_differences(Some("[1,2]"), &now()).unwrap();
-        assert!(bad[0].contains("unreadable"), "{bad:?}");
+        assert!(matches!(
+            compare_provenance(Some("[1,2]"), &now()),
+            Provenance::Unreadable(_)
+        ));
     }
 }
