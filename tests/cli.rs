@@ -268,10 +268,7 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
         "{text}"
     );
     let text = stdout(&["--backend", "cpu"], &cap);
-    assert!(
-        text.contains("provenance: as the capsule's"),
-        "{text}"
-    );
+    assert!(text.contains("provenance: as the capsule's"), "{text}");
     // The same outputs, said to come from another build: the rerun names the difference.
     let mut c = read_case(&cap).unwrap();
     c.meta.insert(
