@@ -78,3 +78,17 @@ fn one_path_overflowing_next_to_the_limit_is_no_path_disagreement() {
     assert!(matches!(fe, Outcome::Pass), "{fe:?}");
     assert!(run.failures().is_empty(), "{:?}", run.failures());
 }
+
+/// A bf16 case whose dK sits at the type's smallest normal, 1.2e-38 (CPU fuzz, seed 2036,
+/// case 45052): the mixed-path backward (small-seq LSE, fallback kernel) lands 6.5 subnormal
+/// spacings from the reference, where precision is absolute; a threshold relative to the
+/// magnitude alone read that as a failure.
+#[test]
+fn subnormal_gradients_are_judged_in_subnormal_spacings() {
+    use smallseq::backend::cpu::CpuBackend;
+    use smallseq::harness::props::Checker;
+    let case = capsule("cpu-bf16-dk-subnormal-mixed-path.safetensors");
+    let be = CpuBackend::default();
+    let run = Checker::isolated(&be).check(&case, 0).unwrap();
+    assert!(run.failures().is_empty(), "{:?}", run.failures());
+}

@@ -56,6 +56,16 @@ impl Dtype {
         }
     }
 
+    /// Smallest positive value: the spacing of the subnormal range, where precision is
+    /// absolute, not relative.
+    pub fn smallest_subnormal(self) -> f64 {
+        match self {
+            Dtype::Bf16 => 2f64.powi(-133),
+            Dtype::F16 => 2f64.powi(-24),
+            Dtype::F32 => 2f64.powi(-149),
+        }
+    }
+
     /// Largest finite value.
     pub fn max_finite(self) -> f32 {
         match self {

@@ -27,7 +27,8 @@ use smallseq_reference::Dtype;
 
 /// Multiplier on the emulation's error.
 pub const K: f64 = 4.0;
-/// Noise floor, in units of `u * magnitude`.
+/// Noise floor, in units of `u * magnitude`, plus as many of the stored type's smallest
+/// subnormal (where values are subnormal, precision is absolute).
 pub const FLOOR: f64 = 4.0;
 
 /// The element where a tensor's error is largest.
@@ -141,6 +142,8 @@ pub struct Triple<'a> {
     pub min_magnitude: f64,
     /// Largest finite value of the stored type.
     pub max_finite: f64,
+    /// Smallest positive value of the stored type.
+    pub min_spacing: f64,
     /// Per-element rounding allowance of the kernel's error (dq and dk).
     pub allowance: Option<ArrayD<f64>>,
 }
@@ -150,7 +153,7 @@ pub fn judge(t: &Triple) -> Judgement {
     let mag = magnitude(&t.reference, t.valid)
         .min(t.max_finite)
         .max(t.min_magnitude);
-    let floor = FLOOR * t.unit * mag;
+    let floor = FLOOR * (t.unit * mag + t.min_spacing);
     // The yardstick's own overflows are no error of it (it is its own yardstick): an
     // intermediate past the dtype's range would otherwise make its error, and the threshold,
     // infinite for the whole tensor. There the kernel must hold the same infinity, or be
@@ -264,6 +267,11 @@ pub fn judge_all(
                 } else {
                     f64::from(dtype.max_finite())
                 },
+                min_spacing: if name == "lse" {
+                    Dtype::F32.smallest_subnormal()
+                } else {
+                    dtype.smallest_subnormal()
+                },
                 allowance,
             }));
         }
@@ -352,8 +360,24 @@ mod tests {
             unit: dtype.unit_roundoff(),
             min_magnitude: 0.0,
             max_finite: f64::from(dtype.max_finite()),
+            min_spacing: dtype.smallest_subnormal(),
             allowance: allowance.map(|a| arr3(&[[[a]]]).into_dyn()),
         })
+    }
+
+    #[test]
+    fn subnormal_outputs_get_a_few_subnormal_spacings() {
+        // bf16 dK at its smallest normal (CPU fuzz seed 2036, case 45052, mixed-path
+        // backward): 6.5 subnormal spacings off, the emulation 0.8.
+        let spacing = Dtype::Bf16.smallest_subnormal();
+        let (r, e) = (
+            -1.2171821268948917e-38,
+            -1.2171821268948917e-38 + 0.77 * spacing,
+        );
+        let j = one_element(Dtype::Bf16, -1.1571272515906893e-38, r, e, None);
+        assert!(j.passed(), "{j:?}");
+        // Ten spacings are still an error.
+        assert!(!one_element(Dtype::Bf16, r + 10.0 * spacing, r, e, None).passed());
     }
 
     #[test]
