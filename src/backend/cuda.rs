@@ -30,6 +30,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 const PORTABLE_H: &str = include_str!("../../kernels/portable.h");
 const SMALL_SEQ_CU: &str = include_str!("../../kernels/small_seq.cu");
 const FALLBACK_CU: &str = include_str!("../../kernels/fallback.cu");
+/// The kernel files a module is built from, by name, in module order (small-seq, fallback).
+const KERNEL_FILES: [(&str, &str); 2] =
+    [("small_seq.cu", SMALL_SEQ_CU), ("fallback.cu", FALLBACK_CU)];
 
 fn backend_err(detail: impl Into<String>) -> Error {
     Error::Backend {
@@ -138,7 +141,7 @@ impl CudaBackend {
 
     /// One fingerprint of both kernel files' cache keys (sources, options, defines, NVRTC).
     fn kernel_fingerprint(&self, nvrtc: (i32, i32)) -> String {
-        let keys: Vec<String> = [("small_seq.cu", SMALL_SEQ_CU), ("fallback.cu", FALLBACK_CU)]
+        let keys: Vec<String> = KERNEL_FILES
             .iter()
             .map(|(name, body)| kernel_key(name, body, &self.arch_name, &self.defines, nvrtc).2)
             .collect();
@@ -150,7 +153,7 @@ impl CudaBackend {
             .get_or_init(|| {
                 // NVRTC compiles the two files in parallel (a miss costs tens of seconds);
                 // the modules load on this thread, the context's.
-                let files = [("small_seq.cu", SMALL_SEQ_CU), ("fallback.cu", FALLBACK_CU)];
+                let files = KERNEL_FILES;
                 let [small, fallback] = std::thread::scope(|s| {
                     files
                         .map(|(name, body)| {
@@ -468,9 +471,9 @@ fn kernel_ptx_from(
 ) -> std::result::Result<Ptx, String> {
     let (major, minor) = nvrtc_version()?;
     let (src, options, key) = kernel_key(name, body, arch, defines, (major, minor));
-    if let Some(ptx) = cache
-        .load(name, key.as_bytes())
-        .filter(|_| reuse)
+    if let Some(ptx) = reuse
+        .then(|| cache.load(name, key.as_bytes()))
+        .flatten()
         .and_then(|b| String::from_utf8(b).ok())
     {
         return Ok(Ptx {
