@@ -12,10 +12,10 @@
 # fuzzbg fuzzwait (default: all but variants, stalls, fuzzbg and fuzzwait; VARIANTS lists the
 # variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
 # seed, 2027 by default; FUZZ_VARIANTS the campaigns `fuzzbg` starts side by side, one per
-# variant, `default` for the shipped build). Results go to OUT_DIR (log.txt, bench.json,
-# peers.json, calibrate.json, ncu-stalls.txt, fuzz-report.json, fuzz-summary.md,
-# capsules.tar.gz, proptest-capsules.tar.gz; the Nth further campaign's fuzz files end in -N):
-# at most 8 files per call, the tool's limit.
+# variant, `default` for the shipped build, `seed=N` in a variant for its own seed). Results go
+# to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json, ncu-stalls.txt, fuzz-report.json,
+# fuzz-summary.md, capsules.tar.gz, proptest-capsules.tar.gz; the Nth further campaign's fuzz
+# files end in -N): at most 8 files per call, the tool's limit.
 set -u
 bin=$1 out=$2 fuzz_time=$3
 shift 3
@@ -41,7 +41,7 @@ run() { # limit, command...
   echo "-> exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 # The campaign of the fuzz stages, and what of it comes back.
-fuzz_args=(fuzz --backend cuda --seed "${FUZZ_SEED:-2027}" --shrink-time 3s)
+fuzz_args=(fuzz --backend cuda --shrink-time 3s)
 secs() { # 2h, 1.5m, 300s or 300 -> whole seconds (the fuzz CLI's duration forms)
   awk -v d="$1" 'BEGIN { u = substr(d, length(d)); m = u == "h" ? 3600 : u == "m" ? 60 : 1
                          printf "%d\n", (d + 0) * m }'
@@ -53,13 +53,19 @@ collect_fuzz() { # [SUFFIX]: the campaign in /tmp/fuzzSUFFIX
   tar czf "$out/capsules${1:-}.tar.gz" -C "$d" . 2>/dev/null
 }
 # A variant is a comma list: SMALLSEQ_* entries are environment settings (SMALLSEQ_SS_WAVES=0),
-# the others kernel defines (SS_SKIP_DEAD_TILES=3); `default` is the shipped build.
-split_variant() { # VARIANT -> arrays envs (NAME=VALUE) and defs
-  envs=() defs=()
+# seed=N a fuzz campaign's own seed, the others kernel defines (SS_SKIP_DEAD_TILES=3);
+# `default` is the shipped build.
+split_variant() { # VARIANT -> arrays envs (NAME=VALUE) and defs, and seed (may be empty)
+  envs=() defs=() seed=
   local parts p
   IFS=, read -r -a parts <<< "$1"
   for p in "${parts[@]}"; do
-    case $p in default) ;; SMALLSEQ_*) envs+=("$p") ;; *) defs+=("$p") ;; esac
+    case $p in
+      default) ;;
+      seed=*) seed=${p#seed=} ;;
+      SMALLSEQ_*) envs+=("$p") ;;
+      *) defs+=("$p") ;;
+    esac
   done
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
@@ -126,7 +132,7 @@ for s in $stages; do
       for v in ${FUZZ_VARIANTS:-default}; do
         sfx=$([ $i -gt 0 ] && echo "-$i")
         split_variant "$v"
-        args=("${fuzz_args[@]}" --out "/tmp/fuzz$sfx")
+        args=("${fuzz_args[@]}" --seed "${seed:-${FUZZ_SEED:-2027}}" --out "/tmp/fuzz$sfx")
         echo "\$ setsid env ${envs[*]} SMALLSEQ_KERNEL_DEFINES='${defs[*]}' $ss ${args[*]} --time $fuzz_time" | tee -a "$log"
         # The campaign writes its own pid (setsid forks when the shell leads a process group).
         setsid sh -c 'echo $$ > "$0"; exec "$@"' "/tmp/fuzz$sfx.pid" env "${envs[@]}" \
@@ -163,7 +169,8 @@ for s in $stages; do
       if [ "$t" -lt 10 ]; then
         echo "SKIP (session time): fuzz" | tee -a "$log"
       else
-        run $((t + 40)) "$ss" "${fuzz_args[@]}" --out /tmp/fuzz --time "${t}s"
+        run $((t + 40)) "$ss" "${fuzz_args[@]}" --seed "${FUZZ_SEED:-2027}" --out /tmp/fuzz \
+          --time "${t}s"
       fi
       collect_fuzz ;;
     *) echo "unknown stage $s" | tee -a "$log" ;;

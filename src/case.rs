@@ -27,6 +27,26 @@ impl Outputs {
             && self.dv.is_none()
     }
 
+    /// The `[T, heads, D]` tensors by name: o, dq, dk, dv.
+    pub fn rows3(&self) -> [(&'static str, Option<&Array3<f64>>); 4] {
+        [
+            ("o", self.o.as_ref()),
+            ("dq", self.dq.as_ref()),
+            ("dk", self.dk.as_ref()),
+            ("dv", self.dv.as_ref()),
+        ]
+    }
+
+    /// [`Outputs::rows3`], mutable.
+    pub fn rows3_mut(&mut self) -> [(&'static str, &mut Option<Array3<f64>>); 4] {
+        [
+            ("o", &mut self.o),
+            ("dq", &mut self.dq),
+            ("dk", &mut self.dk),
+            ("dv", &mut self.dv),
+        ]
+    }
+
     /// Bitwise equality (NaN payloads included), tensor by tensor.
     pub fn bitwise_eq(&self, other: &Outputs) -> bool {
         fn eq<D: ndarray::Dimension>(

@@ -12,6 +12,7 @@ pub mod props;
 pub mod repro;
 pub mod rng;
 pub mod shrink;
+pub mod subnormal;
 pub mod te625;
 pub mod tolerance;
 pub mod transform;

@@ -145,19 +145,20 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
         let same = run
             .outputs
             .bitwise_eq(&restrict(&run.outputs, &case.outputs));
-        let why = match (same, &provenance) {
-            (true, _) => "bitwise equal",
+        let verdict = match (same, &provenance) {
+            (true, _) => "new outputs are bitwise equal to the stored ones",
             (false, Provenance::Same) => {
-                "NOT bitwise equal, with the same recorded provenance: nondeterminism (a race, \
-                 an uninitialised read), a flaky device, or host code changed since"
+                "new outputs are NOT bitwise equal to the stored ones, with the same recorded \
+                 provenance: nondeterminism (a race, an uninitialised read), a flaky device, or \
+                 host code changed since"
             }
             (false, Provenance::Differs(_)) => {
-                "NOT bitwise equal; the device or kernel build differs (above), which can \
-                 explain it"
+                "new outputs are NOT bitwise equal to the stored ones; the device or kernel \
+                 build differs (above), which can explain it"
             }
-            (false, _) => "NOT bitwise equal",
+            (false, _) => "new outputs are NOT bitwise equal to the stored ones",
         };
-        d.say(format!("new outputs are {why} to the stored ones"));
+        d.say(verdict.into());
     }
     Ok(d)
 }
