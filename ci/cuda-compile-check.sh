@@ -4,7 +4,7 @@
 # prints ptxas's registers, stack and spills per kernel. NVRTC and ptxas come from PyPI
 # (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12), unpacked once into target/cuda-tools.
 # Fails on a compile error, or on a small-seq kernel of the shipped build (no mutant define)
-# that spills more than 4 bytes. Also runs the CUDA backend's unit tests, which need
+# that spills more than 36 bytes. Also runs the CUDA backend's unit tests, which need
 # `--features cuda` and NVRTC (the kernel cache's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +29,12 @@ for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_
   python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"
   if [ -z "$defines" ]; then sort -k1,1 "$out.log" | grep regs; fi
   tail -1 "$out.log"
-  # The small-seq kernels may spill at most 4 bytes (one register: SS_XYT_UNROLL=2 at the
-  # occupancy SS_FWD_BLOCKS/SS_BWD_BLOCKS ask for, measured faster than no spill, NOTES v5).
-  # Only the shipped build is held to it: a mutant build only has to compile and run.
-  if [ -z "$defines" ] && awk '$1 ~ /^small_seq_/ && $(NF-1) == "spill" && $NF + 0 > 4 { bad = 1 }
+  # The small-seq kernels may spill at most 36 bytes: the forward's at d128/d256 with the dead
+  # key tile skipped (SS_SKIP_DEAD_TILES=3, 28-36 bytes with ptxas 12.9), measured faster than
+  # its 4-byte spill without the skip (NOTES v6). More is a regression to look at. Only the
+  # shipped build is held to it: a mutant build only has to compile and run.
+  if [ -z "$defines" ] && awk '$1 ~ /^small_seq_/ && $(NF-1) == "spill" && $NF + 0 > 36 { bad = 1 }
                              END { exit !bad }' "$out.log"; then
-    echo "FAIL: a small-seq kernel spills more than 4 bytes ($defines)"; exit 1
+    echo "FAIL: a small-seq kernel spills more than 36 bytes ($defines)"; exit 1
   fi
 done

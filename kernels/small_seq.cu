@@ -43,14 +43,23 @@
 // query 16 and key tile 2 keys 16-23, dead for slots of at most 16 tokens per side (a
 // warp-uniform test). Scores of a dead tile stay the zeros ss_xyt left there, which pack to
 // P = 0 and dS = 0, and stay out of the row's max and sum. Bit 0 skips the dead row tile, bit
-// 1 the dead key tile (3: both, measured faster on the H200, bench/NOTES.md v6; the key tile's
-// skip costs the forward 12-32 bytes of spill at d128/d256). Off by default until fuzzed there.
-#ifndef SS_SKIP_DEAD_TILES
-#define SS_SKIP_DEAD_TILES 0
+// 1 the dead key tile; SS_SKIP_DEAD_TILES sets both directions. Both bits in both directions
+// is the default: faster than neither everywhere on the H200, and fuzzed there (bench/NOTES.md
+// v7). The forward was faster still with the row tile's skip alone (SS_SKIP_DEAD_FWD=1, 3-7 %:
+// the key tile's skip spills 28-36 bytes at d128/d256), which waits for its own device fuzz.
+#ifdef SS_SKIP_DEAD_TILES
+#define SS_SKIP_DEAD_FWD SS_SKIP_DEAD_TILES
+#define SS_SKIP_DEAD_BWD SS_SKIP_DEAD_TILES
 #endif
-#define SS_DEAD(it, mt, nt)                                    \
-  (((SS_SKIP_DEAD_TILES & 1) && (mt) == 1 && (it).lq <= 16) || \
-   ((SS_SKIP_DEAD_TILES & 2) && (nt) == 2 && (it).lk <= 16))
+#ifndef SS_SKIP_DEAD_FWD
+#define SS_SKIP_DEAD_FWD 3
+#endif
+#ifndef SS_SKIP_DEAD_BWD
+#define SS_SKIP_DEAD_BWD 3
+#endif
+#define SS_DEAD_IN(bits, it, mt, nt)               \
+  ((((bits) & 1) && (mt) == 1 && (it).lq <= 16) || \
+   (((bits) & 2) && (nt) == 2 && (it).lk <= 16))
 #define SS_PRAGMA(x) _Pragma(#x)
 #define SS_UNROLL(n) SS_PRAGMA(unroll n)
 #ifdef PT_CUDA
@@ -268,14 +277,14 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD(it, mt, 0)) continue;
+      if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, 0)) continue;
       const int row = mt * 16 + hh * 8 + g;
       float mx = ninf;
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (SS_DEAD(it, mt, nt)) continue;
+          if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, nt)) continue;
           const int key = nt * 8 + 2 * t + e;
           float x = ss_scaled(s[mt][nt][hh * 2 + e], scale);
           x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
@@ -288,7 +297,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (SS_DEAD(it, mt, nt)) continue;
+          if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, nt)) continue;
           float x = s[mt][nt][hh * 2 + e];
           float ex = x == ninf ? 0.f : pt_exp(x - mx);
           s[mt][nt][hh * 2 + e] = ex;
@@ -300,7 +309,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (SS_DEAD(it, mt, nt)) continue;
+          if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, nt)) continue;
           float ex = s[mt][nt][hh * 2 + e];
           s[mt][nt][hh * 2 + e] = sum > 0.f ? ex * rcp : 0.f;
         }
@@ -349,7 +358,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD(it, mt, 0)) continue;
+      if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, 0)) continue;
       const int row = mt * 16 + hh * 8 + g;
       const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
       float dsum = 0.f;
@@ -357,7 +366,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (SS_DEAD(it, mt, nt)) continue;
+          if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, nt)) continue;
           const int key = nt * 8 + 2 * t + e;
           const bool vis = ss_visible(row, key, it.lq, it.lk, mask) && lr != ninf;
           float p = vis ? pt_exp(ss_scaled(s[mt][nt][hh * 2 + e], scale) - lr) : 0.f;
@@ -369,7 +378,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
       for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (SS_DEAD(it, mt, nt)) continue;
+          if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, nt)) continue;
           float p = s[mt][nt][hh * 2 + e];
           // Saturated: dS rounded to E is a tensor-core operand, and an infinite dS of one
           // key with the opposite infinity of another made the row's dQ NaN (fuzz seed 2027,
