@@ -122,6 +122,25 @@ pub struct VisibleRow {
 }
 
 impl Case {
+    /// The rows of [`Case::visible_rows`] whose `lse [Tq, H]` entry is finite (those with a
+    /// visible key), each with that entry.
+    pub fn live_rows<'a>(
+        &'a self,
+        lse: &'a Array2<f64>,
+    ) -> impl Iterator<Item = (VisibleRow, f64)> + 'a {
+        self.visible_rows().filter_map(move |r| {
+            let l = lse[(r.token, r.head)];
+            l.is_finite().then_some((r, l))
+        })
+    }
+
+    /// `P = exp(scale · q·k − lse)` of `row` and key token `key`, in f64.
+    pub fn probability(&self, row: &VisibleRow, key: usize, lse: f64) -> f64 {
+        let q = self.q.slice(ndarray::s![row.token, row.head, ..]);
+        let k = self.k.slice(ndarray::s![key, row.kv_head, ..]);
+        (dot64(q, k) * self.config.params.scale - lse).exp()
+    }
+
     /// Every valid query row of every slot and head, with its visible keys (mask and window of
     /// `semantics.md` §1), in slot, head, row order.
     pub fn visible_rows(&self) -> impl Iterator<Item = VisibleRow> + '_ {
@@ -267,5 +286,32 @@ pub fn bshd_layout(batch: usize, s_q: usize, s_kv: usize) -> Layout {
     Layout {
         q: side(s_q),
         kv: side(s_kv),
+    }
+}
+
+/// `Σ a·b` of two f32 rows, in f64 (each product exact).
+pub fn dot64(a: ndarray::ArrayView1<'_, f32>, b: ndarray::ArrayView1<'_, f32>) -> f64 {
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum()
+}
+
+/// Cases for unit tests.
+#[cfg(test)]
+pub(crate) mod samples {
+    use super::Case;
+    use crate::config::AttnConfig;
+    use ndarray::Array3;
+    use smallseq_reference::{Dtype, Layout, Mask};
+
+    /// f32, one head of dimension 1, scale 1: one query `q` against two keys `k` with values
+    /// `v`, and the output gradient `d_o`.
+    pub(crate) fn one_query_two_keys(q: f32, k: [f32; 2], v: [f32; 2], d_o: f32) -> Case {
+        let layout = Layout::packed(&[(1, 2)]);
+        let mut cfg = AttnConfig::new(Dtype::F32, 1, 1, Mask::Padding);
+        cfg.params.scale = 1.0;
+        let a = |x: &[f32]| Array3::from_shape_vec((x.len(), 1, 1), x.to_vec()).unwrap();
+        Case::new(cfg, layout, a(&[q]), a(&k), a(&v), Some(a(&[d_o]))).unwrap()
     }
 }

@@ -50,27 +50,16 @@ pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
     let p = &case.config.params;
     let mut dq = Array3::<f64>::zeros(case.q.dim());
     let mut dk = Array3::<f64>::zeros(case.k.dim());
-    for row in case.visible_rows() {
+    for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
-        let lse_r = lse[(t, h)];
-        if !lse_r.is_finite() {
-            continue;
-        }
-        let q = case.q.slice(s![t, h, ..]);
         let d_o_r = d_o.slice(s![t, h, ..]);
         // (P_ij, a_ij) of the row's visible keys.
         let pa: Vec<(f64, f64)> = row
             .keys
             .iter()
             .map(|&c| {
-                let k = case.k.slice(s![c, hk, ..]);
+                let prob = case.probability(&row, c, lse_r);
                 let v = case.v.slice(s![c, hk, ..]);
-                let score: f64 = q
-                    .iter()
-                    .zip(k.iter())
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                    .sum();
-                let prob = (score * p.scale - lse_r).exp();
                 let a: f64 = d_o_r
                     .iter()
                     .zip(v.iter())
@@ -98,16 +87,8 @@ pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::AttnConfig;
-    use smallseq_reference::{forward_backward, Layout, Mask};
-
-    fn case(q: f32, k: [f32; 2], v: [f32; 2], d_o: f32) -> Case {
-        let layout = Layout::packed(&[(1, 2)]);
-        let mut cfg = AttnConfig::new(Dtype::F32, 1, 1, Mask::Padding);
-        cfg.params.scale = 1.0;
-        let a = |x: &[f32]| Array3::from_shape_vec((x.len(), 1, 1), x.to_vec()).unwrap();
-        Case::new(cfg, layout, a(&[q]), a(&k), a(&v), Some(a(&[d_o]))).unwrap()
-    }
+    use crate::case::samples::one_query_two_keys as case;
+    use smallseq_reference::forward_backward;
 
     fn allowance(c: &Case) -> GradAllowance {
         let (f, _) = forward_backward(&c.problem().unwrap());

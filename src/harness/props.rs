@@ -1007,17 +1007,32 @@ mod tests {
     use ndarray::Array3;
     use smallseq_reference::{Layout, Mask};
 
-    /// The CPU backend with a second fallback forward kernel, as CUDA and HIP have: launches
-    /// whose longest query side reaches 3 take it, and it rounds `o` differently.
-    struct TwoFallbackKernels {
+    type FwdHook = Box<dyn Fn(&FwdArgs, &mut FwdBufs) + Send + Sync>;
+    type BwdHook = Box<dyn Fn(&BwdArgs, &mut BwdBufs) + Send + Sync>;
+
+    /// The CPU backend with its fallback launches' outputs edited afterwards, and optionally
+    /// naming fallback forward kernels: a stand-in for a device backend's quirks.
+    struct HookedCpu {
         cpu: CpuBackend,
-        /// Whether it reports which kernel a launch takes.
-        names_kernel: bool,
+        kernel_name: Option<fn(&Layout) -> String>,
+        after_fwd: FwdHook,
+        after_bwd: BwdHook,
     }
 
-    impl Backend for TwoFallbackKernels {
+    impl HookedCpu {
+        fn new() -> Self {
+            HookedCpu {
+                cpu: CpuBackend::default(),
+                kernel_name: None,
+                after_fwd: Box::new(|_, _| {}),
+                after_bwd: Box::new(|_, _| {}),
+            }
+        }
+    }
+
+    impl Backend for HookedCpu {
         fn name(&self) -> &str {
-            "two-kernels"
+            "hooked-cpu"
         }
         fn arch(&self) -> Arch {
             self.cpu.arch()
@@ -1026,69 +1041,63 @@ mod tests {
             true
         }
         fn fallback_fwd_kernel(&self, _: &AttnConfig, layout: &Layout) -> Option<String> {
-            let tiled = layout.q.max_len() >= 3;
-            self.names_kernel
-                .then(|| if tiled { "tiled" } else { "scalar" }.into())
+            self.kernel_name.map(|f| f(layout))
         }
         fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
             self.cpu.small_seq_fwd(args, out)
         }
         fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
             self.cpu.fallback_fwd(args, out)?;
-            if args.layout.q.max_len() >= 3 {
-                for x in out.o.body_mut() {
-                    *x = Dtype::Bf16.round(*x * (1.0 + 1.0 / 64.0));
-                }
-            }
+            (self.after_fwd)(args, out);
             Ok(())
-        }
-        fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
-            self.cpu.small_seq_bwd(args, out)
-        }
-        fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
-            self.cpu.fallback_bwd(args, out)
-        }
-    }
-
-    /// The CPU backend whose second backward launch moves dq's first element by `ulps` f32
-    /// ulps: the scaled run of the scale relation, after the base run.
-    struct NudgedSecondBackward {
-        cpu: CpuBackend,
-        calls: std::sync::atomic::AtomicUsize,
-        ulps: u32,
-    }
-
-    impl Backend for NudgedSecondBackward {
-        fn name(&self) -> &str {
-            "nudged"
-        }
-        fn arch(&self) -> Arch {
-            self.cpu.arch()
-        }
-        fn has_small_seq(&self) -> bool {
-            false
-        }
-        fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
-            self.cpu.small_seq_fwd(args, out)
-        }
-        fn fallback_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
-            self.cpu.fallback_fwd(args, out)
         }
         fn small_seq_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
             self.cpu.small_seq_bwd(args, out)
         }
         fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
             self.cpu.fallback_bwd(args, out)?;
-            if self
-                .calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                == 1
-            {
-                let x = &mut out.dq.body_mut()[0];
-                *x = f32::from_bits(x.to_bits() + self.ulps);
-            }
+            (self.after_bwd)(args, out);
             Ok(())
         }
+    }
+
+    /// A second fallback forward kernel, as CUDA and HIP have: launches whose longest query
+    /// side reaches 3 take it, and it rounds `o` differently; `names_kernel`: whether the
+    /// backend says which kernel a launch takes.
+    fn two_fallback_kernels(names_kernel: bool) -> HookedCpu {
+        let mut be = HookedCpu::new();
+        if names_kernel {
+            be.kernel_name = Some(|l| {
+                if l.q.max_len() >= 3 {
+                    "tiled"
+                } else {
+                    "scalar"
+                }
+                .into()
+            });
+        }
+        be.after_fwd = Box::new(|args, out| {
+            if args.layout.q.max_len() >= 3 {
+                for x in out.o.body_mut() {
+                    *x = Dtype::Bf16.round(*x * (1.0 + 1.0 / 64.0));
+                }
+            }
+        });
+        be
+    }
+
+    /// The second backward launch moves dq's first element by `ulps` f32 ulps: the scaled run
+    /// of the scale relation, after the base run.
+    fn nudged_second_backward(ulps: u32) -> HookedCpu {
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let mut be = HookedCpu::new();
+        be.after_bwd = Box::new(move |_, out| {
+            if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+                let x = &mut out.dq.body_mut()[0];
+                *x = f32::from_bits(x.to_bits() + ulps);
+            }
+        });
+        be
     }
 
     /// The scale relation of an f32 fallback case whose second key scores `second_score`
@@ -1106,11 +1115,7 @@ mod tests {
             _ => 0.0,
         });
         let case = Case::new(cfg, layout, q, k, v, Some(d_o)).unwrap();
-        let be = NudgedSecondBackward {
-            cpu: CpuBackend::default(),
-            calls: std::sync::atomic::AtomicUsize::new(0),
-            ulps,
-        };
+        let be = nudged_second_backward(ulps);
         let checker = Checker::isolated(&be);
         let base = run_pair(&be, &case, &checker.opts).unwrap();
         assert_eq!(base.fwd.path, Some(Path::Fallback));
@@ -1153,10 +1158,7 @@ mod tests {
         let (q, k, v) = (t(tq), t(tk), t(tk));
         let case = Case::new(cfg, layout, q, k, v, None).unwrap();
         let split = |names_kernel| {
-            let be = TwoFallbackKernels {
-                cpu: CpuBackend::default(),
-                names_kernel,
-            };
+            let be = two_fallback_kernels(names_kernel);
             let checker = Checker::isolated(&be);
             let base = run_pair(&be, &case, &checker.opts).unwrap();
             assert_eq!(base.fwd.path, Some(Path::Fallback));

@@ -12,7 +12,7 @@
 //! P·dO (dV), dS = P·(dP − D), dS·K (dQ), dS·Q (dK) and dO·O (D, for kernels that take it
 //! from O), each bounded below by the smallest nonzero magnitude of its vector factor.
 
-use crate::case::Case;
+use crate::case::{dot64, Case};
 use ndarray::{s, Array2, Array3, ArrayView1};
 
 /// The smallest normal f32, 2^-126.
@@ -32,19 +32,14 @@ pub fn may_go_subnormal(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f64>>)
 /// A lower bound on the smallest nonzero magnitude among the products of the module doc, over
 /// every visible (query, key) pair; infinity when there is none.
 pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f64>>) -> f64 {
-    let p = &case.config.params;
     let mut least = f64::INFINITY;
     let mut keep = |x: f64| {
         if x > 0.0 && x < least {
             least = x;
         }
     };
-    for row in case.visible_rows() {
+    for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
-        let lse_r = lse[(t, h)];
-        if !lse_r.is_finite() {
-            continue;
-        }
         let q = case.q.slice(s![t, h, ..]);
         let d_o = case.d_o.as_ref().map(|d| d.slice(s![t, h, ..]));
         let min_q = min_nonzero(q);
@@ -55,8 +50,7 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
         // (key, P, dP) of the keys whose P can be nonzero in f32.
         let mut live = Vec::with_capacity(row.keys.len());
         for &c in &row.keys {
-            let k = case.k.slice(s![c, hk, ..]);
-            let prob = (dot(q, k) * p.scale - lse_r).exp();
+            let prob = case.probability(&row, c, lse_r);
             if prob < P_ZERO {
                 continue;
             }
@@ -67,7 +61,7 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
             let dp = d_o.map(|d| {
                 keep(min_do * min_v);
                 keep(prob * min_do);
-                dot(d, v)
+                dot64(d, v)
             });
             live.push((c, prob, dp));
         }
@@ -95,13 +89,6 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
     least
 }
 
-fn dot(a: ArrayView1<'_, f32>, b: ArrayView1<'_, f32>) -> f64 {
-    a.iter()
-        .zip(b.iter())
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum()
-}
-
 /// The smallest nonzero magnitude of `x`; infinity when all are zero (a zero factor makes an
 /// exactly zero product, which rounds the same at any scale). Non-finite values are skipped:
 /// they are handled by the properties that see them.
@@ -115,16 +102,8 @@ fn min_nonzero<T: Copy + Into<f64>>(x: ArrayView1<'_, T>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::AttnConfig;
-    use smallseq_reference::{forward_backward, Dtype, Layout, Mask};
-
-    fn case(q: f32, k: [f32; 2], v: [f32; 2], d_o: f32) -> Case {
-        let layout = Layout::packed(&[(1, 2)]);
-        let mut cfg = AttnConfig::new(Dtype::F32, 1, 1, Mask::Padding);
-        cfg.params.scale = 1.0;
-        let a = |x: &[f32]| Array3::from_shape_vec((x.len(), 1, 1), x.to_vec()).unwrap();
-        Case::new(cfg, layout, a(&[q]), a(&k), a(&v), Some(a(&[d_o]))).unwrap()
-    }
+    use crate::case::samples::one_query_two_keys as case;
+    use smallseq_reference::forward_backward;
 
     fn smallest(c: &Case) -> f64 {
         let (f, _) = forward_backward(&c.problem().unwrap());
