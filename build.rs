@@ -10,7 +10,11 @@
 //! `SMALLSEQ_HIP_PREBUILT=DIR` embeds `DIR/{small_seq,fallback}.<arch>.hsaco` instead of
 //! compiling (CI compiles once and checks what it embeds).
 //! Without a compiler nothing is embedded and the backend needs `SMALLSEQ_HIP_CODE_OBJECTS=DIR`
-//! at run time; it says so when opened.
+//! at run time; it says so when opened. Objects compiled from the same sources, flags, archs and
+//! compiler as last time are reused, so a rerun of this script (a new commit) costs nothing.
+//!
+//! Always: `SMALLSEQ_GIT_COMMIT`, the commit the build is made from (empty outside a git
+//! checkout), which capsules record (`smallseq.commit`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,6 +22,7 @@ const STEMS: [&str; 2] = ["small_seq", "fallback"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    git_commit();
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_HIP");
     if std::env::var_os("CARGO_FEATURE_HIP").is_none() {
         return;
@@ -65,6 +70,38 @@ fn main() {
     }
     rs.push_str("];\n");
     std::fs::write(out.join("hip_code_objects.rs"), rs).expect("writing hip_code_objects.rs");
+}
+
+/// `git` in this package's directory; `None` when it fails or git is missing.
+fn git(args: &[&str]) -> Option<String> {
+    let o = Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// Emits `SMALLSEQ_GIT_COMMIT` and reruns this script when HEAD moves: HEAD itself (a checkout),
+/// the branch it names (a commit) and the packed refs. Paths that do not exist are not named,
+/// since cargo would rerun the script on every build for them.
+fn git_commit() {
+    let commit = git(&["rev-parse", "HEAD"]).unwrap_or_default();
+    println!("cargo:rustc-env=SMALLSEQ_GIT_COMMIT={commit}");
+    let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch.push(r);
+    }
+    for w in watch {
+        if let Some(p) = git(&["rev-parse", "--git-path", &w]) {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(p);
+            if p.exists() {
+                println!("cargo:rerun-if-changed={}", p.display());
+            }
+        }
+    }
 }
 
 fn prebuilt(dir: &Path, archs: &[String]) -> Vec<(String, String, PathBuf)> {
@@ -133,7 +170,55 @@ fn compiler() -> Option<PathBuf> {
     cands.into_iter().find(|c| accepts_gfx942(c))
 }
 
+/// What the objects of [`compile`] are made from, compared whole with the last build's.
+fn compile_key(cc: &Path, archs: &[String]) -> String {
+    let mut key = format!(
+        "{}\n{}\n{}\n",
+        cc.display(),
+        flags().join(" "),
+        archs.join(",")
+    );
+    for f in ["portable.h", "small_seq.cu", "fallback.cu"] {
+        key.push_str(&std::fs::read_to_string(format!("kernels/{f}")).unwrap_or_default());
+    }
+    key
+}
+
 fn compile(cc: &Path, archs: &[String], out: &Path) -> Vec<(String, String, PathBuf)> {
+    let key = compile_key(cc, archs);
+    let key_file = out.join("hip_objects.key");
+    let listing = out.join("hip_objects.list");
+    if std::fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
+        if let Some(v) = std::fs::read_to_string(&listing)
+            .ok()
+            .and_then(|l| reuse(&l))
+        {
+            return v;
+        }
+    }
+    let v = compile_all(cc, archs, out);
+    let list: String = v
+        .iter()
+        .map(|(a, s, p)| format!("{a}\t{s}\t{}\n", p.display()))
+        .collect();
+    // The key last, so an interrupted write leaves no key that vouches for a partial list.
+    let _ = std::fs::write(&listing, list).and_then(|()| std::fs::write(&key_file, key));
+    v
+}
+
+/// The objects of a previous build's listing, if every one is still there.
+fn reuse(listing: &str) -> Option<Vec<(String, String, PathBuf)>> {
+    listing
+        .lines()
+        .map(|l| {
+            let mut it = l.split('\t');
+            let (a, s, p) = (it.next()?, it.next()?, PathBuf::from(it.next()?));
+            p.is_file().then(|| (a.to_string(), s.to_string(), p))
+        })
+        .collect()
+}
+
+fn compile_all(cc: &Path, archs: &[String], out: &Path) -> Vec<(String, String, PathBuf)> {
     let jobs: Vec<(String, &str)> = archs
         .iter()
         .flat_map(|a| STEMS.iter().map(move |s| (a.clone(), *s)))

@@ -39,10 +39,24 @@ fn finite(x: f64) -> serde_json::Value {
 /// The metadata key of the producing backend's [`Backend::provenance`], a JSON object.
 pub const PROVENANCE: &str = "smallseq.provenance";
 
-/// Records in `meta` which backend produced a case file's outputs (`smallseq.backend`) and on
-/// what device and kernel build (`smallseq.provenance`).
+/// The metadata key of the commit the writing build was made from.
+pub const COMMIT: &str = "smallseq.commit";
+
+/// The commit this build was made from (`git rev-parse HEAD` when it was built; uncommitted
+/// changes are not seen); `None` for a build from outside a git checkout.
+pub fn build_commit() -> Option<&'static str> {
+    Some(env!("SMALLSEQ_GIT_COMMIT")).filter(|c| !c.is_empty())
+}
+
+/// Records in `meta` which backend produced a case file's outputs (`smallseq.backend`), on
+/// what device and kernel build (`smallseq.provenance`), and this build's commit
+/// (`smallseq.commit`; removed when unknown, so an older one is never passed on as this one).
 pub fn stamp(meta: &mut BTreeMap<String, String>, backend: &dyn Backend) {
     meta.insert("smallseq.backend".into(), backend.name().into());
+    match build_commit() {
+        Some(c) => meta.insert(COMMIT.into(), c.into()),
+        None => meta.remove(COMMIT),
+    };
     let provenance = backend.provenance();
     if !provenance.is_empty() {
         meta.insert(PROVENANCE.into(), serde_json::json!(provenance).to_string());

@@ -1,7 +1,7 @@
 //! Replaying a capsule: re-judge its stored outputs on this machine, or run it again on a
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
-use super::capsule::PROVENANCE;
+use super::capsule::{build_commit, COMMIT, PROVENANCE};
 use super::conformance;
 use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
 use crate::backend::rounding_budget_of;
@@ -44,6 +44,10 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Some(p) = case.meta.get(PROVENANCE) {
         d.say(format!("produced on: {p}"));
     }
+    d.say(commit_line(
+        case.meta.get(COMMIT).map(String::as_str),
+        build_commit(),
+    ));
     let y = oracle(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
     for j in &js {
@@ -141,6 +145,10 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
             }
         }
     }
+    d.say(commit_line(
+        case.meta.get(COMMIT).map(String::as_str),
+        build_commit(),
+    ));
     if !case.outputs.is_empty() {
         let same = run
             .outputs
@@ -161,6 +169,21 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
         d.say(verdict.into());
     }
     Ok(d)
+}
+
+/// Which harness build wrote the capsule (`smallseq.commit`) against this one's: the commit to
+/// check out to replay it with the same host code.
+pub fn commit_line(capsule: Option<&str>, this: Option<&str>) -> String {
+    match (capsule, this) {
+        (None, _) => "harness: the capsule records no commit".into(),
+        (Some(c), Some(t)) if c == t => format!("harness: commit {c}, as this build's"),
+        (Some(c), Some(t)) => {
+            format!("harness: capsule written at commit {c}; this build is {t}")
+        }
+        (Some(c), None) => {
+            format!("harness: capsule written at commit {c}; this build's commit is unknown")
+        }
+    }
 }
 
 /// How a capsule's recorded provenance compares with the rerun backend's.
@@ -243,5 +266,41 @@ mod tests {
             compare_provenance(Some("[1,2]"), &now()),
             Provenance::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn the_commit_line_says_which_build_to_check_out() {
+        assert_eq!(
+            commit_line(None, Some("abc")),
+            "harness: the capsule records no commit"
+        );
+        assert_eq!(
+            commit_line(Some("abc"), Some("abc")),
+            "harness: commit abc, as this build's"
+        );
+        assert_eq!(
+            commit_line(Some("abc"), Some("def")),
+            "harness: capsule written at commit abc; this build is def"
+        );
+        assert!(commit_line(Some("abc"), None).contains("unknown"));
+    }
+
+    #[test]
+    fn a_stamp_records_this_builds_commit_and_never_passes_on_an_old_one() {
+        let be = crate::backend::cpu::CpuBackend::default();
+        let mut meta = BTreeMap::from([(COMMIT.to_string(), "0ld".to_string())]);
+        super::super::capsule::stamp(&mut meta, &be);
+        assert_eq!(meta.get(COMMIT).map(String::as_str), build_commit());
+        // This crate is built from its git checkout here (and in `.ci/run`'s clean clone).
+        if std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(".git")
+            .exists()
+        {
+            let c = build_commit().expect("a build in a git checkout knows its commit");
+            assert!(
+                c.len() == 40 && c.chars().all(|x| x.is_ascii_hexdigit()),
+                "{c}"
+            );
+        }
     }
 }
