@@ -44,10 +44,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Some(p) = case.meta.get(PROVENANCE) {
         d.say(format!("produced on: {p}"));
     }
-    d.say(commit_line(
-        case.meta.get(COMMIT).map(String::as_str),
-        build_commit(),
-    ));
+    d.say(harness_line(case));
     let y = oracle(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
     for j in &js {
@@ -145,10 +142,7 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
             }
         }
     }
-    d.say(commit_line(
-        case.meta.get(COMMIT).map(String::as_str),
-        build_commit(),
-    ));
+    d.say(harness_line(case));
     if !case.outputs.is_empty() {
         let same = run
             .outputs
@@ -169,6 +163,11 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
         d.say(verdict.into());
     }
     Ok(d)
+}
+
+/// [`commit_line`] of `case`'s recorded commit and this build's.
+fn harness_line(case: &Case) -> String {
+    commit_line(case.meta.get(COMMIT).map(String::as_str), build_commit())
 }
 
 /// Which harness build wrote the capsule (`smallseq.commit`) against this one's: the commit to

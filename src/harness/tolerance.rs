@@ -253,6 +253,8 @@ pub fn judge_all(
             "dk" => grads.map(|g| g.dk.clone().into_dyn()),
             _ => None,
         };
+        // LSE is stored as f32 whatever the inputs' type.
+        let stored = if name == "lse" { Dtype::F32 } else { dtype };
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
             out.push(judge(&Triple {
                 name,
@@ -262,16 +264,8 @@ pub fn judge_all(
                 valid,
                 unit,
                 min_magnitude: min_mag,
-                max_finite: if name == "lse" {
-                    f64::from(f32::MAX)
-                } else {
-                    f64::from(dtype.max_finite())
-                },
-                min_spacing: if name == "lse" {
-                    Dtype::F32.smallest_subnormal()
-                } else {
-                    dtype.smallest_subnormal()
-                },
+                max_finite: f64::from(stored.max_finite()),
+                min_spacing: stored.smallest_subnormal(),
                 allowance,
             }));
         }
