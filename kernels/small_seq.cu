@@ -114,9 +114,14 @@ PT_INLINE void ss_planted_fault(int lq, T* o) {
 #endif
   }
 #elif defined(SMALLSEQ_MUTANT_HANG)
+  // A sleep the compiler must keep: an empty spin loop may be assumed to terminate.
   if (lq == 7) {
-    volatile int spin = 1;
-    while (spin) {
+    for (;;) {
+#if defined(PT_CUDA)
+      __nanosleep(1000000);
+#else
+      __builtin_amdgcn_s_sleep(127);
+#endif
     }
   }
 #else

@@ -112,6 +112,7 @@ impl CudaBackend {
                 "libcuda (the NVIDIA driver library) was not found",
             ));
         }
+        set_sync_mode(ordinal)?;
         let ctx = match catch_unwind(|| CudaContext::new(ordinal)) {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(no_device(format!("no usable CUDA device {ordinal}: {e}"))),
@@ -551,6 +552,46 @@ pub struct Ptx {
 /// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
 /// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
 /// without a rebuild.
+/// How a thread waiting for the GPU waits, from `SMALLSEQ_CUDA_SYNC` (`spin`, `yield`,
+/// `blocking`; unset: the driver's heuristic, which spins when the process has fewer contexts
+/// than the machine has cores). Many worker processes on one host each spinning through
+/// every synchronize take the cores their campaign judges on; `smallseq worker` sets
+/// `blocking` unless told otherwise (bench/NOTES.md, v8, has the measurement).
+pub const SYNC_VAR: &str = "SMALLSEQ_CUDA_SYNC";
+
+fn set_sync_mode(ordinal: usize) -> Result<()> {
+    use cudarc::driver::sys::CUctx_flags_enum as F;
+    let flag = match std::env::var(SYNC_VAR).ok().as_deref() {
+        None | Some("") | Some("auto") => return Ok(()),
+        Some("spin") => F::CU_CTX_SCHED_SPIN,
+        Some("yield") => F::CU_CTX_SCHED_YIELD,
+        Some("blocking") => F::CU_CTX_SCHED_BLOCKING_SYNC,
+        Some(other) => {
+            return Err(Error::config(format!(
+                "{SYNC_VAR}={other}: expected auto, spin, yield or blocking"
+            )))
+        }
+    };
+    // SAFETY: plain driver calls with a valid out-pointer; the flags apply to the primary
+    // context the CudaContext below retains (set before it is created).
+    let rc = catch_unwind(|| unsafe {
+        cudarc::driver::result::init().ok()?;
+        let dev = cudarc::driver::result::device::get(ordinal as i32).ok()?;
+        Some(cudarc::driver::sys::cuDevicePrimaryCtxSetFlags_v2(
+            dev,
+            flag as u32,
+        ))
+    });
+    match rc {
+        Ok(Some(cudarc::driver::sys::CUresult::CUDA_SUCCESS)) | Ok(None) => Ok(()),
+        Ok(Some(e)) => Err(backend_err(format!(
+            "setting {SYNC_VAR}: driver error {}",
+            e as u32
+        ))),
+        Err(p) => Err(no_device(panic_text(p))),
+    }
+}
+
 fn defines_from_env() -> Vec<String> {
     std::env::var("SMALLSEQ_KERNEL_DEFINES")
         .map(|v| v.split_whitespace().map(String::from).collect())

@@ -37,6 +37,10 @@ pub fn run(args: &WorkerArgs) -> Result<i32> {
 fn open(args: &WorkerArgs) -> smallseq::Result<(Box<dyn Backend>, usize)> {
     #[cfg(feature = "cuda")]
     if args.backend == "cuda" {
+        if std::env::var_os(backend::cuda::SYNC_VAR).is_none() {
+            // Workers share the host's cores with their campaign's judging threads.
+            std::env::set_var(backend::cuda::SYNC_VAR, "blocking");
+        }
         let be = backend::cuda::CudaBackend::on_device(args.device)?;
         be.warm_up()?;
         let n = backend::cuda::CudaBackend::device_count().max(1);

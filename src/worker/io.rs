@@ -16,7 +16,11 @@ pub fn write_outputs(path: &Path, tensors: &[(&str, ArrayViewD<'_, f32>)]) -> Re
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(name, t)| {
-            let data = t.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mut data = Vec::with_capacity(t.len() * 4);
+            match t.as_slice() {
+                Some(s) => s.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+                None => t.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+            }
             (name.to_string(), t.shape().to_vec(), data)
         })
         .collect();
