@@ -2,9 +2,13 @@
 # Nightly GPU CI: L1, a fixed seeded case set (the same cases every night, so a new failure
 # is a regression), then L2, an open-ended campaign with a fresh seed and a time budget.
 #
-#   ci/nightly-gpu.sh --backend {cuda|hip|cpu} --time DURATION --artifacts DIR
-#                     [--l1-cases N] [--seed N] [--binary PATH]
+#   ci/nightly-gpu.sh --backend {cuda|hip|cpu|exec} --time DURATION --artifacts DIR
+#                     [--l1-cases N] [--seed N] [--binary PATH] [--shard I/N]
+#                     [--worker 'COMMAND ...'] [--jobs N]
 #
+# --shard I/N: this runner checks the cases whose index is I mod N of both tiers (give every
+# runner of the night the same --seed); `smallseq merge` joins the N artifacts afterwards
+# (docs/workers.md). --backend exec tests a worker program (--worker, docs/adapters.md).
 # Builds smallseq with the backend's feature (or uses --binary, e.g. one built elsewhere),
 # and leaves in DIR: l1/ and l2/ (report.json, junit.xml, summary.md, capsules/), a combined
 # summary.md, and build.log. Exit status: 0 all passed, 1 a property failed, 2 the run could
@@ -14,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-backend="" time="" artifacts="" l1_cases=400 seed="" binary=""
+backend="" time="" artifacts="" l1_cases=400 seed="" binary="" shard="" worker="" jobs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --backend) backend=${2:-}; shift 2 ;;
@@ -23,11 +27,15 @@ while [ $# -gt 0 ]; do
     --l1-cases) l1_cases=${2:-}; shift 2 ;;
     --seed) seed=${2:-}; shift 2 ;;
     --binary) binary=${2:-}; shift 2 ;;
+    --shard) shard=${2:-}; shift 2 ;;
+    --worker) worker=${2:-}; shift 2 ;;
+    --jobs) jobs=${2:-}; shift 2 ;;
     -h|--help) usage ;;
     *) echo "nightly-gpu: unknown argument $1" >&2; usage ;;
   esac
 done
-case "$backend" in cuda|hip|cpu) ;; *) echo "nightly-gpu: --backend must be cuda, hip or cpu" >&2; exit 2 ;; esac
+case "$backend" in cuda|hip|cpu|exec) ;; *) echo "nightly-gpu: --backend must be cuda, hip, cpu or exec" >&2; exit 2 ;; esac
+[ "$backend" = exec ] && [ -z "$worker" ] && { echo "nightly-gpu: --backend exec needs --worker" >&2; exit 2; }
 [ -n "$time" ] && [ -n "$artifacts" ] || { echo "nightly-gpu: --time and --artifacts are required" >&2; exit 2; }
 mkdir -p "$artifacts" || exit 2
 artifacts=$(cd "$artifacts" && pwd)
@@ -36,7 +44,7 @@ built=no
 features=()
 if [ -z "$binary" ]; then
   built=yes
-  [ "$backend" != cpu ] && features=(--features "$backend")
+  case "$backend" in cuda|hip) features=(--features "$backend") ;; esac
   echo "== build (${backend})"
   if ! cargo build --release "${features[@]}" >"$artifacts/build.log" 2>&1; then
     tail -30 "$artifacts/build.log"; echo "nightly-gpu: build failed (log: $artifacts/build.log)"; exit 2
@@ -52,7 +60,11 @@ run_tier() {  # name, then smallseq fuzz arguments
   local name=$1; shift
   echo "== $name: smallseq fuzz --backend $backend $*"
   # Run inside DIR so capsule paths and repro commands are relative to the artifact's root.
-  (cd "$artifacts" && "$binary" fuzz --backend "$backend" --out "$name" "$@")
+  local extra=()
+  [ -n "$shard" ] && extra+=(--shard "$shard")
+  [ -n "$worker" ] && extra+=(--worker "$worker")
+  [ -n "$jobs" ] && extra+=(--jobs "$jobs")
+  (cd "$artifacts" && "$binary" fuzz --backend "$backend" --out "$name" "${extra[@]}" "$@")
   local rc=$?
   case $rc in
     0) ;;
@@ -63,7 +75,7 @@ run_tier() {  # name, then smallseq fuzz arguments
 # L1: the property suites with their committed regression seeds (when built here), then the
 # fixed seed and case count. L2: the rest of the night, a new seed each run (printed).
 proptests="not run (prebuilt --binary)"
-if [ "$built" = yes ]; then
+if [ "$built" = yes ] && [ "$backend" != exec ] && [ "${shard%%/*}" = "${shard:+0}" ]; then
   echo "== l1: proptests (PROPTEST_CASES=${PROPTEST_CASES:=512})"
   if PROPTEST_CASES=$PROPTEST_CASES cargo test --release -p smallseq-proptests "${features[@]}" \
       >"$artifacts/proptests.log" 2>&1; then
@@ -78,7 +90,7 @@ run_tier l1 --cases "$l1_cases" --seed 1
 run_tier l2 --time "$time" --seed "$seed"
 
 {
-  echo "# smallseq nightly: backend $backend, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# smallseq nightly: backend $backend${shard:+, shard $shard}, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
   echo "Binary: \`$("$binary" --version)\`. Reproduce a failure on a laptop: download this"
   echo "artifact, then run the repro command shown with the capsule's path inside it (drop"
