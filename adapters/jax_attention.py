@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""jax_attention: `jax.nn.dot_product_attention` (padded batch plus sequence lengths).
+
+    python3 adapters/jax_attention.py --implementation xla|cudnn [--lse]
+                                      [--no-key-lse -inf|+inf|nan]
+
+- THD -> `[B, S, N, H]` with slot b in row b, `query_seq_lengths` / `key_value_seq_lengths`
+  from cu_seqlens (both always given: jax-ml/jax#23349). Pad positions hold zeros; outputs at
+  don't-care tokens are written 0 (LSE -inf): JAX never computed them.
+- Masks, chosen so that JAX's own arguments carry them wherever they are exact: top-left
+  causal -> `is_causal`; bottom-right causal and windows -> `is_causal` / `local_window_size`
+  when every slot has Lq == Lk (JAX's window and causal are index-aligned, i.e. top-left,
+  which equals semantics §1's bottom-right alignment only then). Otherwise xla gets the
+  exact boolean `mask` [B, 1, Sq, Sk]; cudnn cannot take it and answers `unsupported`.
+  cudnn also refuses a right window without causal (JAX raises; reported as unsupported).
+- Backward: `jax.vjp` of the call, cotangent = the padded d_o.
+- LSE: `return_residual=True` (jax >= 0.8.1) gives `[B, T, N]` **in the input dtype**
+  (bf16 keeps 8 significant bits), so `lse` is off unless `--lse` is given; with it, expect
+  LSE mismatches from that rounding alone on bf16/f16.
+- Rows with no visible key: XLA attends uniformly to every key of the row (masked logits
+  are a large finite negative), so `no_key_row` is `other` on xla; cudnn declares `zero`.
+
+Cannot express: dropout, bias, head_dim_v != head_dim_qk, f32 on cudnn, bottom-right
+causal or windows with Lq != Lk on cudnn, right windows without causal on cudnn.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import smallseq_adapter as kit  # noqa: E402
+
+
+def plan(case: kit.Case, implementation: str) -> dict:
+    """The keyword arguments that express the case's mask and window: `is_causal`,
+    `local_window_size` and, on xla when nothing else is exact, `mask` (numpy bool)."""
+    c = case.config
+    both = (case.sq.lens > 0) & (case.skv.lens > 0)
+    square = bool(np.all(case.sq.lens[both] == case.skv.lens[both]))
+    windowed = c.window != (-1, -1)
+    exact = square or (not windowed and c.causal != "bottom_right")
+    if not exact:
+        if implementation == "cudnn":
+            raise kit.Unsupported(
+                f"{c.mask} with window {list(c.window)} and Lq != Lk: JAX's masks are top-left aligned and cudnn takes no explicit mask"
+            )
+        sq, sk = case.sq.max_len, case.skv.max_len
+        return {"is_causal": False, "local_window_size": None, "mask": case.padded_mask(sq, sk)[:, None]}
+    out = {"is_causal": c.causal is not None, "local_window_size": None, "mask": None}
+    if windowed:
+        far = max(case.sq.max_len, case.skv.max_len) + 1  # "unbounded" within any slot
+        left, right = c.window
+        out["local_window_size"] = (left if left >= 0 else far, right if right >= 0 else far)
+    return out
+
+
+class JaxAttention:
+    def __init__(self, implementation: str):
+        self.impl = implementation
+        self.cache = {}
+
+    def setup(self, adapter: kit.Adapter):
+        import jax
+        import jax.numpy as jnp
+
+        self.jax, self.jnp = jax, jnp
+        dev = jax.devices()[0]
+        adapter.version = f"jax {jax.__version__}"
+        adapter.provenance.update({"implementation": self.impl, "device": str(getattr(dev, "device_kind", dev))})
+
+    def compiled(self, static):
+        """One jitted forward (+ vjp) per mask/scale/output choice; jax caches per shape."""
+        if static not in self.cache:
+            jax = self.jax
+            is_causal, window, scale, with_lse, grads = static
+
+            def f(q, k, v, lq, lk, mask):
+                r = jax.nn.dot_product_attention(
+                    q, k, v, mask=mask, scale=scale, is_causal=is_causal,
+                    query_seq_lengths=lq, key_value_seq_lengths=lk,
+                    local_window_size=window, implementation=self.impl,
+                    **({"return_residual": True} if with_lse else {}),
+                )
+                return r if with_lse else (r, None)
+
+            def fwd_bwd(q, k, v, g, lq, lk, mask):
+                out, vjp, lse = jax.vjp(lambda q, k, v: f(q, k, v, lq, lk, mask), q, k, v, has_aux=True)
+                res = {"o": out}
+                if with_lse:
+                    res["lse"] = lse
+                if grads:
+                    res["dq"], res["dk"], res["dv"] = vjp(g)
+                return res
+
+            self.cache[static] = jax.jit(fwd_bwd)
+        return self.cache[static]
+
+    def run(self, case: kit.Case, want: frozenset) -> dict:
+        jnp = self.jnp
+        c = case.config
+        tq = case.sq.tokens
+        if case.sq.max_len == 0:
+            return {
+                "o": np.zeros((tq, c.num_heads, c.head_dim_v)),
+                "lse": np.full((tq, c.num_heads), -np.inf),
+                "dq": np.zeros_like(case.q),
+                "dk": np.zeros_like(case.k),
+                "dv": np.zeros_like(case.v),
+            }
+        kw = plan(case, self.impl)
+        dt = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}[c.dtype]
+        sq, sk = case.sq.max_len, case.skv.max_len
+        q = jnp.asarray(kit.to_padded(case.q, case.sq, sq), dtype=dt)
+        k = jnp.asarray(kit.to_padded(case.k, case.skv, sk), dtype=dt)
+        v = jnp.asarray(kit.to_padded(case.v, case.skv, sk), dtype=dt)
+        lq = jnp.asarray(case.sq.lens, dtype=jnp.int32)
+        lk = jnp.asarray(case.skv.lens, dtype=jnp.int32)
+        mask = jnp.asarray(kw["mask"]) if kw["mask"] is not None else None
+        grads = bool(want & {"dq", "dk", "dv"})
+        d_o = case.d_o if grads else np.zeros((tq, c.num_heads, c.head_dim_v), np.float32)
+        if self.impl == "xla":
+            # XLA attends uniformly in a row with no visible key; a user leaves such rows out
+            # of the loss, so their d_o is 0 and they add nothing to dK / dV.
+            d_o = np.where(case.no_key_rows()[:, None, None], 0.0, d_o)
+        g = jnp.asarray(kit.to_padded(d_o, case.sq, sq), dtype=dt)
+        static = (kw["is_causal"], kw["local_window_size"], float(c.scale), "lse" in want, grads)
+        with kit.calling(f"jax {self.impl}"):
+            res = self.compiled(static)(q, k, v, g, lq, lk, mask)
+            res = {n: np.asarray(t.astype(jnp.float32)) for n, t in res.items()}
+        out = {"o": kit.from_padded(res["o"], case.sq)}
+        if "lse" in want:
+            out["lse"] = kit.lse_to_thd(res["lse"], case.sq, "bsh")
+        for name, side in (("dq", case.sq), ("dk", case.skv), ("dv", case.skv)):
+            if name in res:
+                out[name] = kit.from_padded(res[name], side)
+        return out
+
+
+def adapter(argv=None) -> kit.Adapter:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--implementation", required=True, choices=["xla", "cudnn"])
+    ap.add_argument("--lse", action="store_true")
+    ap.add_argument("--no-key-lse", default="-inf", choices=kit.NO_KEY_LSE)
+    args = ap.parse_args(argv)
+    impl = JaxAttention(args.implementation)
+    cudnn = args.implementation == "cudnn"
+    caps = kit.Caps(
+        dtypes=["bf16", "f16"] if cudnn else ["bf16", "f16", "f32"],
+        layouts=["thd", "bshd"],
+        masks=list(kit.MASKS),
+        window=True,
+        gqa=True,
+        dv_ne_dqk=False,
+        head_dims=[16, 32, 64, 128, 192, 256] if cudnn else None,
+        max_tokens=1 << 16,
+        backward=True,
+        lse=args.lse,
+        padded_offsets=True,
+        no_key_row="zero" if cudnn else "other",
+        devices=1,
+    )
+    return kit.Adapter(
+        name=f"jax-dpa-{args.implementation}",
+        version="jax",
+        caps=caps,
+        run=impl.run,
+        no_key_lse=args.no_key_lse,
+        setup=impl.setup,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(kit.serve(adapter()))

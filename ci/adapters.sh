@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Adapters in L0 (CPU only): the Python kit's unit tests, then a short seeded campaign that
+# drives the worker protocol end to end through adapters/numpy_reference.py.
+#
+#   ci/adapters.sh [--no-campaign]
+#
+# Creates a venv in target/adapters-venv (numpy, safetensors) when it is missing and prints
+# how long that took. Exit status: 0 passed, 1 a test or the campaign failed, 2 setup failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+campaign=yes
+[ "${1:-}" = "--no-campaign" ] && campaign=no
+venv=target/adapters-venv
+py=$venv/bin/python
+if [ ! -x "$py" ]; then
+  echo "== venv ($venv)"
+  start=$(date +%s)
+  python3 -m venv "$venv" && "$py" -m pip install -q numpy safetensors || { echo "adapters: venv setup failed" >&2; exit 2; }
+  echo "venv created in $(( $(date +%s) - start )) s"
+fi
+echo "== adapter kit unit tests"
+"$py" -m unittest discover -s adapters/tests 2> target/adapters-unittest.log \
+  || { tail -n 60 target/adapters-unittest.log; exit 1; }
+tail -n 3 target/adapters-unittest.log
+[ "$campaign" = yes ] || exit 0
+echo "== exec campaign through numpy_reference.py"
+cargo run --release -q -- fuzz --backend exec --worker "$py adapters/numpy_reference.py" \
+  --cases 40 --seed 1 --out target/l0/exec || exit 1
