@@ -6,8 +6,9 @@ worker protocol end to end through `smallseq fuzz --backend exec`.
 Capabilities: every dtype, mask and window of §1, GQA, head_dim_v != head_dim_qk, any head
 dim, padded offsets, backward and LSE. Rows with no visible key: O = 0, LSE = -inf, no
 gradient. Don't-care tokens: never read, written 0 (-inf for LSE).
-Cannot express: bias and dropout (outside §1: `unsupported`), the BSHD layout (not declared;
-the kit reads it, but nothing here needs it), and anything about paths or workspaces.
+BSHD cases are the THD cases whose slots all hold S tokens (the kit flattens them).
+Cannot express: bias and dropout (outside §1: `unsupported`), and anything about paths or
+workspaces.
 """
 
 import os
@@ -71,7 +72,7 @@ def attention(case: kit.Case, want: frozenset) -> dict:
 def adapter() -> kit.Adapter:
     caps = kit.Caps(
         dtypes=list(kit.DTYPES),
-        layouts=["thd"],
+        layouts=["thd", "bshd"],
         masks=list(kit.MASKS),
         window=True,
         gqa=True,

@@ -783,6 +783,7 @@ class Caps:
     harness_options: bool = False
     no_key_row: str = "zero"
     arch: Optional[str] = None
+    small_seq: bool = False  # whether `arch` has a small-seq kernel (read with `arch`)
     devices: int = 1
 
     def to_json(self) -> dict:
@@ -920,6 +921,9 @@ def _request_fields(req: dict, adapter: Adapter):
         for key in ("force", "fill", "trace_env"):
             if req.get(key) is not None:
                 raise Invalid(f"request field {key} is set but this worker does not declare harness_options")
+    if req.get("lse_from") is not None:
+        # the mixed-path check: a backward from another forward's O and LSE
+        raise Unsupported("lse_from: this worker computes the backward from its own forward only")
     return want, env
 
 

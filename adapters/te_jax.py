@@ -16,6 +16,8 @@ How a case is called:
   (offsets_q, offsets_kv))` with `[1, M]` seqlens and `[1, M+1]` offsets (M = slots; -1 in
   unused entries), i.e. cu_seqlens and cu_seqlens_*_padded unchanged, zero-length slots
   included (TE's own compaction of them is part of what is tested).
+- BSHD cases go through TE's dense path instead: `[B, S, H, D]`, `BSHD_BSHD_BSHD`,
+  `SequenceDescriptor.from_seqlens((lens_q, lens_kv))`, softmax_aux `[B, H, S, 1]`.
 - `qkv_layout=THD_THD_THD`, the case's mask as TE's `AttnMaskType` (all six exist),
   `window_size=(left, right)`; dropout 0, no bias, `is_training=True`.
 - TE aligns windows bottom-right only for `*_BOTTOM_RIGHT` masks; with another mask and a
@@ -66,6 +68,12 @@ def descriptor_arrays(case: kit.Case):
     sl_q, off_q = kit.te_seqlens_offsets(case.sq, m)
     sl_kv, off_kv = kit.te_seqlens_offsets(case.skv, m)
     return sl_q, sl_kv, off_q, off_kv, m
+
+
+def bshd_shape(case: kit.Case):
+    """(B, S_q, S_kv) of a BSHD case (every slot holds S tokens; the case reader checked)."""
+    b = case.sq.slots
+    return b, (case.sq.tokens // b if b else 0), (case.skv.tokens // b if b else 0)
 
 
 def window_for(case: kit.Case):
@@ -122,7 +130,7 @@ class TeJax:
         kw = dict(
             attn_bias_type=te.AttnBiasType.NO_BIAS,
             attn_mask_type=getattr(te.AttnMaskType, TE_MASKS[c.mask]),
-            qkv_layout=te.QKVLayout.THD_THD_THD,
+            qkv_layout=te.QKVLayout.BSHD_BSHD_BSHD if c.layout == "bshd" else te.QKVLayout.THD_THD_THD,
             scaling_factor=float(c.scale),
             dropout_probability=0.0,
             is_training=True,
@@ -137,6 +145,8 @@ class TeJax:
             jax, te, ext = self.jax, self.te, self.ext
 
             def desc(sl_q, sl_kv, off_q, off_kv):
+                if off_q is None:
+                    return te.SequenceDescriptor.from_seqlens((sl_q, sl_kv))
                 return te.SequenceDescriptor.from_seqlens_and_offsets((sl_q, sl_kv), (off_q, off_kv))
 
             def fwd_bwd(q, k, v, g, sl_q, sl_kv, off_q, off_kv):
@@ -165,20 +175,30 @@ class TeJax:
         jnp = self.jnp
         c = case.config
         static = self.static_args(case)
-        sl_q, sl_kv, off_q, off_kv, m = descriptor_arrays(case)
         dt = {"bf16": jnp.bfloat16, "f16": jnp.float16}[c.dtype]
         grads = bool(want & {"dq", "dk", "dv"})
         d_o = case.d_o if grads else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v), np.float32)
-        args = [jnp.asarray(x[None], dtype=dt) for x in (case.q, case.k, case.v, d_o)]
-        args += [jnp.asarray(x) for x in (sl_q, sl_kv, off_q, off_kv)]
+        if c.layout == "bshd":
+            (b, s_q, s_kv), m = bshd_shape(case), 1
+            shapes = [(b, s_q), (b, s_kv), (b, s_kv), (b, s_q)]
+            ints = [case.sq.lens.astype(np.int32), case.skv.lens.astype(np.int32), None, None]
+        else:
+            sl_q, sl_kv, off_q, off_kv, m = descriptor_arrays(case)
+            shapes = [(1, case.sq.tokens), (1, case.skv.tokens), (1, case.skv.tokens), (1, case.sq.tokens)]
+            ints = [sl_q, sl_kv, off_q, off_kv]
+        args = [jnp.asarray(x.reshape(shp + x.shape[1:]), dtype=dt) for x, shp in zip((case.q, case.k, case.v, d_o), shapes)]
+        args += [None if x is None else jnp.asarray(x) for x in ints]
         env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("NVTE_")))
         key = (tuple(sorted((k, str(v)) for k, v in static.items())), m, "lse" in want, grads, env)
         with kit.calling("transformer_engine"):
             res = self.compiled(key, static, m, "lse" in want, grads)(*args)
             res = {n: np.asarray(t.astype(jnp.float32)) for n, t in res.items()}
-        out = {n: res[n][0] for n in ("o", "dq", "dk", "dv") if n in res}
+        out = {n: res[n].reshape((-1,) + res[n].shape[2:]) for n in ("o", "dq", "dk", "dv") if n in res}
         if "lse" in want:
             aux = res["lse"]
+            if c.layout == "bshd":
+                out["lse"] = kit.lse_to_thd(aux[..., 0], case.sq, "bhs")
+                return out
             layout = aux_layout(aux.shape, c.num_heads, case.sq.tokens)
             # softmax_aux is TE-internal: its rows at don't-care tokens mean nothing, so they
             # become -inf; valid rows are TE's values, unchanged
@@ -194,7 +214,7 @@ def adapter(argv=None) -> kit.Adapter:
     impl = TeJax(not args.no_lse)
     caps = kit.Caps(
         dtypes=["bf16", "f16"],
-        layouts=["thd"],
+        layouts=["thd", "bshd"],
         masks=list(kit.MASKS),
         window=True,
         gqa=True,

@@ -67,7 +67,7 @@ class Loop(unittest.TestCase):
         caps = hs["caps"]
         for key in ("dtypes", "layouts", "masks", "window", "gqa", "dv_ne_dqk", "head_dims", "max_tokens",
                     "backward", "lse", "padded_offsets", "reports_path", "reports_workspace",
-                    "follows_small_seq_roundings", "harness_options", "no_key_row", "arch", "devices"):
+                    "follows_small_seq_roundings", "harness_options", "no_key_row", "arch", "small_seq", "devices"):
             self.assertIn(key, caps)
         self.assertEqual(replies, [])
 
@@ -107,6 +107,7 @@ class Loop(unittest.TestCase):
             self.run_req(5, f16),
             self.run_req(6, case, fill="nan"),
             {"id": 7, "op": "run", "case": case, "want": ["o"]},
+            self.run_req(8, case, lse_from=case),
         ]
         _, replies = self.converse(echo_adapter(), requests)
         got = [(r["id"], r["ok"], r["error"]["kind"]) for r in replies]
@@ -123,6 +124,7 @@ class Loop(unittest.TestCase):
                 (5, False, "unsupported"),
                 (6, False, "invalid"),
                 (7, False, "invalid"),
+                (8, False, "unsupported"),
             ],
         )
         self.assertIn("dtype f16", replies[7]["error"]["message"])
