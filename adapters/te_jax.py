@@ -175,7 +175,7 @@ class TeJax:
         jnp = self.jnp
         c = case.config
         static = self.static_args(case)
-        dt = {"bf16": jnp.bfloat16, "f16": jnp.float16}[c.dtype]
+        dt = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}[c.dtype]
         grads = bool(want & {"dq", "dk", "dv"})
         d_o = case.d_o if grads else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v), np.float32)
         if c.layout == "bshd":

@@ -2,6 +2,7 @@
 neither torch nor jax: these skip there; they run on a developer machine or the H200)."""
 
 import importlib.util
+import os
 import unittest
 
 import numpy as np
@@ -57,6 +58,28 @@ class JaxXla(FrameworkCase):
         import jax_attention
 
         self.compare(jax_attention.adapter(["--implementation", "xla", "--lse"]), 2e-5)
+
+
+@unittest.skipUnless(importlib.util.find_spec("jax"), "jax is not installed")
+class TeJaxOnAStandIn(FrameworkCase):
+    """te_jax's plumbing (descriptor, layouts, jit, vjp, aux) through tests/fake_te, a JAX
+    stand-in that keeps TE's documented contract: it tests the adapter, not TE."""
+
+    def test_f32_plumbing_against_reference(self):
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_te"))
+        try:
+            import te_jax
+
+            a = te_jax.adapter([])
+            a.caps.dtypes.append("f32")  # the stand-in computes f32; TE itself is declared bf16/f16
+            a.caps.head_dims = None
+            self.compare(a, 2e-5)
+        finally:
+            sys.path.pop(0)
+            for name in [n for n in sys.modules if n.startswith("transformer_engine")]:
+                del sys.modules[name]
 
 
 @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
