@@ -20,9 +20,10 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   has none (lse false).
 - Backward: autograd (`torch.autograd.grad` with the padded d_o).
 - Don't-care tokens: never handed to torch by default (the padded batch is zero past each
-  slot's length); `--carry-poison` fills a slot's pad positions with its own
-  pad-between-seqs tokens, so NaN/Inf poison reaches the masked positions. Their outputs
-  are written 0 (LSE -inf): torch never computed them.
+  slot's length); `--carry-poison` fills a slot's pad key/value positions with its own
+  pad-between-seqs tokens, so NaN/Inf poison reaches keys every row has masked out (not
+  query rows: SDPA cannot know a query row is padding). Don't-care outputs are written 0
+  (LSE -inf): torch never computed them.
 - No-key rows: math, efficient and cudnn were seen to write O = 0 (external-apis.md §0b);
   the LSE each writes there is declared with --no-key-lse (default -inf, +inf on flash)
   and recorded in the handshake; the campaign reports any other value.
@@ -142,9 +143,9 @@ class TorchSdpa:
             if "ScaledDotProduct" in name:
                 if NODE[self.kernel] not in name:
                     raise kit.Internal(f"pinned to {self.kernel} but torch ran {name}")
-                for attr in ("_saved_logsumexp", "_saved_log_sumexp"):
-                    if hasattr(node, attr):
-                        return getattr(node, attr)
+                # `_saved_logsumexp` (flash, cudnn) or `_saved_log_sumexp` (efficient)
+                for attr in sorted(a for a in dir(node) if a.startswith("_saved_") and "sumexp" in a):
+                    return getattr(node, attr)
                 raise kit.Internal(f"{name} holds no saved logsumexp")
             todo.extend(n for n, _ in node.next_functions)
         raise kit.Internal(f"no ScaledDotProduct node behind O on the {self.kernel} kernel")
@@ -185,7 +186,7 @@ class TorchSdpa:
         d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
         res = self.call(
             case,
-            kit.to_padded(case.q, case.sq, sq, self.pad),
+            kit.to_padded(case.q, case.sq, sq),  # pad query rows are real rows to SDPA: no poison
             kit.to_padded(case.k, case.skv, sk, self.pad),
             kit.to_padded(case.v, case.skv, sk, self.pad),
             kit.to_padded(d_o, case.sq, sq, "zero"),

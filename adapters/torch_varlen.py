@@ -135,23 +135,18 @@ class TorchVarlen:
         return self.back_to_thd(case, res, want)
 
     def back_to_thd(self, case, res, want):
+        """Rows past cu_seqlens[-1] are outside varlen_attn's contract (it allocates O and LSE
+        uninitialised there): they are written 0 (LSE -inf) in both --tail modes, which differ
+        only in what the kernel reads."""
         out = {}
         for name, side in (("o", case.sq), ("dq", case.sq), ("dk", case.skv), ("dv", case.skv)):
             if name in res:
-                arr = res[name]
-                if arr.shape[0] < side.tokens:  # trimmed: the tail was never computed
-                    arr = np.concatenate([arr, np.zeros((side.tokens - arr.shape[0],) + arr.shape[1:], arr.dtype)])
-                out[name] = arr
+                arr = res[name][: int(side.cu[-1])]
+                out[name] = kit.unpack(arr, side)
         if "lse" in want:
-            lse = res["lse"]
-            layout = lse_layout(lse.shape, case.config.num_heads, res["o"].shape[0])
-            packed = layout != "bhs" and res["o"].shape[0] < case.sq.tokens
-            if layout in ("ht", "th") and not packed:
-                full = lse if layout == "th" else lse.T
-                # with --tail pass the tail rows are the kernel's; keep them as written
-                out["lse"] = full.astype(np.float32)
-            else:
-                out["lse"] = kit.lse_to_thd(lse, case.sq, layout, packed=packed)
+            rows = res["o"].shape[0]
+            layout = lse_layout(res["lse"].shape, case.config.num_heads, rows)
+            out["lse"] = kit.lse_to_thd(res["lse"], case.sq, layout, packed=rows < case.sq.tokens)
         return out
 
 

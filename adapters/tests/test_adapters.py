@@ -90,6 +90,23 @@ class TorchVarlen(unittest.TestCase):
             torch_varlen.lse_layout((5, 5), 4, 10)
 
 
+    def test_tail_rows_are_zero_in_both_tail_modes(self):
+        case = make_case([2, 3], [1, 2], heads=2, tail_q=2, tail_kv=1)
+        rng = np.random.default_rng(0)
+        for tail in ("pass", "trim"):
+            nq, nk = (7, 4) if tail == "pass" else (5, 3)
+            res = {
+                "o": rng.standard_normal((nq, 2, 8)),
+                "dk": rng.standard_normal((nk, 2, 8)),
+                "lse": rng.standard_normal((2, nq)),  # [H, T], as CUDA varlen returns it
+            }
+            out = torch_varlen.TorchVarlen("flash", tail).back_to_thd(case, res, frozenset({"o", "dk", "lse"}))
+            np.testing.assert_array_equal(out["o"][:5], res["o"][:5])
+            self.assertFalse(out["o"][5:].any() or out["dk"][3:].any())
+            np.testing.assert_array_equal(out["lse"][:5], res["lse"][:, :5].T.astype(np.float32))
+            self.assertTrue(np.isneginf(out["lse"][5:]).all())
+
+
 class JaxPlan(unittest.TestCase):
     def test_native_arguments_where_exact(self):
         p = jax_attention.plan(make_case([2, 3], [4, 3], mask="padding_causal"), "cudnn")
