@@ -96,8 +96,8 @@ class TorchVarlen(unittest.TestCase):
         for tail in ("pass", "trim"):
             nq, nk = (7, 4) if tail == "pass" else (5, 3)
             res = {
-                "o": rng.standard_normal((nq, 2, 8)),
-                "dk": rng.standard_normal((nk, 2, 8)),
+                "o": rng.standard_normal((nq, 2, 8)).astype(np.float32),
+                "dk": rng.standard_normal((nk, 2, 8)).astype(np.float32),
                 "lse": rng.standard_normal((2, nq)),  # [H, T], as CUDA varlen returns it
             }
             out = torch_varlen.TorchVarlen("flash", tail).back_to_thd(case, res, frozenset({"o", "dk", "lse"}))
