@@ -24,7 +24,6 @@ Cannot express: dropout, bias, head_dim_v != head_dim_qk, f32 on cudnn, bottom-r
 causal or windows with Lq != Lk on cudnn, right windows without causal on cudnn.
 """
 
-import argparse
 import os
 import sys
 
@@ -104,13 +103,7 @@ class JaxAttention:
         c = case.config
         tq = case.sq.tokens
         if case.sq.max_len == 0:
-            return {
-                "o": np.zeros((tq, c.num_heads, c.head_dim_v)),
-                "lse": np.full((tq, c.num_heads), -np.inf),
-                "dq": np.zeros_like(case.q),
-                "dk": np.zeros_like(case.k),
-                "dv": np.zeros_like(case.v),
-            }
+            return kit.no_query_outputs(case)
         kw = plan(case, self.impl)
         dt = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}[c.dtype]
         sq, sk = case.sq.max_len, case.skv.max_len
@@ -131,46 +124,24 @@ class JaxAttention:
         with kit.calling(f"jax {self.impl}"):
             res = self.compiled(static)(q, k, v, g, lq, lk, mask)
             res = {n: np.asarray(t.astype(jnp.float32)) for n, t in res.items()}
-        out = {"o": kit.from_padded(res["o"], case.sq)}
-        if "lse" in want:
-            out["lse"] = kit.lse_to_thd(res["lse"], case.sq, "bsh")
-        for name, side in (("dq", case.sq), ("dk", case.skv), ("dv", case.skv)):
-            if name in res:
-                out[name] = kit.from_padded(res[name], side)
-        return out
+        return kit.from_padded_outputs(case, res, lse_layout="bsh")
 
 
 def adapter(argv=None) -> kit.Adapter:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kit.arg_parser(__doc__)
     ap.add_argument("--implementation", required=True, choices=["xla", "cudnn"])
     ap.add_argument("--lse", action="store_true")
-    ap.add_argument("--no-key-lse", default="-inf", choices=kit.NO_KEY_LSE)
     args = ap.parse_args(argv)
     impl = JaxAttention(args.implementation)
     cudnn = args.implementation == "cudnn"
     caps = kit.Caps(
-        dtypes=["bf16", "f16"] if cudnn else ["bf16", "f16", "f32"],
-        layouts=["thd", "bshd"],
-        masks=list(kit.MASKS),
-        window=True,
-        gqa=True,
-        dv_ne_dqk=False,
-        head_dims=[16, 32, 64, 128, 192, 256] if cudnn else None,
-        max_tokens=1 << 16,
-        backward=True,
-        lse=args.lse,
-        padded_offsets=True,
+        dtypes=["bf16", "f16"] if cudnn else ["bf16", "f16", "f32"], masks=list(kit.MASKS),
+        window=True, gqa=True, head_dims=[16, 32, 64, 128, 192, 256] if cudnn else None,
+        max_tokens=1 << 16, backward=True, lse=args.lse, padded_offsets=True,
         no_key_row="zero" if cudnn else "other",
-        devices=1,
     )
-    return kit.Adapter(
-        name=f"jax-dpa-{args.implementation}",
-        version="jax",
-        caps=caps,
-        run=impl.run,
-        no_key_lse=args.no_key_lse,
-        setup=impl.setup,
-    )
+    return kit.Adapter(f"jax-dpa-{args.implementation}", "jax", caps, impl.run,
+                       no_key_lse=args.no_key_lse, setup=impl.setup)
 
 
 if __name__ == "__main__":

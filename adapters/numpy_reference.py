@@ -26,12 +26,9 @@ def attention(case: kit.Case, want: frozenset) -> dict:
     g = c.group
     q, k, v = (x.astype(np.float64) for x in (case.q, case.k, case.v))
     d_o = case.d_o.astype(np.float64) if case.d_o is not None else None
-    tq, tk, h, hkv = case.sq.tokens, case.skv.tokens, c.num_heads, c.num_kv_heads
-    o = np.zeros((tq, h, c.head_dim_v))
-    lse = np.full((tq, h), -np.inf)
-    dq = np.zeros((tq, h, c.head_dim_qk))
-    dk = np.zeros((tk, hkv, c.head_dim_qk))
-    dv = np.zeros((tk, hkv, c.head_dim_v))
+    hkv = c.num_kv_heads
+    out = kit.no_query_outputs(case)  # every row the loop below does not reach keeps these
+    o, lse, dq, dk, dv = (out[n] for n in kit.OUTPUTS)
     grads = bool(want & {"dq", "dk", "dv"})
     for i in range(case.sq.slots):
         lq, lk = int(case.sq.lens[i]), int(case.skv.lens[i])
@@ -61,7 +58,6 @@ def attention(case: kit.Case, want: frozenset) -> dict:
             # heads h = j*g .. j*g+g-1 share kv head j: sum the group
             dk[ok : ok + lk] = dke.reshape(lk, hkv, g, -1).sum(axis=2)
             dv[ok : ok + lk] = dve.reshape(lk, hkv, g, -1).sum(axis=2)
-    out = {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     return {
         name: (kit.round_to_dtype(a, "f32") if name == "lse" else kit.round_to_dtype(a, c.dtype))
         for name, a in out.items()
@@ -71,29 +67,11 @@ def attention(case: kit.Case, want: frozenset) -> dict:
 
 def adapter() -> kit.Adapter:
     caps = kit.Caps(
-        dtypes=list(kit.DTYPES),
-        layouts=["thd", "bshd"],
-        masks=list(kit.MASKS),
-        window=True,
-        gqa=True,
-        dv_ne_dqk=True,
-        head_dims=None,
-        max_tokens=1 << 16,
-        backward=True,
-        lse=True,
-        padded_offsets=True,
-        no_key_row="zero",
-        arch="cpu",
-        devices=1,
+        dtypes=list(kit.DTYPES), masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
+        max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu",
     )
-    return kit.Adapter(
-        name="numpy-reference",
-        version=f"numpy {np.__version__}",
-        caps=caps,
-        run=attention,
-        provenance={"implementation": "adapters/numpy_reference.py (f64, rounded once)"},
-        no_key_lse="-inf",
-    )
+    prov = {"implementation": "adapters/numpy_reference.py (f64, rounded once)"}
+    return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov)
 
 
 if __name__ == "__main__":

@@ -645,6 +645,32 @@ def from_padded(y: np.ndarray, side: Side, fill: float = 0.0) -> np.ndarray:
     return out
 
 
+def from_padded_outputs(case: "Case", res: Dict[str, np.ndarray], lse_layout: str = "bhs") -> Dict[str, np.ndarray]:
+    """A padded batch's outputs (o, dq `[B, Sq, ...]`; dk, dv `[B, Sk, ...]`; lse in
+    `lse_layout`) back to the case's THD tensors, with `from_padded` / `lse_to_thd`."""
+    out = {}
+    for name, arr in res.items():
+        if name == "lse":
+            out[name] = lse_to_thd(arr, case.sq, lse_layout)
+        else:
+            out[name] = from_padded(arr, case.sq if name in ("o", "dq") else case.skv)
+    return out
+
+
+def no_query_outputs(case: "Case") -> Dict[str, np.ndarray]:
+    """The outputs of a case without a single query token (b = 0 or only empty query slots):
+    nothing to launch, every output is the zero-out value of semantics §1."""
+    c = case.config
+    tq, tk = case.sq.tokens, case.skv.tokens
+    return {
+        "o": np.zeros((tq, c.num_heads, c.head_dim_v)),
+        "lse": np.full((tq, c.num_heads), -np.inf),
+        "dq": np.zeros((tq, c.num_heads, c.head_dim_qk)),
+        "dk": np.zeros((tk, c.num_kv_heads, c.head_dim_qk)),
+        "dv": np.zeros((tk, c.num_kv_heads, c.head_dim_v)),
+    }
+
+
 def segment_ids(side: Side) -> np.ndarray:
     """[T] int32, TE/JAX style: 1 + slot index on valid tokens, 0 on don't-care tokens.
     Slots of length 0 leave no trace (segment ids cannot express them)."""
@@ -767,7 +793,8 @@ def map_no_key_lse(lse: np.ndarray, no_key: np.ndarray, convention: Optional[str
 @dataclasses.dataclass
 class Caps:
     dtypes: List[str] = dataclasses.field(default_factory=list)
-    layouts: List[str] = dataclasses.field(default_factory=lambda: ["thd"])
+    # the kit hands a BSHD case to `run` as THD (every slot S tokens), so both by default
+    layouts: List[str] = dataclasses.field(default_factory=lambda: ["thd", "bshd"])
     masks: List[str] = dataclasses.field(default_factory=list)
     window: bool = False
     gqa: bool = False
@@ -863,6 +890,16 @@ def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[s
 
 # ----------------------------------------------------------------------------------------
 # The protocol loop
+
+
+def arg_parser(doc: str, no_key_lse: Optional[str] = "-inf"):
+    """An argument parser for an adapter's command line, with the option every adapter has:
+    `--no-key-lse`, the LSE value its implementation writes in a row with no visible key."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    ap.add_argument("--no-key-lse", default=no_key_lse, choices=NO_KEY_LSE)
+    return ap
 
 
 def log(msg: str):

@@ -40,7 +40,6 @@ Cannot express: dropout, bias, f32, head_dim_v != head_dim_qk, a window with Lq 
 non-bottom-right mask; paths and workspaces (TE reports neither to a caller).
 """
 
-import argparse
 import inspect
 import os
 import sys
@@ -207,34 +206,17 @@ class TeJax:
 
 
 def adapter(argv=None) -> kit.Adapter:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kit.arg_parser(__doc__)
     ap.add_argument("--no-lse", action="store_true")
-    ap.add_argument("--no-key-lse", default="-inf", choices=kit.NO_KEY_LSE)
     args = ap.parse_args(argv)
     impl = TeJax(not args.no_lse)
     caps = kit.Caps(
-        dtypes=["bf16", "f16"],
-        layouts=["thd", "bshd"],
-        masks=list(kit.MASKS),
-        window=True,
-        gqa=True,
-        dv_ne_dqk=False,
-        head_dims=[32, 64, 128, 256],
-        max_tokens=1 << 20,
-        backward=True,
-        lse=not args.no_lse,
+        dtypes=["bf16", "f16"], masks=list(kit.MASKS), window=True, gqa=True,
+        head_dims=[32, 64, 128, 256], max_tokens=1 << 20, backward=True, lse=not args.no_lse,
         padded_offsets=True,
-        no_key_row="zero",
-        devices=1,
     )
-    return kit.Adapter(
-        name="te-jax-fused-attn",
-        version="transformer_engine",
-        caps=caps,
-        run=impl.run,
-        no_key_lse=args.no_key_lse,
-        setup=impl.setup,
-    )
+    return kit.Adapter("te-jax-fused-attn", "transformer_engine", caps, impl.run,
+                       no_key_lse=args.no_key_lse, setup=impl.setup)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ Lq != Lk on flash (unsupported per case); GQA on efficient (SDPA refuses it); f3
 and cudnn; head dims outside the list in `caps_for`.
 """
 
-import argparse
 import os
 import sys
 
@@ -50,20 +49,8 @@ NODE = {"efficient": "Efficient", "flash": "Flash", "cudnn": "Cudnn"}
 
 def caps_for(kernel: str) -> kit.Caps:
     caps = kit.Caps(
-        dtypes=["bf16", "f16", "f32"],
-        layouts=["thd", "bshd"],
-        masks=list(kit.MASKS),
-        window=True,
-        gqa=True,
-        dv_ne_dqk=True,
-        head_dims=None,
-        max_tokens=1 << 16,
-        backward=True,
-        lse=kernel != "math",
-        padded_offsets=True,
-        no_key_row="zero",
-        arch=None,
-        devices=1,
+        dtypes=["bf16", "f16", "f32"], masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
+        max_tokens=1 << 16, backward=True, lse=kernel != "math", padded_offsets=True,
     )
     if kernel == "efficient":
         caps.gqa = False
@@ -179,7 +166,7 @@ class TorchSdpa:
     def run(self, case: kit.Case, want: frozenset) -> dict:
         c = case.config
         if case.sq.max_len == 0:
-            return zeros(case)
+            return kit.no_query_outputs(case)
         if self.kernel == "flash":
             return self.run_groups(case, want)
         sq, sk = case.sq.max_len, case.skv.max_len
@@ -224,47 +211,21 @@ class TorchSdpa:
                     acc["lse"][slots, :, :lq] = arr[:, :, :lq]
                 else:
                     acc[name][slots, : arr.shape[1]] = arr
-        return self.unpad(case, {k: v for k, v in acc.items() if k in want or k == "o"}, want)
+        return self.unpad(case, acc, want)
 
     def unpad(self, case, res, want):
-        out = {"o": kit.from_padded(res["o"], case.sq)}
-        if "lse" in want:
-            out["lse"] = kit.lse_to_thd(res["lse"], case.sq, "bhs")
-        for name, side in (("dq", case.sq), ("dk", case.skv), ("dv", case.skv)):
-            if name in want:
-                out[name] = kit.from_padded(res[name], side)
-        return out
-
-
-def zeros(case: kit.Case) -> dict:
-    """Outputs of a case without a single query token: nothing to launch."""
-    c = case.config
-    tq, tk = case.sq.tokens, case.skv.tokens
-    return {
-        "o": np.zeros((tq, c.num_heads, c.head_dim_v)),
-        "lse": np.full((tq, c.num_heads), -np.inf),
-        "dq": np.zeros((tq, c.num_heads, c.head_dim_qk)),
-        "dk": np.zeros((tk, c.num_kv_heads, c.head_dim_qk)),
-        "dv": np.zeros((tk, c.num_kv_heads, c.head_dim_v)),
-    }
+        return kit.from_padded_outputs(case, {n: a for n, a in res.items() if n in want or n == "o"})
 
 
 def adapter(argv=None) -> kit.Adapter:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kit.arg_parser(__doc__, no_key_lse=None)
     ap.add_argument("--kernel", required=True, choices=["math", "efficient", "flash", "cudnn"])
     ap.add_argument("--carry-poison", action="store_true")
-    ap.add_argument("--no-key-lse", choices=kit.NO_KEY_LSE)
     args = ap.parse_args(argv)
     impl = TorchSdpa(args.kernel, args.carry_poison)
-    default_lse = "+inf" if args.kernel == "flash" else "-inf"
-    return kit.Adapter(
-        name=f"torch-sdpa-{args.kernel}",
-        version="torch",
-        caps=caps_for(args.kernel),
-        run=impl.run,
-        no_key_lse=args.no_key_lse or default_lse,
-        setup=impl.setup,
-    )
+    no_key_lse = args.no_key_lse or ("+inf" if args.kernel == "flash" else "-inf")
+    return kit.Adapter(f"torch-sdpa-{args.kernel}", "torch", caps_for(args.kernel), impl.run,
+                       no_key_lse=no_key_lse, setup=impl.setup)
 
 
 if __name__ == "__main__":

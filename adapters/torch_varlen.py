@@ -24,7 +24,6 @@ Cannot express: dropout, bias, f32, head_dim_v != head_dim_qk, gaps between slot
 top-left causal with Lq != Lk, GQA unless this torch has `enable_gqa` (2.12).
 """
 
-import argparse
 import inspect
 import os
 import sys
@@ -175,35 +174,17 @@ def flash_forward(torch, q, k, v, cu_q, cu_k, mq, mk, scale, left, right):
 
 
 def adapter(argv=None) -> kit.Adapter:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = kit.arg_parser(__doc__, no_key_lse="+inf")
     ap.add_argument("--kernel", default="flash", choices=["flash", "cudnn"])
     ap.add_argument("--tail", default="trim", choices=["trim", "pass"])
-    ap.add_argument("--no-key-lse", default="+inf", choices=kit.NO_KEY_LSE)
     args = ap.parse_args(argv)
     impl = TorchVarlen(args.kernel, args.tail)
     caps = kit.Caps(
-        dtypes=["bf16", "f16"],
-        layouts=["thd", "bshd"],
-        masks=list(kit.MASKS),
-        window=args.kernel == "flash",
-        gqa=False,
-        dv_ne_dqk=False,
-        head_dims=HEAD_DIMS,
-        max_tokens=1 << 20,
-        backward=True,
-        lse=True,
-        padded_offsets=False,
-        no_key_row="zero",
-        devices=1,
+        dtypes=["bf16", "f16"], masks=list(kit.MASKS), window=args.kernel == "flash",
+        head_dims=HEAD_DIMS, max_tokens=1 << 20, backward=True, lse=True,
     )
-    return kit.Adapter(
-        name=f"torch-varlen-{args.kernel}",
-        version="torch",
-        caps=caps,
-        run=impl.run,
-        no_key_lse=args.no_key_lse,
-        setup=impl.setup,
-    )
+    return kit.Adapter(f"torch-varlen-{args.kernel}", "torch", caps, impl.run,
+                       no_key_lse=args.no_key_lse, setup=impl.setup)
 
 
 if __name__ == "__main__":
