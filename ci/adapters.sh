@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Adapters in L0 (CPU only): the Python kit's unit tests, then a short seeded campaign that
-# drives the worker protocol end to end through adapters/numpy_reference.py.
+# Adapters in L0 (CPU only): the Python kit's unit tests; then, with the release binary,
+# numpy_reference against the Rust f64 reference on the stored capsules and a short seeded
+# campaign that drives the worker protocol end to end through adapters/numpy_reference.py.
 #
 #   ci/adapters.sh [--no-campaign]
 #
@@ -18,11 +19,16 @@ if [ ! -x "$py" ]; then
   python3 -m venv "$venv" && "$py" -m pip install -q numpy safetensors || { echo "adapters: venv setup failed" >&2; exit 2; }
   echo "venv created in $(( $(date +%s) - start )) s"
 fi
+log=target/adapters-unittest.log
 echo "== adapter kit unit tests"
-"$py" -m unittest discover -s adapters/tests 2> target/adapters-unittest.log \
-  || { tail -n 60 target/adapters-unittest.log; exit 1; }
-tail -n 3 target/adapters-unittest.log
+"$py" -m unittest discover -s adapters/tests 2> "$log" || { tail -n 60 "$log"; exit 1; }
+tail -n 3 "$log"
 [ "$campaign" = yes ] || exit 0
+cargo build --release -q || exit 2
+bin="${CARGO_TARGET_DIR:-target}/release/smallseq"
+echo "== numpy_reference against the Rust reference on tests/capsules"
+SMALLSEQ_BIN="$bin" "$py" -m unittest discover -s adapters/tests -p "test_against_rust_reference.py" 2> "$log" \
+  || { tail -n 60 "$log"; exit 1; }
+tail -n 3 "$log"
 echo "== exec campaign through numpy_reference.py"
-cargo run --release -q -- fuzz --backend exec --worker "$py adapters/numpy_reference.py" \
-  --cases 40 --seed 1 --out target/l0/exec || exit 1
+"$bin" fuzz --backend exec --worker "$py adapters/numpy_reference.py" --cases 40 --seed 1 --out target/l0/exec || exit 1
