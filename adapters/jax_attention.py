@@ -2,7 +2,7 @@
 """jax_attention: `jax.nn.dot_product_attention` (padded batch plus sequence lengths).
 
     python3 adapters/jax_attention.py --implementation xla|cudnn [--lse]
-                                      [--no-key-lse -inf|+inf|nan]
+                                      [--precision highest|default] [--no-key-lse -inf|+inf|nan]
 
 - THD -> `[B, S, N, H]` with slot b in row b, `query_seq_lengths` / `key_value_seq_lengths`
   from cu_seqlens (both always given: jax-ml/jax#23349). Pad positions hold zeros; outputs at
@@ -14,6 +14,8 @@
   exact boolean `mask` [B, 1, Sq, Sk]; cudnn cannot take it and answers `unsupported`.
   cudnn also refuses a right window without causal (JAX raises; reported as unsupported).
 - Backward: `jax.vjp` of the call, cotangent = the padded d_o.
+- `jax_default_matmul_precision` is "highest" unless `--precision default` (XLA may use TF32
+  for f32 dots on the GPU by default, which f32 cases would then fail by design).
 - LSE: `return_residual=True` (jax >= 0.8.1) gives `[B, T, N]` **in the input dtype**
   (bf16 keeps 8 significant bits), so `lse` is off unless `--lse` is given; with it, expect
   LSE mismatches from that rounding alone on bf16/f16.
@@ -58,18 +60,24 @@ def plan(case: kit.Case, implementation: str) -> dict:
 
 
 class JaxAttention:
-    def __init__(self, implementation: str):
-        self.impl = implementation
+    def __init__(self, implementation: str, precision: str = "highest"):
+        self.impl, self.precision = implementation, precision
         self.cache = {}
 
     def setup(self, adapter: kit.Adapter):
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import jax
         import jax.numpy as jnp
+
+        # f32 cases are judged as f32 arithmetic: no TF32 in XLA's dots unless asked
+        jax.config.update("jax_default_matmul_precision", self.precision)
 
         self.jax, self.jnp = jax, jnp
         dev = jax.devices()[0]
         adapter.version = f"jax {jax.__version__}"
-        adapter.provenance.update({"implementation": self.impl, "device": str(getattr(dev, "device_kind", dev))})
+        adapter.provenance.update(
+            {"implementation": self.impl, "precision": self.precision, "device": str(getattr(dev, "device_kind", dev))}
+        )
 
     def compiled(self, static):
         """One jitted forward (+ vjp) per mask/scale/output choice; jax caches per shape."""
@@ -131,8 +139,9 @@ def adapter(argv=None) -> kit.Adapter:
     ap = kit.arg_parser(__doc__)
     ap.add_argument("--implementation", required=True, choices=["xla", "cudnn"])
     ap.add_argument("--lse", action="store_true")
+    ap.add_argument("--precision", default="highest", choices=["highest", "default"])
     args = ap.parse_args(argv)
-    impl = JaxAttention(args.implementation)
+    impl = JaxAttention(args.implementation, args.precision)
     cudnn = args.implementation == "cudnn"
     caps = kit.Caps(
         dtypes=["bf16", "f16"] if cudnn else ["bf16", "f16", "f32"], masks=list(kit.MASKS),
@@ -140,6 +149,7 @@ def adapter(argv=None) -> kit.Adapter:
         max_tokens=1 << 16, backward=True, lse=args.lse, padded_offsets=True,
         no_key_row="zero" if cudnn else "other",
     )
+    caps.devices = args.devices
     return kit.Adapter(f"jax-dpa-{args.implementation}", "jax", caps, impl.run,
                        no_key_lse=args.no_key_lse, setup=impl.setup)
 

@@ -893,12 +893,15 @@ def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[s
 
 
 def arg_parser(doc: str, no_key_lse: Optional[str] = "-inf"):
-    """An argument parser for an adapter's command line, with the option every adapter has:
-    `--no-key-lse`, the LSE value its implementation writes in a row with no visible key."""
+    """An argument parser for an adapter's command line, with the options every adapter has:
+    `--no-key-lse`, the LSE value its implementation writes in a row with no visible key, and
+    `--devices N`, declared as `caps.devices` (the campaign then starts a worker per device
+    with CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES set to it)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     ap.add_argument("--no-key-lse", default=no_key_lse, choices=NO_KEY_LSE)
+    ap.add_argument("--devices", type=int, default=1)
     return ap
 
 

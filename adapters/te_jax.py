@@ -215,6 +215,7 @@ def adapter(argv=None) -> kit.Adapter:
         head_dims=[32, 64, 128, 256], max_tokens=1 << 20, backward=True, lse=not args.no_lse,
         padded_offsets=True,
     )
+    caps.devices = args.devices
     return kit.Adapter("te-jax-fused-attn", "transformer_engine", caps, impl.run,
                        no_key_lse=args.no_key_lse, setup=impl.setup)
 

@@ -224,7 +224,9 @@ def adapter(argv=None) -> kit.Adapter:
     args = ap.parse_args(argv)
     impl = TorchSdpa(args.kernel, args.carry_poison)
     no_key_lse = args.no_key_lse or ("+inf" if args.kernel == "flash" else "-inf")
-    return kit.Adapter(f"torch-sdpa-{args.kernel}", "torch", caps_for(args.kernel), impl.run,
+    caps = caps_for(args.kernel)
+    caps.devices = args.devices
+    return kit.Adapter(f"torch-sdpa-{args.kernel}", "torch", caps, impl.run,
                        no_key_lse=no_key_lse, setup=impl.setup)
 
 

@@ -183,6 +183,7 @@ def adapter(argv=None) -> kit.Adapter:
         dtypes=["bf16", "f16"], masks=list(kit.MASKS), window=args.kernel == "flash",
         head_dims=HEAD_DIMS, max_tokens=1 << 20, backward=True, lse=True,
     )
+    caps.devices = args.devices
     return kit.Adapter(f"torch-varlen-{args.kernel}", "torch", caps, impl.run,
                        no_key_lse=args.no_key_lse, setup=impl.setup)
 
