@@ -14,25 +14,27 @@ import numpy_reference as ref  # noqa: E402
 ALL = frozenset(kit.OUTPUTS)
 
 
-def geometries():
-    """(name, case) pairs over the classes every adapter claims: GQA, masks, windows, empty
-    slots, tails, long slots."""
-    yield "mha-padding", make_case([3, 5], [4, 5], heads=2, dqk=16, mask="padding", seed=1, poison=0.0)
-    yield "gqa-causal-square", make_case([4, 2], [4, 2], heads=4, kv_heads=2, dqk=16, mask="padding_causal", seed=2, poison=0.0)
-    yield "causal-tl-rect", make_case([3, 2], [5, 4], heads=2, dqk=16, mask="causal", seed=3, poison=0.0)
-    yield "causal-br-rect", make_case([3, 2], [5, 4], heads=2, dqk=16, mask="causal_bottom_right", seed=4, poison=0.0)
-    yield "window-square", make_case([6, 5], [6, 5], heads=2, dqk=16, mask="no_mask", window=(2, 1), seed=5, poison=0.0)
-    yield "window-rect", make_case([4, 3], [6, 5], heads=2, dqk=16, mask="padding", window=(1, 0), seed=6, poison=0.0)
-    yield "gaps-tail", make_case([2, 3], [3, 1], gaps_q=[1, 0], gaps_kv=[2, 0], tail_q=2, tail_kv=1, dqk=16, seed=7, poison=0.0)
-    yield "long", make_case([40], [33], heads=1, dqk=32, mask="padding_causal_bottom_right", seed=8, poison=0.0)
+def geometries(dtype):
+    """(name, case) pairs over the classes the adapters claim: GQA, masks, windows, empty
+    slots, gaps, tails, long slots, no-key rows."""
+    kw = dict(dtype=dtype, dqk=16, poison=0.0)
+    yield "mha-padding", make_case([3, 5], [4, 5], heads=2, mask="padding", seed=1, **kw)
+    yield "gqa-causal-square", make_case([4, 2], [4, 2], heads=4, kv_heads=2, mask="padding_causal", seed=2, **kw)
+    yield "causal-tl-rect", make_case([3, 2], [5, 4], heads=2, mask="causal", seed=3, **kw)
+    yield "causal-br-rect", make_case([3, 2], [5, 4], heads=2, mask="causal_bottom_right", seed=4, **kw)
+    yield "window-square", make_case([6, 5], [6, 5], heads=2, mask="no_mask", window=(2, 1), seed=5, **kw)
+    yield "window-rect", make_case([4, 3], [6, 5], heads=2, mask="padding", window=(1, 0), seed=6, **kw)
+    yield "gaps-tail", make_case([2, 3], [3, 1], gaps_q=[1, 0], gaps_kv=[2, 0], tail_q=2, tail_kv=1, seed=7, **kw)
+    yield "empty-slots", make_case([2, 0, 3], [3, 2, 3], heads=2, mask="padding", seed=9, **kw)
+    yield "long", make_case([40], [33], heads=1, mask="padding_causal_bottom_right", seed=8, **{**kw, "dqk": 32})
 
 
 class FrameworkCase(unittest.TestCase):
-    def compare(self, adapter, tol):
+    def compare(self, adapter, tol, dtype="f32"):
         if adapter.setup:
             adapter.setup(adapter)
         checked = 0
-        for name, case in geometries():
+        for name, case in geometries(dtype):
             with self.subTest(geometry=name):
                 if adapter.caps.outside(case):
                     continue
@@ -82,12 +84,45 @@ class TeJaxOnAStandIn(FrameworkCase):
                 del sys.modules[name]
 
 
+def has_cuda():
+    if not importlib.util.find_spec("torch"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
 class TorchMath(FrameworkCase):
     def test_f32_against_reference(self):
         import torch_sdpa
 
         self.compare(torch_sdpa.adapter(["--kernel", "math"]), 2e-5)
+
+
+@unittest.skipUnless(has_cuda(), "no CUDA torch")
+class TorchFused(FrameworkCase):
+    """A smoke test for the H200 before a campaign (bf16: loose bounds; the campaign judges)."""
+
+    def test_sdpa_kernels_bf16(self):
+        import torch_sdpa
+
+        for kernel in ("efficient", "flash", "cudnn"):
+            with self.subTest(kernel=kernel):
+                self.compare(torch_sdpa.adapter(["--kernel", kernel]), 6e-2, "bf16")
+
+    def test_varlen_bf16(self):
+        import torch_varlen
+
+        self.compare(torch_varlen.adapter([]), 6e-2, "bf16")
+
+
+@unittest.skipUnless(importlib.util.find_spec("jax") and has_cuda(), "no GPU jax")
+class JaxCudnn(FrameworkCase):
+    def test_bf16(self):
+        import jax_attention
+
+        self.compare(jax_attention.adapter(["--implementation", "cudnn", "--lse"]), 6e-2, "bf16")
 
 
 if __name__ == "__main__":
