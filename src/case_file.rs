@@ -299,6 +299,23 @@ fn encode(dtype: StDtype, vals: impl Iterator<Item = f64>) -> Vec<u8> {
     out
 }
 
+/// Reads the output tensors (`o`, `lse`, `dq`, `dk`, `dv`, any float dtype) of a file that
+/// holds only outputs, such as a worker's reply file, with shapes checked against `case`.
+///
+/// # Errors
+/// [`Error::CaseFile`] naming the tensor: not safetensors, a shape or dtype that does not fit,
+/// an unknown tensor.
+pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    for t in st.names() {
+        if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
+            return Err(file_err(name, format!("unknown output tensor {t:?}")));
+        }
+    }
+    Reader { st: &st, name }.outputs(case)
+}
+
 /// Serialises a case (inputs, stored outputs, metadata) to safetensors bytes.
 ///
 /// # Errors

@@ -31,6 +31,12 @@ pub enum Error {
     NoDevice { backend: String, detail: String },
     #[error("smallseq was built without the `{feature}` feature")]
     NotCompiledWith { feature: &'static str },
+    /// A worker process crashed or hung on the case (`docs/worker-protocol.md`, Faults).
+    #[error("worker {}: {}", .0.kind.name(), .0.detail)]
+    Fault(crate::runner::Fault),
+    /// A worker broke the protocol before any case (handshake, version, caps).
+    #[error("worker {command}: {detail}")]
+    WorkerStart { command: String, detail: String },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -47,7 +53,10 @@ impl Error {
 
     /// Whether this error means "no device here" (exit status 2 and a one-line message).
     pub fn is_no_device(&self) -> bool {
-        matches!(self, Error::NoDevice { .. } | Error::NotCompiledWith { .. })
+        matches!(
+            self,
+            Error::NoDevice { .. } | Error::NotCompiledWith { .. } | Error::WorkerStart { .. }
+        )
     }
 }
 

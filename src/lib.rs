@@ -16,7 +16,9 @@ pub mod dispatch;
 pub mod error;
 pub mod harness;
 pub mod mutants;
+pub mod runner;
 pub mod segments;
+pub mod worker;
 pub mod workspace;
 pub mod wrapper;
 

@@ -36,6 +36,10 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Measure how often a backend's small-seq outputs sit more than one ulp from the emulation.
     Calibrate(cli::calibrate::CalibrateArgs),
+    /// Serve a backend to a campaign over the worker protocol (stdin/stdout).
+    Worker(cli::worker::WorkerArgs),
+    /// Join the shard directories of a campaign into one report.
+    Merge(cli::merge::MergeArgs),
 }
 
 /// Keeps freed heap memory in the process instead of giving it back to the kernel.
@@ -88,6 +92,8 @@ fn main() -> ExitCode {
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
         Command::Calibrate(a) => cli::calibrate::run(a),
+        Command::Worker(a) => cli::worker::run(a),
+        Command::Merge(a) => cli::merge::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -40,7 +40,7 @@ impl Default for RunOptions {
 }
 
 /// What the workspace looked like after a launch.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct WorkspaceReport {
     /// Elements (f32) the plan reserved.
     pub planned: usize,
@@ -59,7 +59,6 @@ pub struct FwdResult {
     pub lse: Array2<f32>,
     /// The path that ran; `None` when no kernel ran (empty batch).
     pub path: Option<Path>,
-    pub decision: Decision,
     pub workspace: WorkspaceReport,
 }
 
@@ -70,7 +69,6 @@ pub struct BwdResult {
     pub dk: Array3<f32>,
     pub dv: Array3<f32>,
     pub path: Option<Path>,
-    pub decision: Decision,
     pub workspace: WorkspaceReport,
 }
 
@@ -252,7 +250,7 @@ fn to3(buf: &DevBuf, shape: [usize; 3]) -> Array3<f32> {
 /// Invalid cases, unsupported configs (dropout, bias), forced paths the gate declines, and
 /// backend failures.
 pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdResult> {
-    let (decision, path, plan, workspace) = prepare(backend, case, opts, Direction::Fwd)?;
+    let (_, path, plan, workspace) = prepare(backend, case, opts, Direction::Fwd)?;
     let p = &case.config.params;
     let (tq, h, dv) = (case.layout.q.tokens, p.num_heads, p.head_dim_v);
     let valid = case.layout.q.valid_tokens();
@@ -286,7 +284,6 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
         o: to3(&bufs.o, [tq, h, dv]),
         lse: Array2::from_shape_vec([tq, h], bufs.lse.body().to_vec()).expect("sized"),
         path,
-        decision,
         workspace,
     })
 }
@@ -307,7 +304,7 @@ pub fn bwd(
         .d_o
         .as_ref()
         .ok_or_else(|| Error::config("backward needs d_o in the case"))?;
-    let (decision, path, plan, workspace) = prepare(backend, case, opts, Direction::Bwd)?;
+    let (_, path, plan, workspace) = prepare(backend, case, opts, Direction::Bwd)?;
     let p = &case.config.params;
     let (tq, tk) = (case.layout.q.tokens, case.layout.kv.tokens);
     let (h, hkv, dqk, dv) = (p.num_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_v);
@@ -351,7 +348,6 @@ pub fn bwd(
         dk: to3(&bufs.dk, [tk, hkv, dqk]),
         dv: to3(&bufs.dv, [tk, hkv, dv]),
         path,
-        decision,
         workspace,
     })
 }

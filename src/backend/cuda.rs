@@ -85,6 +85,26 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::NoDevice`] when there is no driver or device.
     pub fn new() -> Result<Self> {
+        Self::on_device(0)
+    }
+
+    /// The number of CUDA devices this process sees (0 without a driver).
+    pub fn device_count() -> usize {
+        let present = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
+        if !present.unwrap_or(false) {
+            return 0;
+        }
+        catch_unwind(CudaContext::device_count)
+            .ok()
+            .and_then(|r| r.ok())
+            .map_or(0, |n| n.max(0) as usize)
+    }
+
+    /// Opens device `ordinal`.
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`].
+    pub fn on_device(ordinal: usize) -> Result<Self> {
         // cudarc panics when libcuda cannot be loaded: look first, and catch anything else.
         let present = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
         if !present.unwrap_or(false) {
@@ -92,9 +112,9 @@ impl CudaBackend {
                 "libcuda (the NVIDIA driver library) was not found",
             ));
         }
-        let ctx = match catch_unwind(|| CudaContext::new(0)) {
+        let ctx = match catch_unwind(|| CudaContext::new(ordinal)) {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(no_device(format!("no usable CUDA device 0: {e}"))),
+            Ok(Err(e)) => return Err(no_device(format!("no usable CUDA device {ordinal}: {e}"))),
             Err(p) => return Err(no_device(panic_text(p))),
         };
         let cc = ctx

@@ -1,13 +1,14 @@
 //! `smallseq fuzz`: the campaign.
 
 use super::parse_duration;
+use super::target::{self, TargetArgs};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use smallseq::backend;
 use smallseq::dispatch::{EnvView, Profile};
-use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report};
+use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
 use smallseq::harness::te625;
+use smallseq::worker::pool::DEFAULT_TIMEOUT_RULE;
 use smallseq::wrapper::RunOptions;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -18,9 +19,8 @@ use std::time::{Duration, Instant};
 /// Fuzz a backend against the reference and every property.
 #[derive(clap::Args, Debug)]
 pub struct FuzzArgs {
-    /// Backend to test: cpu, cuda, hip, te625-model.
-    #[arg(long, default_value = "cpu")]
-    pub backend: String,
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Dispatch profile: native or te625.
     #[arg(long, default_value = "native")]
     pub profile: Profile,
@@ -39,11 +39,14 @@ pub struct FuzzArgs {
     /// Seconds spent shrinking each failure (0 disables shrinking).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     pub shrink_time: Duration,
-    /// Cases checked at once, each on its own thread (default: one per core on the CPU
-    /// backends, 1 on a GPU backend, which allows no other value yet). The report is the same
-    /// for any value.
+    /// Cases checked at once, each on its own thread (and, in workers, its own worker
+    /// process; default: one per core). The report is the same for any value.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Run only the cases whose index is I mod N of the seeded sequence (one machine of N);
+    /// `smallseq merge` joins the shards' directories into the report of the whole campaign.
+    #[arg(long)]
+    pub shard: Option<Shard>,
 }
 
 /// The variable that switches TE's small-seq path on.
@@ -58,43 +61,66 @@ pub fn seed_or_clock(seed: Option<u64>) -> u64 {
 }
 
 pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
-    let be = match backend::open(&args.backend) {
-        Ok(b) => b,
+    if args.jobs == Some(0) {
+        eprintln!("smallseq: --jobs 0: at least one case must run at a time");
+        return Ok(super::EXIT_USAGE);
+    }
+    let (target, jobs) = match target::open(&args.target, args.profile, args.jobs) {
+        Ok(t) => t,
         Err(e) => {
             eprintln!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
-    let jobs = match (args.jobs, be.concurrent_cases()) {
-        (Some(0), _) => {
-            eprintln!("smallseq: --jobs 0: at least one case must run at a time");
-            return Ok(super::EXIT_USAGE);
-        }
-        (Some(n), false) if n > 1 => {
+    let runner = target.runner();
+    if let target::Target::InProcess(be) = &target {
+        if jobs > 1 && !be.concurrent_cases() {
             eprintln!(
-                "smallseq: --jobs {n}: backend {} checks one case at a time (its concurrent \
-                 use is not yet verified)",
+                "smallseq: --jobs {jobs}: backend {} in this process checks one case at a time \
+                 (add --isolate for one worker process per job)",
                 be.name()
             );
             return Ok(super::EXIT_USAGE);
         }
-        (Some(n), _) => n,
-        (None, true) => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        (None, false) => 1,
-    };
+    }
     let seed = seed_or_clock(args.seed);
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
         None => Budget::Time(args.time),
     };
+    let shard = args.shard.unwrap_or_default();
+    let arch = runner
+        .caps()
+        .arch
+        .clone()
+        .unwrap_or_else(|| "unknown arch".into());
     eprintln!(
-        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget:?}, {jobs} \
-         job(s), out {}",
-        be.name(),
-        be.arch(),
+        "smallseq fuzz: backend {} ({arch}), profile {}, seed {seed}, {jobs} job(s){}, out {}",
+        runner.name(),
         args.profile,
+        if shard.is_split() {
+            format!(", shard {shard}")
+        } else {
+            String::new()
+        },
         args.out.display()
     );
+    if let target::Target::Workers(pool) = &target {
+        let placement: Vec<String> = pool.placement().iter().map(|d| d.to_string()).collect();
+        eprintln!(
+            "smallseq fuzz: {} worker(s) `{}` on device(s) {}; case timeout {}",
+            placement.len(),
+            runner.worker_command().unwrap_or_default().join(" "),
+            placement.join(","),
+            match args.target.case_timeout {
+                Some(t) => format!("{:.1} s", t.as_secs_f64()),
+                None => DEFAULT_TIMEOUT_RULE.into(),
+            }
+        );
+        for line in runner.caps().not_covered() {
+            eprintln!("smallseq fuzz: not covered: {line}");
+        }
+    }
     let mut env = EnvView::from_process();
     if args.profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
         // TE's small-seq path is off unless the variable is "1"; a campaign against it
@@ -103,25 +129,26 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         env.set(TE_SWITCH, Some("1"));
     }
     let campaign = Campaign {
-        checker: Checker {
-            backend: be.as_ref(),
-            opts: RunOptions {
+        checker: Checker::new(
+            runner,
+            RunOptions {
                 profile: args.profile,
                 env,
                 ..RunOptions::default()
             },
-        },
+        ),
         seed,
         budget,
         out: args.out.clone(),
         shrink_budget: args.shrink_time,
         stop_on_failure: false,
         jobs,
+        shard,
     };
     let report = campaign.run(&stop, &mut progress_printer())?;
     write_reports(&args.out, &report)?;
     summarize(&report, &args.out);
-    if be.name() == "te625-model" {
+    if campaign.checker.runner.name() == "te625-model" && !target.in_workers() {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
     Ok(if report.failed() { 1 } else { 0 })

@@ -5,10 +5,13 @@ pub mod bench;
 pub mod calibrate;
 pub mod explain;
 pub mod fuzz;
+pub mod merge;
 pub mod mutants;
 pub mod reference_bench;
 pub mod repro;
 pub mod run;
+pub mod target;
+pub mod worker;
 
 use std::time::Duration;
 

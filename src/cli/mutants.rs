@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::backend::Backend;
-use smallseq::harness::campaign::{Budget, Campaign};
+use smallseq::harness::campaign::{Budget, Campaign, Shard};
 use smallseq::harness::props::Checker;
 use smallseq::mutants::{Defects, Mutant};
 use std::path::PathBuf;
@@ -102,6 +102,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             stop_on_failure: true,
             // The mutants themselves run in parallel.
             jobs: 1,
+            shard: Shard::default(),
         };
         let rep = campaign.run(stop, &mut |_| {})?;
         let f = rep.failures.first();

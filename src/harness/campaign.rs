@@ -3,13 +3,14 @@
 
 use super::capsule;
 use super::classes::{self, classify};
+use super::fit::fit_to_caps;
 use super::gen::{build, draw_geometry_for};
 use super::props::{CaseRun, Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
 use crate::case::Case;
 use crate::error::{panic_text, Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ pub enum Budget {
 }
 
 /// Pass/fail/skip counts of one property.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Counts {
     pub pass: u64,
     pub fail: u64,
@@ -32,7 +33,7 @@ pub struct Counts {
 }
 
 /// Percentiles of a margin distribution.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
     pub n: usize,
     pub p50: f64,
@@ -42,7 +43,7 @@ pub struct Percentiles {
 }
 
 /// One failure in the report.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct FailureEntry {
     pub case: u64,
     pub property: String,
@@ -55,7 +56,7 @@ pub struct FailureEntry {
 }
 
 /// `report.json`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub cases: u64,
     pub seed: u64,
@@ -70,6 +71,18 @@ pub struct Report {
     pub margins: BTreeMap<String, Percentiles>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
+    /// The worker command, when cases ran in worker processes.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// What the implementation cannot express, so the campaign never drew it.
+    #[serde(default)]
+    pub not_covered: Vec<String>,
+    /// `I/N` when this is one shard of a campaign (`--shard`).
+    #[serde(default)]
+    pub shard: Option<String>,
+    /// Every margin of every tensor, for merging shards (written to `margins.json`).
+    #[serde(skip)]
+    pub margin_samples: BTreeMap<String, Vec<f64>>,
 }
 
 impl Report {
@@ -100,6 +113,55 @@ pub struct Campaign<'a> {
     /// Cases checked at once, on as many threads (1: on the calling thread). The report is
     /// the same for any value: cases are merged in order, as one thread would have run them.
     pub jobs: usize,
+    /// Which of the campaign's cases this run checks.
+    pub shard: Shard,
+}
+
+/// One shard of a campaign: the cases whose index is `index` mod `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { index: 0, count: 1 }
+    }
+}
+
+impl Shard {
+    /// The campaign-wide index of this shard's `k`-th case.
+    pub fn global(self, k: u64) -> u64 {
+        self.index + k * self.count
+    }
+
+    /// Whether the campaign has several shards.
+    pub fn is_split(self) -> bool {
+        self.count > 1
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid shard {s:?} (expected I/N with 0 <= I < N, e.g. 2/8)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            i.trim().parse::<u64>().map_err(|_| bad())?,
+            n.trim().parse::<u64>().map_err(|_| bad())?,
+        );
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
 }
 
 /// The seed of case `i` of a campaign.
@@ -192,7 +254,7 @@ impl Campaign<'_> {
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::SeqCst);
-                    if matches!(self.budget, Budget::Cases(n) if i >= n) {
+                    if matches!(self.budget, Budget::Cases(n) if self.shard.global(i) >= n) {
                         break;
                     }
                     while i >= merged.load(Ordering::SeqCst) + ahead {
@@ -204,7 +266,7 @@ impl Campaign<'_> {
                     let checked = catch_unwind(AssertUnwindSafe(|| self.check_case(i)))
                         .unwrap_or_else(|p| {
                             Err(Error::Backend {
-                                backend: self.checker.backend.name().into(),
+                                backend: self.checker.runner.name().into(),
                                 detail: format!("case {i} panicked: {}", panic_text(p)),
                             })
                         });
@@ -259,12 +321,31 @@ impl Campaign<'_> {
         })
     }
 
-    /// Case `i`: drawn, built and checked.
-    fn check_case(&self, i: u64) -> Result<Checked> {
-        let cs = case_seed(self.seed, i);
-        let g = draw_geometry_for(&mut Rng::new(cs), self.checker.opts.profile);
+    /// This shard's case `k`: drawn (inside what the implementation computes), built and
+    /// checked. A worker fault is rerun once on a fresh worker, to tell a deterministic fault
+    /// from a flaky one.
+    fn check_case(&self, k: u64) -> Result<Checked> {
+        let cs = case_seed(self.seed, self.shard.global(k));
+        let mut rng = Rng::new(cs);
+        let mut g = draw_geometry_for(&mut rng, self.checker.opts.profile);
+        fit_to_caps(&mut g, self.checker.runner.caps(), &mut rng)?;
         let case = build(&g, cs ^ 0xda7a)?;
-        let run = self.checker.check(&case, cs)?;
+        let mut run = self.checker.check(&case, cs)?;
+        if run.fault.is_some() {
+            let again = self.checker.check(&case, cs)?;
+            let how = match &again.fault {
+                Some(f) => format!(
+                    "deterministic: it {} again on a fresh worker",
+                    f.kind.past()
+                ),
+                None => "flaky: the rerun on a fresh worker completed".into(),
+            };
+            for (_, o) in &mut run.outcomes {
+                if let Outcome::Fail(f) = o {
+                    f.detail = format!("{} ({how})", f.detail);
+                }
+            }
+        }
         let classes = classify(&case, g.segment_split, g.poison);
         Ok(Checked { case, classes, run })
     }
@@ -273,7 +354,7 @@ impl Campaign<'_> {
         Report {
             cases: 0,
             seed: self.seed,
-            backend: self.checker.backend.name().into(),
+            backend: self.checker.runner.name().into(),
             profile: self.checker.opts.profile.name().into(),
             elapsed_s: 0.0,
             cases_per_s: 0.0,
@@ -287,6 +368,10 @@ impl Campaign<'_> {
             margins: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
+            worker: self.checker.runner.worker_command().map(|c| c.join(" ")),
+            not_covered: self.checker.runner.caps().not_covered(),
+            shard: self.shard.is_split().then(|| self.shard.to_string()),
+            margin_samples: BTreeMap::new(),
         }
     }
 }
@@ -303,7 +388,7 @@ struct Merge<'c, 'a> {
 impl Merge<'_, '_> {
     fn fraction(&self, i: u64) -> f64 {
         match self.campaign.budget {
-            Budget::Cases(n) => i as f64 / n.max(1) as f64,
+            Budget::Cases(n) => self.campaign.shard.global(i) as f64 / n.max(1) as f64,
             Budget::Time(t) => self.start.elapsed().as_secs_f64() / t.as_secs_f64(),
         }
     }
@@ -312,7 +397,7 @@ impl Merge<'_, '_> {
     /// report is marked interrupted).
     fn halt_before(&mut self, i: u64, stop: &AtomicBool) -> bool {
         let spent = match self.campaign.budget {
-            Budget::Cases(n) => i >= n,
+            Budget::Cases(n) => self.campaign.shard.global(i) >= n,
             Budget::Time(t) => self.start.elapsed() >= t,
         };
         if !spent && stop.load(Ordering::SeqCst) {
@@ -333,8 +418,10 @@ impl Merge<'_, '_> {
     ) -> Result<bool> {
         let Checked { case, classes, run } = checked?;
         let fraction = self.fraction(i);
+        let local = i;
+        let i = self.campaign.shard.global(i);
         let c = self.campaign;
-        let be = c.checker.backend;
+        let be = c.checker.runner.as_ref();
         let rep = &mut self.rep;
         for class in classes {
             *rep.coverage.entry(class.into()).or_default() += 1;
@@ -360,7 +447,7 @@ impl Merge<'_, '_> {
                 .or_default()
                 .push(j.margin);
         }
-        rep.cases = i + 1;
+        rep.cases = local + 1;
         let failures = run.failures();
         if let Some(first) = failures.first() {
             let name = format!("case-{i:06}-{}.safetensors", first.prop);
@@ -420,10 +507,12 @@ impl Merge<'_, '_> {
     fn finish(mut self) -> Report {
         self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
         self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
-        self.rep.margins = std::mem::take(&mut self.margins)
-            .into_iter()
-            .map(|(k, v)| (k, percentiles(v)))
+        self.rep.margins = self
+            .margins
+            .iter()
+            .map(|(k, v)| (k.clone(), percentiles(v.clone())))
             .collect();
+        self.rep.margin_samples = std::mem::take(&mut self.margins);
         self.rep
     }
 }
@@ -433,7 +522,7 @@ fn generic(reason: &str) -> String {
     reason.split(':').next().unwrap_or(reason).to_string()
 }
 
-fn percentiles(mut v: Vec<f64>) -> Percentiles {
+pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
     v.sort_by(f64::total_cmp);
     let at = |q: f64| {
         v.get(((v.len() as f64 - 1.0) * q).round() as usize)
@@ -472,6 +561,9 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
     std::fs::write(&rp, json).map_err(io(&rp))?;
     let jp = dir.join("junit.xml");
     std::fs::write(&jp, junit(rep)).map_err(io(&jp))?;
+    let sp = dir.join("margins.json");
+    let samples = serde_json::to_string(&rep.margin_samples).expect("margins serialise");
+    std::fs::write(&sp, samples).map_err(io(&sp))?;
     let mp = dir.join("summary.md");
     std::fs::write(&mp, markdown(rep)).map_err(io(&mp))
 }

@@ -7,6 +7,7 @@ use crate::backend::Backend;
 use crate::case::Case;
 use crate::case_file::{write_case, OutputPrecision};
 use crate::error::Result;
+use crate::runner::Runner;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -39,6 +40,9 @@ fn finite(x: f64) -> serde_json::Value {
 /// The metadata key of the producing backend's [`Backend::provenance`], a JSON object.
 pub const PROVENANCE: &str = "smallseq.provenance";
 
+/// The metadata key of a worker fault (`kind`, `detail`, `stderr_tail`, `worker`), JSON.
+pub const FAULT: &str = "smallseq.fault";
+
 /// The metadata key of the commit the writing build was made from.
 pub const COMMIT: &str = "smallseq.commit";
 
@@ -52,12 +56,20 @@ pub fn build_commit() -> Option<&'static str> {
 /// what device and kernel build (`smallseq.provenance`), and this build's commit
 /// (`smallseq.commit`; removed when unknown, so an older one is never passed on as this one).
 pub fn stamp(meta: &mut BTreeMap<String, String>, backend: &dyn Backend) {
-    meta.insert("smallseq.backend".into(), backend.name().into());
+    stamp_as(meta, backend.name(), backend.provenance());
+}
+
+/// [`stamp`] for outputs of a runner (in this process or a worker).
+pub fn stamp_as(
+    meta: &mut BTreeMap<String, String>,
+    name: &str,
+    provenance: BTreeMap<String, String>,
+) {
+    meta.insert("smallseq.backend".into(), name.into());
     match build_commit() {
         Some(c) => meta.insert(COMMIT.into(), c.into()),
         None => meta.remove(COMMIT),
     };
-    let provenance = backend.provenance();
     if !provenance.is_empty() {
         meta.insert(PROVENANCE.into(), serde_json::json!(provenance).to_string());
     }
@@ -71,12 +83,24 @@ pub fn write(
     path: &Path,
     case: &Case,
     run: &CaseRun,
-    backend: &dyn Backend,
+    runner: &dyn Runner,
     profile: &str,
 ) -> Result<()> {
     let mut c = case.clone();
     c.outputs = run.outputs.clone();
-    stamp(&mut c.meta, backend);
+    stamp_as(&mut c.meta, runner.name(), runner.provenance());
+    if let Some(f) = &run.fault {
+        c.meta.insert(
+            FAULT.into(),
+            serde_json::json!({
+                "kind": f.kind.name(),
+                "detail": f.detail,
+                "stderr_tail": f.stderr,
+                "worker": runner.worker_command(),
+            })
+            .to_string(),
+        );
+    }
     c.meta.insert("smallseq.profile".into(), profile.into());
     if let Some(p) = run.path_fwd {
         c.meta.insert("smallseq.path".into(), p.name().into());

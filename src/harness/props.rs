@@ -13,6 +13,7 @@ use crate::backend::Backend;
 use crate::case::{Case, Outputs};
 use crate::dispatch::{EnvView, Path, Profile};
 use crate::error::{Error, Result};
+use crate::runner::{Fault, FaultKind, FaultLatch, InProcess, Runner};
 use crate::wrapper::{self, BwdResult, FwdResult, RunOptions};
 use serde::Serialize;
 use smallseq_reference::{emulate, forward_backward, Dtype};
@@ -31,10 +32,14 @@ pub enum Prop {
     Determinism,
     Metamorphic,
     EmulationConformance,
+    /// The worker process exited, was killed, broke the protocol or lost its device.
+    Crash,
+    /// The worker process did not answer within the case timeout.
+    Hang,
 }
 
 impl Prop {
-    pub const ALL: [Prop; 8] = [
+    pub const ALL: [Prop; 10] = [
         Prop::Eligibility,
         Prop::FallbackEquivalence,
         Prop::NumericAgreement,
@@ -43,6 +48,8 @@ impl Prop {
         Prop::Determinism,
         Prop::Metamorphic,
         Prop::EmulationConformance,
+        Prop::Crash,
+        Prop::Hang,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +62,8 @@ impl Prop {
             Prop::Determinism => "determinism",
             Prop::Metamorphic => "metamorphic",
             Prop::EmulationConformance => "emulation_conformance",
+            Prop::Crash => "crash",
+            Prop::Hang => "hang",
         }
     }
 }
@@ -108,6 +117,8 @@ pub struct CaseRun {
     pub outputs: Outputs,
     pub path_fwd: Option<Path>,
     pub path_bwd: Option<Path>,
+    /// The worker fault that ended the case, with the worker's stderr tail.
+    pub fault: Option<Fault>,
 }
 
 impl CaseRun {
@@ -126,6 +137,8 @@ impl CaseRun {
 pub struct Pair {
     pub fwd: FwdResult,
     pub bwd: Option<BwdResult>,
+    /// Whether the implementation returned the log-sum-exp (a worker may not).
+    pub has_lse: bool,
 }
 
 impl Pair {
@@ -140,7 +153,7 @@ impl Pair {
     pub fn outputs(&self) -> Outputs {
         Outputs {
             o: Some(self.fwd.o.mapv(f64::from)),
-            lse: Some(self.fwd.lse.mapv(f64::from)),
+            lse: self.has_lse.then(|| self.fwd.lse.mapv(f64::from)),
             dq: self.bwd.as_ref().map(|b| b.dq.mapv(f64::from)),
             dk: self.bwd.as_ref().map(|b| b.dk.mapv(f64::from)),
             dv: self.bwd.as_ref().map(|b| b.dv.mapv(f64::from)),
@@ -158,7 +171,11 @@ pub fn run_pair(be: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<Pair
         Some(_) => Some(wrapper::bwd(be, case, &fwd.o, &fwd.lse, opts)?),
         None => None,
     };
-    Ok(Pair { fwd, bwd })
+    Ok(Pair {
+        fwd,
+        bwd,
+        has_lse: true,
+    })
 }
 
 /// What a case's outputs are judged by, computed once per case.
@@ -289,7 +306,7 @@ fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
 
 /// Runs the property suite on one case.
 pub struct Checker<'a> {
-    pub backend: &'a dyn Backend,
+    pub runner: Box<dyn Runner + 'a>,
     pub opts: RunOptions,
 }
 
@@ -298,7 +315,7 @@ impl<'a> Checker<'a> {
     /// independent of the caller's process environment (tests, fuzz targets, proptests).
     pub fn isolated(backend: &'a dyn Backend) -> Self {
         Checker {
-            backend,
+            runner: Box::new(InProcess::new(backend)),
             opts: RunOptions {
                 env: EnvView::default(),
                 ..RunOptions::default()
@@ -306,16 +323,48 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A checker of `runner` under `opts`.
+    pub fn new(runner: Box<dyn Runner + 'a>, opts: RunOptions) -> Self {
+        Checker { runner, opts }
+    }
+
+    /// Every property on `case`; a worker fault ends the case with a `crash` or `hang`
+    /// verdict instead (see [`FaultLatch`]).
+    ///
+    /// # Errors
+    /// As [`Checker::check_properties`].
+    pub fn check(&self, case: &Case, salt: u64) -> Result<CaseRun> {
+        let latch = FaultLatch::new(self.runner.as_ref());
+        let scoped = Checker {
+            runner: Box::new(&latch),
+            opts: self.opts.clone(),
+        };
+        let run = scoped.check_properties(case, salt)?;
+        let in_worker = self.runner.worker_command().is_some();
+        Ok(match latch.take() {
+            Some(f) => fault_run(f),
+            None if in_worker => CaseRun {
+                outcomes: run
+                    .outcomes
+                    .into_iter()
+                    .filter(|(p, _)| !matches!(p, Prop::Crash | Prop::Hang))
+                    .chain([(Prop::Crash, Outcome::Pass), (Prop::Hang, Outcome::Pass)])
+                    .collect(),
+                ..run
+            },
+            None => run,
+        })
+    }
+
     /// Every property on `case`. `salt` varies the metamorphic relation and re-poisoning.
     ///
     /// # Errors
     /// Only infrastructure errors (an invalid case); backend failures on a case are recorded
     /// as property failures.
-    pub fn check(&self, case: &Case, salt: u64) -> Result<CaseRun> {
-        let be = self.backend;
+    fn check_properties(&self, case: &Case, salt: u64) -> Result<CaseRun> {
         let mut outcomes = vec![(Prop::Eligibility, self.eligibility(case))];
         if let Some(why) = case.config.unsupported_reason() {
-            let o = match wrapper::fwd(be, case, &self.opts) {
+            let o = match self.runner.run_pair(case, &self.opts) {
                 Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
                 Err(e) => fail(
                     Prop::NumericAgreement,
@@ -340,9 +389,10 @@ impl<'a> Checker<'a> {
                 outputs: Outputs::default(),
                 path_fwd: None,
                 path_bwd: None,
+                fault: None,
             });
         }
-        let base = match run_pair(be, case, &self.opts) {
+        let base = match self.runner.run_pair(case, &self.opts) {
             Ok(p) => p,
             Err(e) => {
                 outcomes.push((
@@ -355,6 +405,7 @@ impl<'a> Checker<'a> {
                     outputs: Outputs::default(),
                     path_fwd: None,
                     path_bwd: None,
+                    fault: None,
                 });
             }
         };
@@ -383,11 +434,14 @@ impl<'a> Checker<'a> {
             path_fwd: base.fwd.path,
             path_bwd: base.bwd.as_ref().and_then(|b| b.path),
             outputs: actual,
+            fault: None,
         })
     }
 
     fn eligibility(&self, case: &Case) -> Outcome {
-        let d = wrapper::dispatcher(self.backend, &self.opts);
+        let Some(d) = self.runner.dispatcher(&self.opts) else {
+            return skip("the implementation's dispatch cannot be predicted (no path reported)");
+        };
         match oracles::dispatch_agrees(&d, &case.config, &case.layout) {
             Ok(_) => Outcome::Pass,
             Err(why) => fail(Prop::Eligibility, why),
@@ -405,7 +459,7 @@ impl<'a> Checker<'a> {
     ) -> Outcome {
         if CONFORMANCE_TENSORS
             .iter()
-            .all(|t| self.backend.rounding_budget(t).is_none())
+            .all(|t| self.runner.rounding_budget(t).is_none())
         {
             return skip("backend roundings not calibrated against the emulation");
         }
@@ -413,7 +467,7 @@ impl<'a> Checker<'a> {
             return skip("not on the small-seq path");
         }
         let counts = conformance::counts(case, base.small_seq(), actual, emulated);
-        conformance::judge(&counts, |t| self.backend.rounding_budget(t))
+        conformance::judge(&counts, |t| self.runner.rounding_budget(t))
     }
 
     /// Guards intact, usage within the plan, the plan within the trace-time bound; and the
@@ -421,6 +475,10 @@ impl<'a> Checker<'a> {
     /// traced with the variable set and runs without it): the wrapper must re-plan or refuse,
     /// never carve past what was allocated.
     fn workspace(&self, case: &Case, base: &Pair) -> Outcome {
+        let caps = self.runner.caps();
+        if !caps.reports_workspace || !caps.harness_options {
+            return skip("the implementation does not report its workspace");
+        }
         if let Some(f) = workspace_failure(base, "") {
             return f;
         }
@@ -431,7 +489,7 @@ impl<'a> Checker<'a> {
             trace_env: Some(toggled_env(self.opts.profile, &self.opts.env)),
             ..self.opts.clone()
         };
-        match run_pair(self.backend, case, &opts) {
+        match self.runner.run_pair(case, &opts) {
             Err(Error::Workspace(_)) => Outcome::Pass,
             Err(e) => fail(
                 Prop::Workspace,
@@ -452,7 +510,7 @@ impl<'a> Checker<'a> {
         }
         let mut repoisoned = case.clone();
         poison(&mut repoisoned, &mut Rng::new(salt ^ 0xd0_c0de));
-        match run_pair(self.backend, &repoisoned, &self.opts) {
+        match self.runner.run_pair(&repoisoned, &self.opts) {
             Err(e) => fail(Prop::DontCare, format!("re-poisoned run failed: {e}")),
             Ok(p) => {
                 let mut other = p.outputs();
@@ -474,7 +532,7 @@ impl<'a> Checker<'a> {
             fill: f32::NAN,
             ..self.opts.clone()
         };
-        match run_pair(self.backend, case, &opts) {
+        match self.runner.run_pair(case, &opts) {
             Err(e) => fail(Prop::Determinism, format!("rerun failed: {e}")),
             Ok(p) => match bitwise_diff(actual, &p.outputs()) {
                 None => Outcome::Pass,
@@ -494,6 +552,9 @@ impl<'a> Checker<'a> {
         y: &Yardstick,
         judgements: &[Judgement],
     ) -> Outcome {
+        if !self.runner.caps().harness_options {
+            return skip("the implementation cannot be forced onto its fallback");
+        }
         if base.fwd.path != Some(Path::SmallSeq) {
             return skip("not eligible for small-seq");
         }
@@ -501,7 +562,7 @@ impl<'a> Checker<'a> {
             force: Some(Path::Fallback),
             ..self.opts.clone()
         };
-        let fb = match run_pair(self.backend, case, &opts) {
+        let fb = match self.runner.run_pair(case, &opts) {
             Ok(p) => p,
             Err(e) => {
                 return fail(
@@ -552,7 +613,10 @@ impl<'a> Checker<'a> {
         // Forward and backward on different paths must still agree: backward on the
         // fallback from the small-seq forward's LSE.
         if case.d_o.is_some() {
-            match wrapper::bwd(self.backend, case, &base.fwd.o, &base.fwd.lse, &opts) {
+            match self
+                .runner
+                .run_bwd_from(case, &base.fwd.o, &base.fwd.lse, &opts)
+            {
                 Err(e) => {
                     return fail(
                         Prop::FallbackEquivalence,
@@ -630,14 +694,14 @@ impl<'a> Checker<'a> {
     ) -> Outcome {
         for order in parts {
             let (sub, rows_q, rows_k) = select_slots(case, order, true);
-            let p = match run_pair(self.backend, &sub, &self.opts) {
+            let p = match self.runner.run_pair(&sub, &self.opts) {
                 Ok(p) => p,
                 Err(e) => return fail(Prop::Metamorphic, format!("{what}: run failed: {e}")),
             };
             if p.fwd.path != base.fwd.path {
                 return skip(format!("{what} changed the path"));
             }
-            let kernel = |c: &Case| self.backend.fallback_fwd_kernel(&c.config, &c.layout);
+            let kernel = |c: &Case| self.runner.fallback_fwd_kernel(&c.config, &c.layout);
             if p.fwd.path == Some(Path::Fallback) && kernel(&sub) != kernel(case) {
                 return skip(format!("{what} changed the fallback kernel"));
             }
@@ -675,7 +739,7 @@ impl<'a> Checker<'a> {
         y: &Yardstick,
     ) -> Outcome {
         let mha = repeat_kv(case);
-        let p = match run_pair(self.backend, &mha, &self.opts) {
+        let p = match self.runner.run_pair(&mha, &self.opts) {
             Ok(p) => p,
             Err(e) => return fail(Prop::Metamorphic, format!("MHA equivalent failed: {e}")),
         };
@@ -744,7 +808,7 @@ impl<'a> Checker<'a> {
                 double_rows(d, &case.layout.q.valid_tokens());
             }
         }
-        let p = match run_pair(self.backend, &scaled, &self.opts) {
+        let p = match self.runner.run_pair(&scaled, &self.opts) {
             Ok(p) => p,
             Err(e) => return fail(Prop::Metamorphic, format!("scaled run failed: {e}")),
         };
@@ -828,6 +892,33 @@ impl<'a> Checker<'a> {
             None => Outcome::Pass,
             Some(m) => fail(Prop::Metamorphic, format!("scaling v (and d_o) by 2: {m}")),
         }
+    }
+}
+
+/// The verdict of a case a worker fault ended: the fault, every other property skipped.
+fn fault_run(f: Fault) -> CaseRun {
+    let prop = match f.kind {
+        FaultKind::Crash => Prop::Crash,
+        FaultKind::Hang => Prop::Hang,
+    };
+    let outcomes = Prop::ALL
+        .into_iter()
+        .map(|p| {
+            let o = if p == prop {
+                fail(prop, f.detail.clone())
+            } else {
+                skip(format!("the worker {} on this case", f.kind.past()))
+            };
+            (p, o)
+        })
+        .collect();
+    CaseRun {
+        outcomes,
+        judgements: Vec::new(),
+        outputs: Outputs::default(),
+        path_fwd: None,
+        path_bwd: None,
+        fault: Some(f),
     }
 }
 

@@ -126,7 +126,7 @@ pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
     }
     let provenance = compare_provenance(
         case.meta.get(PROVENANCE).map(String::as_str),
-        &checker.backend.provenance(),
+        &checker.runner.provenance(),
     );
     match &provenance {
         Provenance::Missing => d.say("provenance: the capsule records none".into()),

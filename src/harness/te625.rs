@@ -91,10 +91,10 @@ pub fn attribute(
                     continue;
                 }
                 let backend = CpuBackend::te625_model_with(&[m]);
-                let checker = Checker {
-                    backend: &backend,
-                    opts: opts.clone(),
-                };
+                let checker = Checker::new(
+                    Box::new(crate::runner::InProcess::new(&backend)),
+                    opts.clone(),
+                );
                 let run = checker.check(&case, f.case)?;
                 if run.failures().iter().any(|x| x.prop.name() == f.property) {
                     credited[i] = true;

@@ -1,0 +1,36 @@
+//! `smallseq merge`: the shards of a campaign joined into one report.
+
+use anyhow::Result;
+use smallseq::harness::campaign::write_reports;
+use smallseq::harness::merge::merge;
+use std::path::PathBuf;
+
+/// Join shard directories (`fuzz --shard I/N --out DIR`) into one report.
+#[derive(clap::Args, Debug)]
+pub struct MergeArgs {
+    /// The shards' output directories, every one of 0/N … N-1/N.
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Where to write report.json, junit.xml, summary.md, margins.json and capsules/.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run(args: &MergeArgs) -> Result<i32> {
+    let rep = match merge(&args.dirs, &args.out) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("smallseq: {e}");
+            return Ok(super::EXIT_USAGE);
+        }
+    };
+    write_reports(&args.out, &rep)?;
+    println!(
+        "merged {} shard(s): {} cases, {} failure(s); report: {}",
+        args.dirs.len(),
+        rep.cases,
+        rep.failures.len(),
+        args.out.join("report.json").display()
+    );
+    Ok(if rep.failed() { 1 } else { 0 })
+}

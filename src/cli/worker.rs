@@ -1,0 +1,46 @@
+//! `smallseq worker`: serve an in-tree backend over `smallseq-worker/1` on stdin/stdout.
+
+use anyhow::Result;
+use smallseq::backend::{self, Backend};
+use smallseq::dispatch::Profile;
+use smallseq::worker::serve::serve;
+
+/// Serve a backend to a campaign (started by `smallseq fuzz`; see docs/worker-protocol.md).
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// Backend to serve: cpu, cuda, hip, te625-model.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Device ordinal (CUDA; HIP serves device 0).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Dispatch profile of the wrappers: native or te625.
+    #[arg(long, default_value = "native")]
+    pub profile: Profile,
+}
+
+pub fn run(args: &WorkerArgs) -> Result<i32> {
+    let (be, devices) = match open(args) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("smallseq: {e}");
+            return Ok(super::EXIT_USAGE);
+        }
+    };
+    let stdin = std::io::stdin().lock();
+    let stdout = std::io::stdout().lock();
+    Ok(serve(be.as_ref(), args.profile, devices, stdin, stdout)?)
+}
+
+/// The backend, its kernels compiled before the handshake (so the first case does not count
+/// compile time against its timeout), and the devices it could serve.
+fn open(args: &WorkerArgs) -> smallseq::Result<(Box<dyn Backend>, usize)> {
+    #[cfg(feature = "cuda")]
+    if args.backend == "cuda" {
+        let be = backend::cuda::CudaBackend::on_device(args.device)?;
+        be.warm_up()?;
+        let n = backend::cuda::CudaBackend::device_count().max(1);
+        return Ok((Box::new(be), n));
+    }
+    backend::open(&args.backend).map(|b| (b, 1))
+}

@@ -1,0 +1,292 @@
+//! What an implementation under test can compute: the `caps` of a worker's handshake
+//! (`docs/worker-protocol.md`), typed. The campaign draws cases inside them and lists what
+//! they leave out.
+
+use crate::config::LayoutKind;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use smallseq_reference::{Dtype, Mask};
+
+/// What a row with no visible key holds in an implementation's outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoKeyRow {
+    /// The semantics: O = 0, LSE = -inf.
+    Zero,
+    /// NaN in O (and LSE).
+    Nan,
+    /// Anything else the implementation documents.
+    Other,
+}
+
+impl NoKeyRow {
+    pub fn name(self) -> &'static str {
+        match self {
+            NoKeyRow::Zero => "zero",
+            NoKeyRow::Nan => "nan",
+            NoKeyRow::Other => "other",
+        }
+    }
+}
+
+/// The capabilities, typed and validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Caps {
+    pub dtypes: Vec<Dtype>,
+    pub layouts: Vec<LayoutKind>,
+    pub masks: Vec<Mask>,
+    pub window: bool,
+    pub gqa: bool,
+    pub dv_ne_dqk: bool,
+    /// `None`: any head dim.
+    pub head_dims: Option<Vec<usize>>,
+    /// Largest token count per side; `None`: no limit.
+    pub max_tokens: Option<usize>,
+    pub backward: bool,
+    pub lse: bool,
+    pub padded_offsets: bool,
+    pub reports_path: bool,
+    pub reports_workspace: bool,
+    pub follows_small_seq_roundings: bool,
+    /// Honours `force`, `fill` and `trace_env`.
+    pub harness_options: bool,
+    pub no_key_row: NoKeyRow,
+    /// The architecture the dispatch gate is asked about.
+    pub arch: Option<String>,
+    /// Whether a small-seq kernel exists for that architecture.
+    pub small_seq: bool,
+    /// Devices the worker could serve.
+    pub devices: usize,
+}
+
+impl Caps {
+    /// Everything the in-tree backends compute, on `arch`.
+    pub fn in_tree(arch: &str, small_seq: bool, devices: usize) -> Caps {
+        Caps {
+            dtypes: Dtype::ALL.to_vec(),
+            layouts: vec![LayoutKind::Thd, LayoutKind::Bshd],
+            masks: Mask::ALL.to_vec(),
+            window: true,
+            gqa: true,
+            dv_ne_dqk: true,
+            head_dims: None,
+            max_tokens: None,
+            backward: true,
+            lse: true,
+            padded_offsets: true,
+            reports_path: true,
+            reports_workspace: true,
+            follows_small_seq_roundings: true,
+            harness_options: true,
+            no_key_row: NoKeyRow::Zero,
+            arch: Some(arch.into()),
+            small_seq,
+            devices,
+        }
+    }
+
+    /// Validates the wire form.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the field and the value it could not read.
+    pub fn from_wire(w: &WireCaps) -> Result<Caps> {
+        let bad = |field: &str, v: &str, why: String| {
+            Error::config(format!(
+                "worker caps.{field}: {v:?} is not understood ({why})"
+            ))
+        };
+        let dtypes = w
+            .dtypes
+            .iter()
+            .map(|s| s.parse::<Dtype>().map_err(|e| bad("dtypes", s, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let masks = w
+            .masks
+            .iter()
+            .map(|s| s.parse::<Mask>().map_err(|e| bad("masks", s, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let layouts = w
+            .layouts
+            .iter()
+            .map(|s| match s.as_str() {
+                "thd" => Ok(LayoutKind::Thd),
+                "bshd" => Ok(LayoutKind::Bshd),
+                _ => Err(bad("layouts", s, "expected thd or bshd".into())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let no_key_row = match w.no_key_row.as_deref() {
+            None | Some("zero") => NoKeyRow::Zero,
+            Some("nan") => NoKeyRow::Nan,
+            Some("other") => NoKeyRow::Other,
+            Some(s) => return Err(bad("no_key_row", s, "expected zero, nan or other".into())),
+        };
+        if let Some(a) = &w.arch {
+            a.parse::<crate::dispatch::Arch>()
+                .map_err(|e| bad("arch", a, e))?;
+        }
+        Ok(Caps {
+            dtypes,
+            layouts,
+            masks,
+            window: w.window,
+            gqa: w.gqa,
+            dv_ne_dqk: w.dv_ne_dqk,
+            head_dims: w.head_dims.clone(),
+            max_tokens: w.max_tokens,
+            backward: w.backward,
+            lse: w.lse,
+            padded_offsets: w.padded_offsets,
+            reports_path: w.reports_path,
+            reports_workspace: w.reports_workspace,
+            follows_small_seq_roundings: w.follows_small_seq_roundings,
+            harness_options: w.harness_options,
+            no_key_row,
+            arch: w.arch.clone(),
+            small_seq: w.small_seq,
+            devices: w.devices.unwrap_or(1).max(1),
+        })
+    }
+
+    /// The wire form.
+    pub fn to_wire(&self) -> WireCaps {
+        WireCaps {
+            dtypes: self.dtypes.iter().map(|d| d.name().into()).collect(),
+            layouts: self.layouts.iter().map(|l| l.name().into()).collect(),
+            masks: self.masks.iter().map(|m| m.name().into()).collect(),
+            window: self.window,
+            gqa: self.gqa,
+            dv_ne_dqk: self.dv_ne_dqk,
+            head_dims: self.head_dims.clone(),
+            max_tokens: self.max_tokens,
+            backward: self.backward,
+            lse: self.lse,
+            padded_offsets: self.padded_offsets,
+            reports_path: self.reports_path,
+            reports_workspace: self.reports_workspace,
+            follows_small_seq_roundings: self.follows_small_seq_roundings,
+            harness_options: self.harness_options,
+            no_key_row: Some(self.no_key_row.name().into()),
+            arch: self.arch.clone(),
+            small_seq: self.small_seq,
+            devices: Some(self.devices),
+        }
+    }
+
+    /// What the campaign cannot draw for this implementation, one line each, for the report's
+    /// "not covered" list.
+    pub fn not_covered(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for d in Dtype::ALL {
+            if !self.dtypes.contains(&d) {
+                v.push(format!("dtype {d}: not in the worker's caps.dtypes"));
+            }
+        }
+        for m in Mask::ALL {
+            if !self.masks.contains(&m) {
+                v.push(format!("mask {}: not in the worker's caps.masks", m.name()));
+            }
+        }
+        for l in [LayoutKind::Thd, LayoutKind::Bshd] {
+            if !self.layouts.contains(&l) {
+                v.push(format!(
+                    "layout {}: not in the worker's caps.layouts",
+                    l.name()
+                ));
+            }
+        }
+        let flags = [
+            (self.window, "sliding windows (caps.window is false)"),
+            (self.gqa, "grouped-query attention (caps.gqa is false)"),
+            (
+                self.dv_ne_dqk,
+                "head_dim_v != head_dim_qk (caps.dv_ne_dqk is false)",
+            ),
+            (
+                self.backward,
+                "backward: dq, dk, dv (caps.backward is false)",
+            ),
+            (self.lse, "the log-sum-exp output (caps.lse is false)"),
+            (
+                self.padded_offsets,
+                "gaps between sequences: padded offsets (caps.padded_offsets is false)",
+            ),
+            (
+                self.reports_path,
+                "eligibility and fallback_equivalence: the worker does not report its path",
+            ),
+            (
+                self.reports_workspace,
+                "workspace: the worker does not report its workspace",
+            ),
+            (
+                self.follows_small_seq_roundings,
+                "emulation_conformance: the worker does not declare the small-seq roundings",
+            ),
+        ];
+        v.extend(
+            flags
+                .iter()
+                .filter(|(ok, _)| !ok)
+                .map(|(_, what)| what.to_string()),
+        );
+        if let Some(h) = &self.head_dims {
+            let list: Vec<String> = h.iter().map(|d| d.to_string()).collect();
+            v.push(format!("head dims other than {}", list.join(", ")));
+        }
+        if let Some(t) = self.max_tokens {
+            v.push(format!("more than {t} tokens per side"));
+        }
+        v
+    }
+}
+
+/// The `caps` object as it travels. Every field is optional; a missing one is the most
+/// conservative value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct WireCaps {
+    pub dtypes: Vec<String>,
+    pub layouts: Vec<String>,
+    pub masks: Vec<String>,
+    pub window: bool,
+    pub gqa: bool,
+    pub dv_ne_dqk: bool,
+    pub head_dims: Option<Vec<usize>>,
+    pub max_tokens: Option<usize>,
+    pub backward: bool,
+    pub lse: bool,
+    pub padded_offsets: bool,
+    pub reports_path: bool,
+    pub reports_workspace: bool,
+    pub follows_small_seq_roundings: bool,
+    pub harness_options: bool,
+    pub no_key_row: Option<String>,
+    pub arch: Option<String>,
+    pub small_seq: bool,
+    pub devices: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_round_trip_and_conservative_defaults() {
+        let c = Caps::in_tree("sm_90", true, 2);
+        assert_eq!(Caps::from_wire(&c.to_wire()).unwrap(), c);
+        assert!(c.not_covered().is_empty());
+        let empty: WireCaps = serde_json::from_str("{}").unwrap();
+        let e = Caps::from_wire(&empty).unwrap();
+        assert!(!e.backward && !e.reports_path && e.dtypes.is_empty());
+        assert_eq!(e.no_key_row, NoKeyRow::Zero);
+        assert!(e.not_covered().iter().any(|l| l.contains("backward")));
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_field() {
+        let w: WireCaps = serde_json::from_str(r#"{"dtypes": ["fp8"]}"#).unwrap();
+        let e = Caps::from_wire(&w).unwrap_err().to_string();
+        assert!(e.contains("caps.dtypes") && e.contains("fp8"), "{e}");
+        let w: WireCaps = serde_json::from_str(r#"{"no_key_row": "garbage"}"#).unwrap();
+        assert!(Caps::from_wire(&w).is_err());
+    }
+}

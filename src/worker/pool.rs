@@ -1,0 +1,507 @@
+//! Worker processes behind the [`Runner`] the properties call: one worker per job, spread
+//! over devices; a worker that faults is replaced before its slot is used again.
+
+use super::client::{Spawn, Worker};
+use super::io::{read_outputs_file, write_outputs};
+use super::protocol::{from_wire, path_of, run_request, Handshake, Reply, Request};
+use crate::case::{Case, Outputs};
+use crate::case_file::{write_case, OutputPrecision};
+use crate::config::AttnConfig;
+use crate::dispatch::gate::{Dispatcher, GateDefects};
+use crate::error::{Error, Result};
+use crate::harness::props::Pair;
+use crate::runner::{budget_by_name, in_tree_fallback_kernel, Caps, Fault, Runner};
+use crate::wrapper::{BwdResult, FwdResult, RunOptions, WorkspaceReport};
+use ndarray::{Array2, Array3};
+use smallseq_reference::Layout;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// How a pool starts its workers.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// The command of a worker on device `d`.
+    pub spawn: SpawnFor,
+    /// Workers (= cases at once).
+    pub jobs: usize,
+    /// Devices to spread them over; `None`: every device the first worker reports.
+    pub devices: Option<Vec<usize>>,
+    /// A fixed case timeout; `None`: [`default_case_timeout`].
+    pub case_timeout: Option<Duration>,
+    /// How long a worker may take to say hello (a cold GPU worker compiles its kernels).
+    pub start_timeout: Duration,
+    /// The in-tree backend the workers serve (`cpu`, `cuda`, `hip`), whose launch rules the
+    /// campaign knows; `None` for an external implementation.
+    pub in_tree: Option<String>,
+}
+
+/// A worker command, by device.
+#[derive(Clone, Debug)]
+pub enum SpawnFor {
+    /// `smallseq worker --backend B --device D --profile P` from this executable.
+    InTree {
+        exe: String,
+        backend: String,
+        profile: String,
+        env: Vec<(String, String)>,
+    },
+    /// A user's command; the device goes into `CUDA_VISIBLE_DEVICES`,
+    /// `HIP_VISIBLE_DEVICES` and `SMALLSEQ_DEVICE`.
+    Exec {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+    },
+}
+
+impl SpawnFor {
+    pub fn on(&self, device: usize) -> Spawn {
+        match self {
+            SpawnFor::InTree {
+                exe,
+                backend,
+                profile,
+                env,
+            } => Spawn {
+                argv: [
+                    exe.as_str(),
+                    "worker",
+                    "--backend",
+                    backend,
+                    "--device",
+                    &device.to_string(),
+                    "--profile",
+                    profile,
+                ]
+                .map(String::from)
+                .to_vec(),
+                env: env.clone(),
+            },
+            SpawnFor::Exec { argv, env } => {
+                let d = device.to_string();
+                let mut env = env.clone();
+                env.extend(
+                    [
+                        "CUDA_VISIBLE_DEVICES",
+                        "HIP_VISIBLE_DEVICES",
+                        "SMALLSEQ_DEVICE",
+                    ]
+                    .map(|k| (k.to_string(), d.clone())),
+                );
+                Spawn {
+                    argv: argv.clone(),
+                    env,
+                }
+            }
+        }
+    }
+}
+
+/// The default case timeout: 30 s, plus 1 s per 10^8 multiply-adds of a forward and
+/// backward (generous for a CPU worker, far beyond any GPU case; a hang is what it catches).
+pub fn default_case_timeout(case: &Case) -> Duration {
+    let p = &case.config.params;
+    let l = &case.layout;
+    let pairs: f64 = (0..l.slots())
+        .map(|s| (l.q.len(s) * l.kv.len(s)) as f64)
+        .sum();
+    let macs = pairs * p.num_heads as f64 * (p.head_dim_qk + p.head_dim_v) as f64 * 3.0;
+    Duration::from_secs_f64(30.0 + macs / 1e8)
+}
+
+/// The words [`default_case_timeout`] is printed with.
+pub const DEFAULT_TIMEOUT_RULE: &str =
+    "30 s + 1 s per 1e8 multiply-adds of the case (--case-timeout to fix it)";
+
+struct Slot {
+    device: usize,
+    worker: Option<Worker>,
+}
+
+/// A pool of workers.
+pub struct Pool {
+    cfg: PoolConfig,
+    slots: Mutex<Vec<Slot>>,
+    freed: Condvar,
+    handshake: Handshake,
+    caps: Caps,
+    scratch: PathBuf,
+    next_id: AtomicU64,
+    command: Vec<String>,
+}
+
+impl Pool {
+    /// Starts the workers: the first alone (it may fill a kernel cache the others then read),
+    /// then the rest side by side.
+    ///
+    /// # Errors
+    /// [`Error::WorkerStart`] when a worker does not start or breaks the handshake;
+    /// [`Error::Io`] for the scratch directory.
+    pub fn open(cfg: PoolConfig) -> Result<Pool> {
+        let first_device = cfg
+            .devices
+            .as_ref()
+            .and_then(|d| d.first().copied())
+            .unwrap_or(0);
+        let first_spawn = cfg.spawn.on(first_device);
+        let first = Worker::start(&first_spawn, cfg.start_timeout)?;
+        let handshake = first.handshake.clone();
+        let caps = Caps::from_wire(&handshake.caps).map_err(|e| Error::WorkerStart {
+            command: first_spawn.display(),
+            detail: e.to_string(),
+        })?;
+        let devices = cfg
+            .devices
+            .clone()
+            .unwrap_or_else(|| (0..caps.devices).collect());
+        let placement: Vec<usize> = (0..cfg.jobs.max(1))
+            .map(|j| devices[j % devices.len().max(1)])
+            .collect();
+        let rest: Vec<Result<Worker>> = std::thread::scope(|s| {
+            let handles: Vec<_> = placement[1..]
+                .iter()
+                .map(|&d| {
+                    let spawn = cfg.spawn.on(d);
+                    let t = cfg.start_timeout;
+                    s.spawn(move || Worker::start(&spawn, t))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a worker start does not panic"))
+                .collect()
+        });
+        let mut slots = vec![Slot {
+            device: placement[0],
+            worker: Some(first),
+        }];
+        for (w, &d) in rest.into_iter().zip(&placement[1..]) {
+            let w = w?;
+            if w.handshake.name != handshake.name {
+                return Err(Error::WorkerStart {
+                    command: w.command().into(),
+                    detail: format!(
+                        "names itself {:?}, the first worker {:?}",
+                        w.handshake.name, handshake.name
+                    ),
+                });
+            }
+            slots.push(Slot {
+                device: d,
+                worker: Some(w),
+            });
+        }
+        let scratch = scratch_dir()?;
+        Ok(Pool {
+            command: first_spawn.argv.clone(),
+            cfg,
+            slots: Mutex::new(slots),
+            freed: Condvar::new(),
+            handshake,
+            caps,
+            scratch,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The handshake of the first worker.
+    pub fn handshake(&self) -> &Handshake {
+        &self.handshake
+    }
+
+    /// Devices the workers were placed on, one entry per worker.
+    pub fn placement(&self) -> Vec<usize> {
+        self.lock().iter().map(|s| s.device).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn checkout(&self) -> Slot {
+        let mut slots = self.lock();
+        loop {
+            if let Some(s) = slots.pop() {
+                return s;
+            }
+            slots = self.freed.wait(slots).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn checkin(&self, slot: Slot) {
+        self.lock().push(slot);
+        self.freed.notify_one();
+    }
+
+    /// Sends one request on a worker of the pool (restarting the slot's worker if an earlier
+    /// fault left it empty) and waits for its reply.
+    fn call(&self, case: &Case, mut req: Request, extra: Option<&Path>) -> Result<Reply> {
+        let mut slot = self.checkout();
+        let result = self.call_on(&mut slot, case, &mut req, extra);
+        self.checkin(slot);
+        result
+    }
+
+    fn call_on(
+        &self,
+        slot: &mut Slot,
+        case: &Case,
+        req: &mut Request,
+        extra: Option<&Path>,
+    ) -> Result<Reply> {
+        if slot.worker.is_none() {
+            slot.worker = Some(Worker::start(
+                &self.cfg.spawn.on(slot.device),
+                self.cfg.start_timeout,
+            )?);
+        }
+        let timeout = self
+            .cfg
+            .case_timeout
+            .unwrap_or_else(|| default_case_timeout(case));
+        let worker = slot.worker.as_mut().expect("started above");
+        req.lse_from = extra.map(|p| p.display().to_string());
+        let reply = worker.call(req, timeout);
+        let fault = |slot: &mut Slot, f: Fault| {
+            slot.worker = None;
+            Err(Error::Fault(f))
+        };
+        match reply {
+            Err(f) => fault(slot, f),
+            Ok(r) if r.ok => Ok(r),
+            Ok(r) => {
+                let e = r.error.clone().unwrap_or(super::protocol::WireError {
+                    kind: "internal".into(),
+                    message: "a failed reply without an error".into(),
+                });
+                if e.kind == "device" {
+                    let w = slot.worker.as_mut().expect("still there");
+                    let f = w.crash(format!("device error: {}", e.message));
+                    return fault(slot, f);
+                }
+                Err(from_wire(&self.handshake.name, &e))
+            }
+        }
+    }
+
+    fn files(&self) -> (PathBuf, PathBuf, u64) {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        (
+            self.scratch.join(format!("{id}.in.safetensors")),
+            self.scratch.join(format!("{id}.out.safetensors")),
+            id,
+        )
+    }
+
+    fn want(&self, case: &Case, fwd: bool) -> Vec<String> {
+        let mut w: Vec<&str> = Vec::new();
+        if fwd {
+            w.push("o");
+            if self.caps.lse {
+                w.push("lse");
+            }
+        }
+        if case.d_o.is_some() {
+            w.extend(["dq", "dk", "dv"]);
+        }
+        w.into_iter().map(String::from).collect()
+    }
+
+    fn path(&self, name: Option<&str>) -> Result<Option<crate::dispatch::Path>> {
+        if self.caps.reports_path {
+            path_of(name)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn workspace(&self, w: Option<&WorkspaceReport>) -> WorkspaceReport {
+        w.filter(|_| self.caps.reports_workspace)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// The case as a worker reads it: inputs only.
+fn request_case(case: &Case) -> Case {
+    let mut c = case.clone();
+    c.outputs = Outputs::default();
+    c.meta = BTreeMap::new();
+    c
+}
+
+fn missing(name: &str, t: &str) -> Error {
+    Error::Backend {
+        backend: name.into(),
+        detail: format!("the worker's reply file has no {t}"),
+    }
+}
+
+fn f32_3(a: Option<Array3<f64>>, name: &str, t: &str) -> Result<Array3<f32>> {
+    a.map(|a| a.mapv(|x| x as f32))
+        .ok_or_else(|| missing(name, t))
+}
+
+/// Removes request files whatever happens to the request.
+struct Cleanup<'a>(&'a [&'a Path]);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for p in self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Runner for Pool {
+    fn name(&self) -> &str {
+        &self.handshake.name
+    }
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+    fn provenance(&self) -> BTreeMap<String, String> {
+        let mut p = self.handshake.provenance_text();
+        p.insert("worker".into(), self.command.join(" "));
+        if !self.handshake.version.is_empty() {
+            p.insert("worker_version".into(), self.handshake.version.clone());
+        }
+        p
+    }
+    fn dispatcher(&self, opts: &RunOptions) -> Option<Dispatcher> {
+        if !self.caps.reports_path {
+            return None;
+        }
+        let arch = self.caps.arch.as_ref()?.parse().ok()?;
+        Some(Dispatcher {
+            profile: opts.profile,
+            arch,
+            env: opts.env.clone(),
+            backend_has_kernel: self.caps.small_seq,
+            defects: GateDefects::default(),
+        })
+    }
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        let name = self.cfg.in_tree.as_deref()?;
+        budget_by_name(name, self.caps.follows_small_seq_roundings, tensor)
+    }
+    fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
+        in_tree_fallback_kernel(self.cfg.in_tree.as_deref()?, config, layout)
+    }
+    fn worker_command(&self) -> Option<Vec<String>> {
+        Some(self.command.clone())
+    }
+    fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
+        let (inp, out, id) = self.files();
+        let _cleanup = Cleanup(&[&inp, &out]);
+        write_case(&request_case(case), &inp, OutputPrecision::Device)?;
+        let req = run_request(
+            id,
+            &inp,
+            &out,
+            self.want(case, true),
+            opts,
+            self.caps.harness_options,
+        );
+        let reply = self.call(case, req, None)?;
+        let got = read_outputs_file(&out, case)?;
+        let name = self.name();
+        let (tq, h) = (case.layout.q.tokens, case.config.params.num_heads);
+        let lse = match got.lse {
+            Some(l) => l.mapv(|x| x as f32),
+            None if self.caps.lse => return Err(missing(name, "lse")),
+            None => Array2::from_elem((tq, h), f32::NAN),
+        };
+        let paths = reply.path.clone().unwrap_or_default();
+        let ws = reply.workspace.clone().unwrap_or_default();
+        let fwd = FwdResult {
+            o: f32_3(got.o, name, "o")?,
+            lse,
+            path: self.path(paths.fwd.as_deref())?,
+            workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.fwd)),
+        };
+        let bwd = match case.d_o {
+            None => None,
+            Some(_) => Some(BwdResult {
+                dq: f32_3(got.dq, name, "dq")?,
+                dk: f32_3(got.dk, name, "dk")?,
+                dv: f32_3(got.dv, name, "dv")?,
+                path: self.path(paths.bwd.as_deref())?,
+                workspace: self.workspace(Some(&ws.bwd)),
+            }),
+        };
+        Ok(Pair {
+            fwd,
+            bwd,
+            has_lse: self.caps.lse,
+        })
+    }
+    fn run_bwd_from(
+        &self,
+        case: &Case,
+        o: &Array3<f32>,
+        lse: &Array2<f32>,
+        opts: &RunOptions,
+    ) -> Result<BwdResult> {
+        if !self.caps.harness_options {
+            return Err(Error::Unsupported(
+                "the worker cannot run a backward from another forward".into(),
+            ));
+        }
+        let (inp, out, id) = self.files();
+        let from = self.scratch.join(format!("{id}.fwd.safetensors"));
+        let _cleanup = Cleanup(&[&inp, &out, &from]);
+        write_case(&request_case(case), &inp, OutputPrecision::Device)?;
+        write_outputs(
+            &from,
+            &[("o", o.view().into_dyn()), ("lse", lse.view().into_dyn())],
+        )?;
+        let req = run_request(id, &inp, &out, self.want(case, false), opts, true);
+        let reply = self.call(case, req, Some(&from))?;
+        let got = read_outputs_file(&out, case)?;
+        let name = self.name();
+        let paths = reply.path.clone().unwrap_or_default();
+        Ok(BwdResult {
+            dq: f32_3(got.dq, name, "dq")?,
+            dk: f32_3(got.dk, name, "dk")?,
+            dv: f32_3(got.dv, name, "dv")?,
+            path: self.path(paths.bwd.as_deref())?,
+            workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
+        })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let slots = std::mem::take(&mut *self.lock());
+        std::thread::scope(|s| {
+            for w in slots.into_iter().filter_map(|s| s.worker) {
+                s.spawn(move || w.shutdown(Duration::from_secs(2)));
+            }
+        });
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// A fresh scratch directory, in memory where the system has `/dev/shm`.
+fn scratch_dir() -> Result<PathBuf> {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = base.join(format!(
+        "smallseq-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    Ok(dir)
+}

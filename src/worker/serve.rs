@@ -1,0 +1,253 @@
+//! `smallseq worker`: an in-tree backend served over `smallseq-worker/1`.
+//!
+//! The worker runs the wrappers (dispatch, workspace, don't-care zeroing) and the kernels; the
+//! campaign keeps the judging. A panic or abort ends the process, which the campaign sees as a
+//! crash of the case in flight: nothing here catches it.
+
+use super::io::{read_outputs_file, write_outputs};
+use super::protocol::{
+    options_of, wire_error, Handshake, Paths, Reply, Request, WireError, Workspaces, PROTOCOL,
+};
+use crate::backend::Backend;
+use crate::case::Case;
+use crate::case_file::read_case;
+use crate::dispatch::Profile;
+use crate::error::{Error, Result};
+use crate::harness::props::run_pair;
+use crate::runner::Caps;
+use crate::wrapper::{self, RunOptions};
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::time::Instant;
+
+/// A planted worker fault (`SMALLSEQ_MUTANT_FAULT`): what the CPU worker does on a case that
+/// triggers it, standing in for a kernel that faults or never returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlantedFault {
+    /// `panic!`: the process exits with status 101.
+    Panic,
+    /// `abort()`: killed by SIGABRT.
+    Abort,
+    /// Sleeps forever: the campaign's case timeout must fire.
+    Hang,
+}
+
+/// The variable that plants a fault in a CPU worker.
+pub const FAULT_VAR: &str = "SMALLSEQ_MUTANT_FAULT";
+
+impl PlantedFault {
+    /// The fault named by [`FAULT_VAR`], if any.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a value other than `panic`, `abort`, `hang`.
+    pub fn from_env() -> Result<Option<PlantedFault>> {
+        match std::env::var(FAULT_VAR).ok().as_deref() {
+            None | Some("") => Ok(None),
+            Some("panic") => Ok(Some(PlantedFault::Panic)),
+            Some("abort") => Ok(Some(PlantedFault::Abort)),
+            Some("hang") => Ok(Some(PlantedFault::Hang)),
+            Some(other) => Err(Error::config(format!(
+                "{FAULT_VAR}={other}: expected panic, abort or hang"
+            ))),
+        }
+    }
+
+    /// Cases that trigger a planted fault: a query sequence of exactly 7 tokens (the kernel
+    /// mutants `SMALLSEQ_MUTANT_OOB_WRITE`, `_TRAP` and `_HANG` fire on the same cases).
+    pub fn triggers(case: &Case) -> bool {
+        (0..case.layout.slots()).any(|s| case.layout.q.len(s) == 7)
+    }
+
+    fn fire(self) -> ! {
+        match self {
+            PlantedFault::Panic => panic!("planted fault: {FAULT_VAR}=panic on a 7-token query"),
+            PlantedFault::Abort => std::process::abort(),
+            PlantedFault::Hang => loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            },
+        }
+    }
+}
+
+/// Serves `be` until `shutdown` or the end of `input`. Returns the exit status.
+///
+/// # Errors
+/// I/O errors on `output`; a malformed request line (after saying so on stderr).
+pub fn serve(
+    be: &dyn Backend,
+    profile: Profile,
+    devices: usize,
+    input: impl BufRead,
+    mut output: impl Write,
+) -> Result<i32> {
+    let planted = PlantedFault::from_env()?;
+    let mut provenance: BTreeMap<String, serde_json::Value> = be
+        .provenance()
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect();
+    if let Some(f) = planted {
+        provenance.insert(
+            "planted_fault".into(),
+            serde_json::Value::String(format!("{f:?}").to_lowercase()),
+        );
+    }
+    let hs = Handshake {
+        protocol: PROTOCOL.into(),
+        name: be.name().into(),
+        version: format!(
+            "smallseq {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            crate::harness::capsule::build_commit().unwrap_or("unknown commit")
+        ),
+        provenance,
+        caps: Caps::in_tree(be.arch().name(), be.has_small_seq(), devices).to_wire(),
+    };
+    send(&mut output, &hs)?;
+    let base = RunOptions {
+        profile,
+        ..RunOptions::default()
+    };
+    let device_errors = matches!(be.name(), "cuda" | "hip");
+    for line in input.lines() {
+        let line = line.map_err(|source| Error::Io {
+            path: "<stdin>".into(),
+            source,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: Request = serde_json::from_str(&line).map_err(|e| {
+            Error::config(format!(
+                "worker: a request line is not JSON of the protocol: {e}"
+            ))
+        })?;
+        match req.op.as_str() {
+            "shutdown" => return Ok(0),
+            "run" => {}
+            other => {
+                let reply = error_reply(req.id, "internal", format!("unknown op {other:?}"));
+                send(&mut output, &reply)?;
+                continue;
+            }
+        }
+        let start = Instant::now();
+        let reply = match handle(be, &req, &base, planted) {
+            Ok((paths, workspace)) => Reply {
+                id: req.id,
+                ok: true,
+                path: Some(paths),
+                elapsed_us: Some(start.elapsed().as_micros() as u64),
+                workspace: Some(workspace),
+                error: None,
+            },
+            Err(e) => {
+                let mut w = wire_error(&e);
+                // A GPU backend's runtime errors (a launch, a sync) leave its context unusable.
+                if device_errors && w.kind == "internal" {
+                    w.kind = "device".into();
+                }
+                Reply {
+                    id: req.id,
+                    ok: false,
+                    error: Some(w),
+                    ..Reply::default()
+                }
+            }
+        };
+        send(&mut output, &reply)?;
+    }
+    Ok(0)
+}
+
+fn error_reply(id: u64, kind: &str, message: String) -> Reply {
+    Reply {
+        id,
+        ok: false,
+        error: Some(WireError {
+            kind: kind.into(),
+            message,
+        }),
+        ..Reply::default()
+    }
+}
+
+fn send(out: &mut impl Write, msg: &impl serde::Serialize) -> Result<()> {
+    let io = |source| Error::Io {
+        path: "<stdout>".into(),
+        source,
+    };
+    let line = serde_json::to_string(msg).expect("protocol messages serialise");
+    writeln!(out, "{line}").map_err(io)?;
+    out.flush().map_err(io)
+}
+
+fn handle(
+    be: &dyn Backend,
+    req: &Request,
+    base: &RunOptions,
+    planted: Option<PlantedFault>,
+) -> Result<(Paths, Workspaces)> {
+    let (Some(case_path), Some(out)) = (&req.case, &req.out) else {
+        return Err(Error::config("a run request needs case and out"));
+    };
+    let case = read_case(Path::new(case_path))?;
+    let opts = options_of(req, base)?;
+    if let Some(f) = planted.filter(|_| PlantedFault::triggers(&case)) {
+        f.fire();
+    }
+    let out = Path::new(out);
+    if let Some(from) = &req.lse_from {
+        let fwd = read_outputs_file(Path::new(from), &case)?;
+        let (Some(o), Some(lse)) = (fwd.o, fwd.lse) else {
+            return Err(Error::config(format!("lse_from {from}: needs o and lse")));
+        };
+        let o = o.mapv(|x| x as f32);
+        let lse = lse.mapv(|x| x as f32);
+        let b = wrapper::bwd(be, &case, &o, &lse, &opts)?;
+        write_outputs(
+            out,
+            &[
+                ("dq", b.dq.view().into_dyn()),
+                ("dk", b.dk.view().into_dyn()),
+                ("dv", b.dv.view().into_dyn()),
+            ],
+        )?;
+        let paths = Paths {
+            fwd: None,
+            bwd: Some(path_name(b.path)),
+        };
+        let ws = Workspaces {
+            bwd: b.workspace,
+            ..Workspaces::default()
+        };
+        return Ok((paths, ws));
+    }
+    let p = run_pair(be, &case, &opts)?;
+    let mut tensors = vec![
+        ("o", p.fwd.o.view().into_dyn()),
+        ("lse", p.fwd.lse.view().into_dyn()),
+    ];
+    if let Some(b) = &p.bwd {
+        tensors.extend([
+            ("dq", b.dq.view().into_dyn()),
+            ("dk", b.dk.view().into_dyn()),
+            ("dv", b.dv.view().into_dyn()),
+        ]);
+    }
+    write_outputs(out, &tensors)?;
+    let paths = Paths {
+        fwd: Some(path_name(p.fwd.path)),
+        bwd: p.bwd.as_ref().map(|b| path_name(b.path)),
+    };
+    let ws = Workspaces {
+        fwd: p.fwd.workspace.clone(),
+        bwd: p.bwd.map(|b| b.workspace).unwrap_or_default(),
+    };
+    Ok((paths, ws))
+}
+
+fn path_name(p: Option<crate::dispatch::Path>) -> String {
+    p.map_or("none", |p| p.name()).to_string()
+}
