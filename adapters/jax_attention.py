@@ -6,7 +6,10 @@
 
 - THD -> `[B, S, N, H]` with slot b in row b, `query_seq_lengths` / `key_value_seq_lengths`
   from cu_seqlens (both always given: jax-ml/jax#23349). Pad positions hold zeros; outputs at
-  don't-care tokens are written 0 (LSE -inf): JAX never computed them.
+  don't-care tokens are written 0 (LSE -inf): JAX never computed them. S is rounded up to a
+  power of two (at least 8), and on xla B too (extra rows of length 0), so that cases share
+  jitted executables; they are also cached on disk (SMALLSEQ_JAX_CACHE, default
+  /tmp/smallseq-jax-cache) for every worker.
 - Masks, chosen so that JAX's own arguments carry them wherever they are exact: top-left
   causal -> `is_causal`; bottom-right causal and windows -> `is_causal` / `local_window_size`
   when every slot has Lq == Lk (JAX's window and causal are index-aligned, i.e. top-left,
@@ -36,9 +39,18 @@ import numpy as np  # noqa: E402
 import smallseq_adapter as kit  # noqa: E402
 
 
-def plan(case: kit.Case, implementation: str) -> dict:
-    """The keyword arguments that express the case's mask and window: `is_causal`,
-    `local_window_size` and, on xla when nothing else is exact, `mask` (numpy bool)."""
+def bucket(n: int) -> int:
+    """A padded length for n tokens: the next power of two, at least 8, so that cases share
+    compiled executables (padding positions are masked by the sequence lengths)."""
+    return max(8, 1 << max(n - 1, 0).bit_length())
+
+
+def plan(case: kit.Case, implementation: str, sq: int = None, sk: int = None) -> dict:
+    """The keyword arguments that express the case's mask and window in a padded batch of
+    `sq` x `sk` (default: the longest slots): `is_causal`, `local_window_size` and, on xla
+    when nothing else is exact, `mask` (numpy bool [B, 1, sq, sk])."""
+    sq = case.sq.max_len if sq is None else sq
+    sk = case.skv.max_len if sk is None else sk
     c = case.config
     both = (case.sq.lens > 0) & (case.skv.lens > 0)
     square = bool(np.all(case.sq.lens[both] == case.skv.lens[both]))
@@ -49,11 +61,10 @@ def plan(case: kit.Case, implementation: str) -> dict:
             raise kit.Unsupported(
                 f"{c.mask} with window {list(c.window)} and Lq != Lk: JAX's masks are top-left aligned and cudnn takes no explicit mask"
             )
-        sq, sk = case.sq.max_len, case.skv.max_len
         return {"is_causal": False, "local_window_size": None, "mask": case.padded_mask(sq, sk)[:, None]}
     out = {"is_causal": c.causal is not None, "local_window_size": None, "mask": None}
     if windowed:
-        far = max(case.sq.max_len, case.skv.max_len) + 1  # "unbounded" within any slot
+        far = max(sq, sk) + 1  # "unbounded" within any row
         left, right = c.window
         out["local_window_size"] = (left if left >= 0 else far, right if right >= 0 else far)
     return out
@@ -65,12 +76,19 @@ class JaxAttention:
         self.cache = {}
 
     def setup(self, adapter: kit.Adapter):
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # one worker per job
         import jax
         import jax.numpy as jnp
 
         # f32 cases are judged as f32 arithmetic: no TF32 in XLA's dots unless asked
         jax.config.update("jax_default_matmul_precision", self.precision)
+        # compiling dominates a small case; workers share compiled executables through this
+        cache = os.environ.get("SMALLSEQ_JAX_CACHE", os.path.join("/tmp", "smallseq-jax-cache"))
+        for key, value in (("jax_compilation_cache_dir", cache), ("jax_persistent_cache_min_compile_time_secs", 0)):
+            try:
+                jax.config.update(key, value)
+            except (AttributeError, KeyError, ValueError) as e:
+                kit.log(f"jax config {key}: {e}")
 
         self.jax, self.jnp = jax, jnp
         dev = jax.devices()[0]
@@ -112,26 +130,36 @@ class JaxAttention:
         tq = case.sq.tokens
         if case.sq.max_len == 0:
             return kit.no_query_outputs(case)
-        kw = plan(case, self.impl)
+        sq, sk = bucket(case.sq.max_len), bucket(case.skv.max_len)
+        b = case.sq.slots
+        # xla also pads the batch (rows of length 0 are ignored); cudnn gets the exact batch,
+        # since zero-length rows are a known cuDNN hazard the adapter must not introduce
+        bb = bucket(b) if self.impl == "xla" else b
+        kw = plan(case, self.impl, sq, sk)
         dt = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}[c.dtype]
-        sq, sk = case.sq.max_len, case.skv.max_len
-        q = jnp.asarray(kit.to_padded(case.q, case.sq, sq), dtype=dt)
-        k = jnp.asarray(kit.to_padded(case.k, case.skv, sk), dtype=dt)
-        v = jnp.asarray(kit.to_padded(case.v, case.skv, sk), dtype=dt)
-        lq = jnp.asarray(case.sq.lens, dtype=jnp.int32)
-        lk = jnp.asarray(case.skv.lens, dtype=jnp.int32)
-        mask = jnp.asarray(kw["mask"]) if kw["mask"] is not None else None
+
+        def batch(x, side, s):
+            p = kit.to_padded(x, side, s)
+            return np.concatenate([p, np.zeros((bb - b,) + p.shape[1:], p.dtype)])
+
+        def lens(side):
+            return jnp.asarray(np.concatenate([side.lens, np.zeros(bb - b, np.int64)]), dtype=jnp.int32)
+
         grads = bool(want & {"dq", "dk", "dv"})
         d_o = case.d_o if grads else np.zeros((tq, c.num_heads, c.head_dim_v), np.float32)
         if self.impl == "xla":
             # XLA attends uniformly in a row with no visible key; a user leaves such rows out
             # of the loss, so their d_o is 0 and they add nothing to dK / dV.
             d_o = np.where(case.no_key_rows()[:, None, None], 0.0, d_o)
-        g = jnp.asarray(kit.to_padded(d_o, case.sq, sq), dtype=dt)
+        q, g = (jnp.asarray(batch(x, case.sq, sq), dtype=dt) for x in (case.q, d_o))
+        k, v = (jnp.asarray(batch(x, case.skv, sk), dtype=dt) for x in (case.k, case.v))
+        mask = None
+        if kw["mask"] is not None:
+            mask = jnp.asarray(np.concatenate([kw["mask"], np.zeros((bb - b,) + kw["mask"].shape[1:], bool)]))
         static = (kw["is_causal"], kw["local_window_size"], float(c.scale), "lse" in want, grads)
         with kit.calling(f"jax {self.impl}"):
-            res = self.compiled(static)(q, k, v, g, lq, lk, mask)
-            res = {n: np.asarray(t.astype(jnp.float32)) for n, t in res.items()}
+            res = self.compiled(static)(q, k, v, g, lens(case.sq), lens(case.skv), mask)
+            res = {n: np.asarray(t.astype(jnp.float32))[:b] for n, t in res.items()}
         return kit.from_padded_outputs(case, res, lse_layout="bsh")
 
 

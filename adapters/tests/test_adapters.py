@@ -113,11 +113,15 @@ class JaxPlan(unittest.TestCase):
         self.assertEqual((p["is_causal"], p["local_window_size"], p["mask"]), (True, None, None))
         p = jax_attention.plan(make_case([3, 2], [3, 2], mask="causal_bottom_right", window=(1, -1)), "cudnn")
         self.assertEqual((p["is_causal"], p["local_window_size"]), (True, (1, 4)))
+        p = jax_attention.plan(make_case([3, 2], [3, 2], window=(-1, 0)), "xla", 8, 16)
+        self.assertEqual((p["is_causal"], p["local_window_size"]), (False, (17, 0)))
+        self.assertEqual([jax_attention.bucket(n) for n in (0, 1, 8, 9, 17, 100)], [8, 8, 8, 16, 32, 128])
 
     def test_explicit_mask_on_xla_and_unsupported_on_cudnn(self):
         case = make_case([2, 3], [4, 3], mask="causal_bottom_right")
         p = jax_attention.plan(case, "xla")
         self.assertEqual(p["mask"].shape, (2, 1, 3, 4))
+        self.assertEqual(jax_attention.plan(case, "xla", 8, 8)["mask"].shape, (2, 1, 8, 8))
         np.testing.assert_array_equal(p["mask"][0, 0, :2], [[1, 1, 1, 0], [1, 1, 1, 1]])
         with self.assertRaises(kit.Unsupported):
             jax_attention.plan(case, "cudnn")
