@@ -97,6 +97,34 @@ PT_INLINE bool ss_visible(int r, int c, int lq, int lk, int mask) {
   return true;
 }
 
+// Planted faults for the worker-process tests: a kernel that writes far outside any
+// allocation, traps, or never returns, on a 7-token query (the cases the CPU worker's
+// SMALLSEQ_MUTANT_FAULT picks). A campaign must give that case a crash or hang verdict and
+// judge every other case.
+template <class T>
+PT_INLINE void ss_planted_fault(int lq, T* o) {
+#if defined(SMALLSEQ_MUTANT_OOB_WRITE)
+  if (lq == 7) o[-(1LL << 40)] = o[0];
+#elif defined(SMALLSEQ_MUTANT_TRAP)
+  if (lq == 7) {
+#if defined(PT_CUDA)
+    __trap();
+#else
+    __builtin_trap();
+#endif
+  }
+#elif defined(SMALLSEQ_MUTANT_HANG)
+  if (lq == 7) {
+    volatile int spin = 1;
+    while (spin) {
+    }
+  }
+#else
+  (void)lq;
+  (void)o;
+#endif
+}
+
 struct SsItem {
   int lq, lk, h;
   long long oq, ok;
@@ -257,6 +285,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
                       const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
   SsItem it;
   if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H) || it.lq <= 0) return;
+  ss_planted_fault(it.lq, o);
   const int l = pt_llane(), g = l >> 2, t = l & 3;
   const long long rs = (long long)H * D;
   const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;

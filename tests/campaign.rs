@@ -25,6 +25,7 @@ fn campaign_json(be: &dyn Backend, jobs: usize, cases: u64, stop_on_failure: boo
         shrink_budget: Duration::from_secs(1),
         stop_on_failure,
         jobs,
+        shard: Default::default(),
     };
     let mut rep: Report = campaign
         .run(&AtomicBool::new(false), &mut |_| {})

@@ -375,7 +375,12 @@ impl<'a> Checker<'a> {
                     format!("{why}, yet the backend ran it"),
                 ),
             };
-            for p in Prop::ALL.into_iter().skip(1) {
+            // Crash and hang verdicts are the worker's, added by `check`.
+            for p in Prop::ALL
+                .into_iter()
+                .skip(1)
+                .filter(|p| !matches!(p, Prop::Crash | Prop::Hang))
+            {
                 let o = if p == Prop::NumericAgreement {
                     o.clone()
                 } else {

@@ -1,0 +1,292 @@
+//! Worker processes end to end (`docs/worker-protocol.md`): the same report through workers
+//! for any `--jobs`; planted crashes, aborts and hangs each cost their case only (capsule,
+//! rerun on a fresh worker, exit 1) and the printed repro command faults again; shards merge
+//! into the unsharded report; workers that break the protocol are clear errors.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_smallseq"))
+}
+
+fn out_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smallseq-workers-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn fuzz(args: &[&str], out: &Path, env: &[(&str, &str)]) -> Output {
+    let mut c = bin();
+    c.arg("fuzz").args(args).arg("--out").arg(out);
+    c.args(["--shrink-time", "0"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("smallseq runs")
+}
+
+fn report(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("report.json")).expect("report.json");
+    serde_json::from_str(&text).expect("report is JSON")
+}
+
+/// The parts of a report that must not depend on jobs, workers or shards.
+fn verdict(r: &Value) -> Value {
+    let failures: Vec<Value> = r["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            // The stderr tail names process ids.
+            let detail = f["detail"]
+                .as_str()
+                .unwrap()
+                .split("; stderr")
+                .next()
+                .unwrap();
+            serde_json::json!([f["case"], f["property"], detail])
+        })
+        .collect();
+    let mut props = r["properties"].clone();
+    // Only worker runs can count crashes and hangs.
+    for p in ["crash", "hang"] {
+        props.as_object_mut().unwrap().remove(p);
+    }
+    serde_json::json!({
+        "cases": r["cases"], "properties": props, "skip_reasons": r["skip_reasons"],
+        "coverage": r["coverage"], "paths": r["paths"], "margins": r["margins"],
+        "failures": failures,
+    })
+}
+
+#[test]
+fn workers_judge_like_the_process_for_any_jobs() {
+    let inproc = out_dir("inproc");
+    let o = fuzz(
+        &["--cases", "24", "--seed", "11", "--jobs", "1"],
+        &inproc,
+        &[],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let want = verdict(&report(&inproc));
+    for jobs in ["1", "3"] {
+        let dir = out_dir(&format!("iso{jobs}"));
+        let o = fuzz(
+            &["--isolate", "--cases", "24", "--seed", "11", "--jobs", jobs],
+            &dir,
+            &[],
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = report(&dir);
+        assert_eq!(verdict(&r), want, "jobs {jobs}");
+        assert_eq!(r["properties"]["crash"]["pass"], 24);
+        assert!(r["worker"]
+            .as_str()
+            .unwrap()
+            .contains("worker --backend cpu"));
+    }
+}
+
+/// A campaign with a planted worker fault: exit 1, one failure per triggering case with its
+/// capsule, every other case judged, and the printed repro line faults again.
+fn planted_fault(mode: &str, prop: &str) {
+    let dir = out_dir(mode);
+    let env = [("SMALLSEQ_MUTANT_FAULT", mode)];
+    let args = [
+        "--isolate",
+        "--cases",
+        "20",
+        "--seed",
+        "3",
+        "--jobs",
+        "2",
+        "--case-timeout",
+        "2s",
+    ];
+    let o = fuzz(&args, &dir, &env);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    let r = report(&dir);
+    let failures = r["failures"].as_array().unwrap();
+    assert!(!failures.is_empty(), "{stderr}");
+    for f in failures {
+        assert_eq!(f["property"], prop, "{f}");
+        assert!(
+            f["detail"].as_str().unwrap().contains("deterministic"),
+            "the rerun on a fresh worker faults too: {f}"
+        );
+        assert!(Path::new(f["capsule"].as_str().unwrap()).is_file());
+    }
+    let n = failures.len() as u64;
+    let judged = &r["properties"]["numeric_agreement"];
+    assert_eq!(
+        judged["pass"].as_u64().unwrap()
+            + judged["fail"].as_u64().unwrap()
+            + judged["skip"].as_u64().unwrap(),
+        20,
+        "every case is counted"
+    );
+    assert_eq!(r["properties"][prop]["fail"].as_u64().unwrap(), n);
+    assert_eq!(r["properties"][prop]["pass"].as_u64().unwrap(), 20 - n);
+    // The printed command, run as printed (without the variable: the capsule records it).
+    let line = failures[0]["repro"].as_str().unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&words[..2], ["smallseq", "repro"], "{line}");
+    let mut c = bin();
+    c.args(&words[1..]).args(["--case-timeout", "2s"]);
+    c.env_remove("SMALLSEQ_MUTANT_FAULT");
+    let o = c.output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("{prop}: FAIL")), "{text}");
+}
+
+#[test]
+fn a_panicking_worker_costs_its_cases_only() {
+    planted_fault("panic", "crash");
+}
+
+#[test]
+fn an_aborting_worker_costs_its_cases_only() {
+    planted_fault("abort", "crash");
+}
+
+#[test]
+fn a_hanging_worker_is_killed_and_costs_its_cases_only() {
+    planted_fault("hang", "hang");
+}
+
+#[test]
+fn shards_merge_into_the_unsharded_report() {
+    let env = [("SMALLSEQ_MUTANT_FAULT", "panic")];
+    let whole = out_dir("whole");
+    let base = ["--isolate", "--cases", "30", "--seed", "3", "--jobs", "2"];
+    let o = fuzz(&base, &whole, &env);
+    assert_eq!(o.status.code(), Some(1));
+    let mut dirs = Vec::new();
+    for i in 0..3 {
+        let d = out_dir(&format!("shard{i}"));
+        let shard = format!("{i}/3");
+        let mut args = base.to_vec();
+        args.extend(["--shard", &shard]);
+        let o = fuzz(&args, &d, &env);
+        assert!(o.status.code() == Some(0) || o.status.code() == Some(1));
+        dirs.push(d);
+    }
+    let merged = out_dir("merged");
+    let o = bin()
+        .arg("merge")
+        .args(&dirs)
+        .arg("--out")
+        .arg(&merged)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (a, b) = (report(&whole), report(&merged));
+    assert_eq!(verdict(&a), verdict(&b));
+    for f in b["failures"].as_array().unwrap() {
+        let cap = f["capsule"].as_str().unwrap();
+        assert!(cap.starts_with(&merged.display().to_string()) && Path::new(cap).is_file());
+        assert!(f["repro"].as_str().unwrap().contains(cap));
+    }
+    // A shard missing is refused, naming it.
+    let o = bin()
+        .arg("merge")
+        .args(&dirs[..2])
+        .arg("--out")
+        .arg(out_dir("partial"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2/3"));
+}
+
+/// A worker command running `script` with sh, from a file (no quoting to get wrong).
+fn sh_worker(tag: &str, script: &str) -> String {
+    let p = std::env::temp_dir().join(format!("smallseq-fake-{tag}-{}.sh", std::process::id()));
+    std::fs::write(&p, script).unwrap();
+    format!("sh {}", p.display())
+}
+
+#[test]
+fn workers_that_break_the_protocol_are_clear_errors() {
+    let cases = [
+        ("garbage", "echo hello; sleep 5", "not a handshake"),
+        (
+            "version",
+            r#"echo '{"protocol": "smallseq-worker/9", "name": "x"}'; sleep 5"#,
+            "smallseq-worker/9",
+        ),
+        ("exits", "exit 3", "exited with status 3"),
+    ];
+    for (tag, script, says) in cases {
+        let dir = out_dir("bad");
+        let worker = sh_worker(tag, script);
+        let o = fuzz(
+            &["--backend", "exec", "--worker", &worker, "--cases", "3"],
+            &dir,
+            &[],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{script}: {err}");
+        assert!(err.contains(says), "{script}: {err}");
+        assert_eq!(
+            err.lines().filter(|l| l.starts_with("smallseq:")).count(),
+            1,
+            "{err}"
+        );
+    }
+    // A worker answering another request id crashes the case, never hangs the campaign.
+    let dir = out_dir("badid");
+    let hs = r#"{"protocol":"smallseq-worker/1","name":"liar","caps":{"dtypes":["f32"],"layouts":["thd"],"masks":["padding"]}}"#;
+    let script =
+        format!("echo '{hs}'\nwhile read l; do echo '{{\"id\": 999, \"ok\": true}}'; done\n");
+    let worker = sh_worker("liar", &script);
+    let o = fuzz(
+        &[
+            "--backend",
+            "exec",
+            "--worker",
+            &worker,
+            "--cases",
+            "2",
+            "--jobs",
+            "1",
+        ],
+        &dir,
+        &[],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let r = report(&dir);
+    assert_eq!(r["failures"][0]["property"], "crash", "{r}");
+    assert!(
+        r["failures"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("while 1 was in flight"),
+        "{r}"
+    );
+    let nc = r["not_covered"].as_array().unwrap();
+    assert!(
+        nc.iter().any(|l| l.as_str().unwrap().contains("backward")),
+        "{r}"
+    );
+}
