@@ -3,7 +3,7 @@
 # numpy_reference against the Rust f64 reference on the stored capsules and a short seeded
 # campaign that drives the worker protocol end to end through adapters/numpy_reference.py.
 #
-#   ci/adapters.sh [--no-campaign]
+#   [SMALLSEQ_BIN=target/release/smallseq] ci/adapters.sh [--no-campaign]
 #
 # Creates a venv in target/adapters-venv (numpy, safetensors) when it is missing and prints
 # how long that took. Exit status: 0 passed, 1 a test or the campaign failed, 2 setup failed.
@@ -24,8 +24,11 @@ echo "== adapter kit unit tests"
 "$py" -m unittest discover -s adapters/tests 2> "$log" || { tail -n 60 "$log"; exit 1; }
 tail -n 3 "$log"
 [ "$campaign" = yes ] || exit 0
-cargo build --release -q || exit 2
-bin="${CARGO_TARGET_DIR:-target}/release/smallseq"
+bin="${SMALLSEQ_BIN:-}"  # a caller that built the release binary already passes it
+if [ -z "$bin" ]; then
+  cargo build --release -q || exit 2
+  bin="${CARGO_TARGET_DIR:-target}/release/smallseq"
+fi
 echo "== numpy_reference against the Rust reference on tests/capsules"
 SMALLSEQ_BIN="$bin" "$py" -m unittest discover -s adapters/tests -p "test_against_rust_reference.py" 2> "$log" \
   || { tail -n 60 "$log"; exit 1; }
