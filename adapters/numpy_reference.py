@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""numpy_reference: semantics.md §1 in plain numpy, f64 inside, outputs rounded once to the
+input dtype (LSE as f32). Slow and simple; it exists so that CPU CI can drive the whole
+worker protocol end to end through `smallseq fuzz --backend exec`.
+
+Capabilities: every dtype, mask and window of §1, GQA, head_dim_v != head_dim_qk, any head
+dim, padded offsets, backward and LSE. Rows with no visible key: O = 0, LSE = -inf, no
+gradient. Don't-care tokens: never read, written 0 (-inf for LSE).
+BSHD cases are the THD cases whose slots all hold S tokens (the kit flattens them).
+Cannot express: bias and dropout (outside §1: `unsupported`), and anything about paths or
+workspaces.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import smallseq_adapter as kit  # noqa: E402
+
+
+def attention(case: kit.Case, want: frozenset) -> dict:
+    c = case.config
+    g = c.group
+    q, k, v = (x.astype(np.float64) for x in (case.q, case.k, case.v))
+    d_o = case.d_o.astype(np.float64) if case.d_o is not None else None
+    hkv = c.num_kv_heads
+    out = kit.no_query_outputs(case)  # every row the loop below does not reach keeps these
+    o, lse, dq, dk, dv = (out[n] for n in kit.OUTPUTS)
+    grads = bool(want & {"dq", "dk", "dv"})
+    for i in range(case.sq.slots):
+        lq, lk = int(case.sq.lens[i]), int(case.skv.lens[i])
+        if lq == 0 or lk == 0:
+            continue
+        oq, ok = int(case.sq.starts[i]), int(case.skv.starts[i])
+        qs = q[oq : oq + lq]  # [Lq, H, D]
+        ks = np.repeat(k[ok : ok + lk], g, axis=1)  # query head h reads kv head h // g
+        vs = np.repeat(v[ok : ok + lk], g, axis=1)
+        vis = case.visible(i)  # [Lq, Lk]
+        rows = vis.any(axis=1)  # rows with at least one visible key
+        s = c.scale * np.einsum("rhd,chd->hrc", qs, ks)
+        s = np.where(vis[None], s, -np.inf)
+        m = np.where(rows[None], s.max(axis=2, initial=-np.inf), 0.0)
+        e = np.where(vis[None], np.exp(s - m[..., None]), 0.0)
+        l = e.sum(axis=2)
+        p = e / np.where(rows[None], l, 1.0)[..., None]  # zero rows stay zero
+        o[oq : oq + lq] = np.einsum("hrc,chd->rhd", p, vs)
+        lse[oq : oq + lq] = np.where(rows[None], m + np.log(np.where(rows[None], l, 1.0)), -np.inf).T
+        if grads:
+            dos = d_o[oq : oq + lq]
+            dp = np.einsum("rhd,chd->hrc", dos, vs)
+            ds = p * (dp - (p * dp).sum(axis=2, keepdims=True))
+            dq[oq : oq + lq] = c.scale * np.einsum("hrc,chd->rhd", ds, ks)
+            dke = c.scale * np.einsum("hrc,rhd->chd", ds, qs)
+            dve = np.einsum("hrc,rhd->chd", p, dos)
+            # heads h = j*g .. j*g+g-1 share kv head j: sum the group
+            dk[ok : ok + lk] = dke.reshape(lk, hkv, g, -1).sum(axis=2)
+            dv[ok : ok + lk] = dve.reshape(lk, hkv, g, -1).sum(axis=2)
+    return {
+        name: (kit.round_to_dtype(a, "f32") if name == "lse" else kit.round_to_dtype(a, c.dtype))
+        for name, a in out.items()
+        if name in want
+    }
+
+
+def adapter() -> kit.Adapter:
+    caps = kit.Caps(
+        dtypes=list(kit.DTYPES), masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
+        max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu",
+    )
+    prov = {"implementation": "adapters/numpy_reference.py (f64, rounded once)"}
+    return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov)
+
+
+if __name__ == "__main__":
+    sys.exit(kit.serve(adapter()))

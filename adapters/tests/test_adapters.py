@@ -1,0 +1,162 @@
+"""The framework adapters' own conversions and declarations, without the frameworks."""
+
+import json
+import unittest
+
+import numpy as np
+
+from casegen import kit, make_case  # first: puts adapters/ on sys.path
+
+import jax_attention  # noqa: E402
+import numpy_reference  # noqa: E402
+import te_jax  # noqa: E402
+import torch_sdpa  # noqa: E402
+import torch_varlen  # noqa: E402
+
+
+class Declarations(unittest.TestCase):
+    def test_every_adapter_builds_a_handshake_without_its_framework(self):
+        adapters = [
+            numpy_reference.adapter(),
+            torch_varlen.adapter([]),
+            torch_varlen.adapter(["--kernel", "cudnn", "--tail", "pass"]),
+            jax_attention.adapter(["--implementation", "xla"]),
+            jax_attention.adapter(["--implementation", "cudnn", "--lse"]),
+            te_jax.adapter([]),
+        ] + [torch_sdpa.adapter(["--kernel", k]) for k in ("math", "efficient", "flash", "cudnn")]
+        names = set()
+        for a in adapters:
+            hs = json.loads(json.dumps(kit.handshake(a)))
+            caps = hs["caps"]
+            self.assertEqual(hs["protocol"], "smallseq-worker/1")
+            self.assertTrue(set(caps["dtypes"]) <= set(kit.DTYPES), a.name)
+            self.assertTrue(set(caps["masks"]) <= set(kit.MASKS), a.name)
+            self.assertIn(caps["no_key_row"], ("zero", "nan", "other"), a.name)
+            self.assertIn(hs["provenance"]["no_key_lse"], kit.NO_KEY_LSE, a.name)
+            self.assertFalse(caps["reports_path"] or caps["reports_workspace"] or caps["harness_options"])
+            names.add(hs["name"])
+        self.assertEqual(len(names), len(adapters))
+
+    def test_declared_limits(self):
+        sdpa = {k: torch_sdpa.caps_for(k) for k in ("math", "efficient", "flash", "cudnn")}
+        self.assertFalse(sdpa["math"].lse)
+        self.assertFalse(sdpa["efficient"].gqa)
+        self.assertFalse(sdpa["flash"].window)
+        self.assertNotIn("f32", sdpa["cudnn"].dtypes)
+        self.assertFalse(torch_varlen.adapter([]).caps.padded_offsets)
+        self.assertEqual(jax_attention.adapter(["--implementation", "xla"]).caps.no_key_row, "other")
+        self.assertFalse(jax_attention.adapter(["--implementation", "xla"]).caps.lse)
+
+
+class TorchSdpa(unittest.TestCase):
+    def test_pad_rows_see_key_zero_and_only_the_case_rows_are_fully_masked(self):
+        case = make_case([3, 1, 0], [1, 2, 2], mask="causal_bottom_right")
+        m = torch_sdpa.pad_row_mask(case, 3, 2)
+        self.assertEqual(m.shape, (3, 1, 3, 2))
+        fully = ~m[:, 0].any(axis=2)
+        # slot 0 rows 0, 1 see no key (diag = r - 2); every pad row sees key 0
+        np.testing.assert_array_equal(fully, [[True, True, False], [False, False, False], [False, False, False]])
+        np.testing.assert_array_equal(m[1, 0, 0], [True, True])  # Lq = 1, Lk = 2: diag = 1
+
+    def test_length_groups(self):
+        case = make_case([2, 0, 2, 3], [4, 1, 4, 3])
+        self.assertEqual(torch_sdpa.length_groups(case), {(2, 4): [0, 2], (3, 3): [3]})
+
+    def test_cases_without_queries_need_no_launch(self):
+        case = make_case([0, 0], [3, 1])
+        z = kit.no_query_outputs(case)
+        self.assertTrue(np.isneginf(z["lse"]).all() and not z["dk"].any())
+
+
+class TorchVarlen(unittest.TestCase):
+    def test_windows_and_causal_become_fa2_window_sizes(self):
+        for mask, window, lens_q, lens_kv, want in [
+            ("padding", (-1, -1), [2, 3], [4, 3], (-1, -1)),
+            ("padding", (3, 1), [2, 3], [4, 3], (3, 1)),
+            ("causal_bottom_right", (-1, -1), [2, 3], [4, 3], (-1, 0)),
+            ("padding_causal_bottom_right", (2, 5), [2], [4], (2, 0)),
+            ("causal", (-1, -1), [3, 0, 2], [3, 4, 2], (-1, 0)),
+        ]:
+            case = make_case(lens_q, lens_kv, mask=mask, window=window)
+            self.assertEqual(torch_varlen.window_size(case), want, (mask, window))
+        with self.assertRaises(kit.Unsupported):
+            torch_varlen.window_size(make_case([2], [3], mask="padding_causal"))
+
+    def test_lse_layouts(self):
+        self.assertEqual(torch_varlen.lse_layout((4, 10), 4, 10), "ht")
+        self.assertEqual(torch_varlen.lse_layout((10, 4), 4, 10), "th")
+        self.assertEqual(torch_varlen.lse_layout((3, 4, 8), 4, 10), "bhs")
+        with self.assertRaises(kit.Internal):
+            torch_varlen.lse_layout((5, 5), 4, 10)
+
+
+    def test_tail_rows_are_zero_in_both_tail_modes(self):
+        case = make_case([2, 3], [1, 2], heads=2, tail_q=2, tail_kv=1)
+        rng = np.random.default_rng(0)
+        for tail in ("pass", "trim"):
+            nq, nk = (7, 4) if tail == "pass" else (5, 3)
+            res = {
+                "o": rng.standard_normal((nq, 2, 8)).astype(np.float32),
+                "dk": rng.standard_normal((nk, 2, 8)).astype(np.float32),
+                "lse": rng.standard_normal((2, nq)),  # [H, T], as CUDA varlen returns it
+            }
+            out = torch_varlen.TorchVarlen("flash", tail).back_to_thd(case, res, frozenset({"o", "dk", "lse"}))
+            np.testing.assert_array_equal(out["o"][:5], res["o"][:5])
+            self.assertFalse(out["o"][5:].any() or out["dk"][3:].any())
+            np.testing.assert_array_equal(out["lse"][:5], res["lse"][:, :5].T.astype(np.float32))
+            self.assertTrue(np.isneginf(out["lse"][5:]).all())
+
+
+class JaxPlan(unittest.TestCase):
+    def test_native_arguments_where_exact(self):
+        p = jax_attention.plan(make_case([2, 3], [4, 3], mask="padding_causal"), "cudnn")
+        self.assertEqual((p["is_causal"], p["local_window_size"], p["mask"]), (True, None, None))
+        p = jax_attention.plan(make_case([3, 2], [3, 2], mask="causal_bottom_right", window=(1, -1)), "cudnn")
+        self.assertEqual((p["is_causal"], p["local_window_size"]), (True, (1, 4)))
+        p = jax_attention.plan(make_case([3, 2], [3, 2], window=(-1, 0)), "xla", 8, 16)
+        self.assertEqual((p["is_causal"], p["local_window_size"]), (False, (17, 0)))
+        self.assertEqual([jax_attention.bucket(n) for n in (0, 1, 8, 9, 17, 100)], [8, 8, 8, 16, 32, 128])
+
+    def test_explicit_mask_on_xla_and_unsupported_on_cudnn(self):
+        case = make_case([2, 3], [4, 3], mask="causal_bottom_right")
+        p = jax_attention.plan(case, "xla")
+        self.assertEqual(p["mask"].shape, (2, 1, 3, 4))
+        self.assertEqual(jax_attention.plan(case, "xla", 8, 8)["mask"].shape, (2, 1, 8, 8))
+        np.testing.assert_array_equal(p["mask"][0, 0, :2], [[1, 1, 1, 0], [1, 1, 1, 1]])
+        with self.assertRaises(kit.Unsupported):
+            jax_attention.plan(case, "cudnn")
+
+
+class TeJax(unittest.TestCase):
+    def test_descriptor_arrays_keep_offsets_and_empty_slots(self):
+        case = make_case([2, 0, 3], [1, 2, 0], gaps_q=[1, 0, 2], tail_kv=3)
+        sl_q, sl_kv, off_q, off_kv, m = te_jax.descriptor_arrays(case)
+        self.assertEqual(m, 3)
+        np.testing.assert_array_equal(sl_q, [[2, 0, 3]])
+        np.testing.assert_array_equal(off_q, [[0, 3, 3, 8]])
+        np.testing.assert_array_equal(sl_kv, [[1, 2, 0]])
+        np.testing.assert_array_equal(off_kv, [[0, 1, 3, 3]])
+        _, _, off_empty, _, m0 = te_jax.descriptor_arrays(make_case([], []))
+        self.assertEqual(m0, 1)
+        np.testing.assert_array_equal(off_empty, [[0, -1]])
+
+    def test_windows_and_aux_layouts(self):
+        self.assertIsNone(te_jax.window_for(make_case([2], [3])))
+        self.assertEqual(te_jax.window_for(make_case([2], [3], mask="padding_causal_bottom_right", window=(1, 0))), (1, 0))
+        with self.assertRaises(kit.Unsupported):
+            te_jax.window_for(make_case([2], [3], mask="padding", window=(1, 0)))
+        self.assertEqual(te_jax.aux_layout((1, 10, 4, 1), 4, 10), "th")
+        self.assertEqual(te_jax.aux_layout((1, 4, 10, 1), 4, 10), "ht")
+        with self.assertRaises(kit.Unsupported):
+            te_jax.aux_layout((1, 4, 10, 3), 4, 10)
+
+    def test_keywords_follow_the_signature(self):
+        def old(qkv, bias, sequence_descriptor, seed, attn_mask_type, window_size=None):
+            return None
+
+        kw = te_jax.keywords(old, bias=None, softmax_type=1, window_size=(1, 0), attn_mask_type=2)
+        self.assertEqual(kw, {"bias": None, "window_size": (1, 0), "attn_mask_type": 2})
+
+
+if __name__ == "__main__":
+    unittest.main()

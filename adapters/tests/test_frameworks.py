@@ -1,0 +1,129 @@
+"""Framework adapters against numpy_reference, where the framework is installed (CI has
+neither torch nor jax: these skip there; they run on a developer machine or the H200)."""
+
+import importlib.util
+import os
+import unittest
+
+import numpy as np
+
+from casegen import kit, make_case  # first: puts adapters/ on sys.path
+
+import numpy_reference as ref  # noqa: E402
+
+ALL = frozenset(kit.OUTPUTS)
+
+
+def geometries(dtype):
+    """(name, case) pairs over the classes the adapters claim: GQA, masks, windows, empty
+    slots, gaps, tails, long slots, no-key rows."""
+    kw = dict(dtype=dtype, dqk=16, poison=0.0)
+    yield "mha-padding", make_case([3, 5], [4, 5], heads=2, mask="padding", seed=1, **kw)
+    yield "gqa-causal-square", make_case([4, 2], [4, 2], heads=4, kv_heads=2, mask="padding_causal", seed=2, **kw)
+    yield "causal-tl-rect", make_case([3, 2], [5, 4], heads=2, mask="causal", seed=3, **kw)
+    yield "causal-br-rect", make_case([3, 2], [5, 4], heads=2, mask="causal_bottom_right", seed=4, **kw)
+    yield "window-square", make_case([6, 5], [6, 5], heads=2, mask="no_mask", window=(2, 1), seed=5, **kw)
+    yield "window-rect", make_case([4, 3], [6, 5], heads=2, mask="padding", window=(1, 0), seed=6, **kw)
+    yield "gaps-tail", make_case([2, 3], [3, 1], gaps_q=[1, 0], gaps_kv=[2, 0], tail_q=2, tail_kv=1, seed=7, **kw)
+    yield "empty-slots", make_case([2, 0, 3], [3, 2, 3], heads=2, mask="padding", seed=9, **kw)
+    yield "long", make_case([40], [33], heads=1, mask="padding_causal_bottom_right", seed=8, **{**kw, "dqk": 32})
+
+
+class FrameworkCase(unittest.TestCase):
+    def compare(self, adapter, tol, dtype="f32"):
+        if adapter.setup:
+            adapter.setup(adapter)
+        checked = 0
+        for name, case in geometries(dtype):
+            with self.subTest(geometry=name):
+                if adapter.caps.outside(case):
+                    continue
+                want = ALL if adapter.caps.lse else ALL - {"lse"}
+                try:
+                    got = adapter.run(case, want)
+                except kit.Unsupported:
+                    continue
+                got, _ = kit.finish_outputs(case, got, want, adapter)
+                exp = ref.attention(case, want)
+                no_key = case.no_key_rows()
+                for out in sorted(want):
+                    rows = ~no_key if out in ("o", "lse", "dq") and adapter.caps.no_key_row == "other" else slice(None)
+                    a, b = np.asarray(got[out], np.float64)[rows], np.asarray(exp[out], np.float64)[rows]
+                    np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {out}")
+                checked += 1
+        self.assertGreater(checked, 0)
+
+
+@unittest.skipUnless(importlib.util.find_spec("jax"), "jax is not installed")
+class JaxXla(FrameworkCase):
+    def test_f32_against_reference(self):
+        import jax_attention
+
+        self.compare(jax_attention.adapter(["--implementation", "xla", "--lse"]), 2e-5)
+
+
+@unittest.skipUnless(importlib.util.find_spec("jax"), "jax is not installed")
+class TeJaxOnAStandIn(FrameworkCase):
+    """te_jax's plumbing (descriptor, layouts, jit, vjp, aux) through tests/fake_te, a JAX
+    stand-in that keeps TE's documented contract: it tests the adapter, not TE."""
+
+    def test_f32_plumbing_against_reference(self):
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_te"))
+        try:
+            import te_jax
+
+            a = te_jax.adapter([])
+            a.caps.dtypes.append("f32")  # the stand-in computes f32; TE itself is declared bf16/f16
+            a.caps.head_dims = None
+            self.compare(a, 2e-5)
+        finally:
+            sys.path.pop(0)
+            for name in [n for n in sys.modules if n.startswith("transformer_engine")]:
+                del sys.modules[name]
+
+
+def has_cuda():
+    if not importlib.util.find_spec("torch"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
+class TorchMath(FrameworkCase):
+    def test_f32_against_reference(self):
+        import torch_sdpa
+
+        self.compare(torch_sdpa.adapter(["--kernel", "math"]), 2e-5)
+
+
+@unittest.skipUnless(has_cuda(), "no CUDA torch")
+class TorchFused(FrameworkCase):
+    """A smoke test for the H200 before a campaign (bf16: loose bounds; the campaign judges)."""
+
+    def test_sdpa_kernels_bf16(self):
+        import torch_sdpa
+
+        for kernel in ("efficient", "flash", "cudnn"):
+            with self.subTest(kernel=kernel):
+                self.compare(torch_sdpa.adapter(["--kernel", kernel]), 6e-2, "bf16")
+
+    def test_varlen_bf16(self):
+        import torch_varlen
+
+        self.compare(torch_varlen.adapter([]), 6e-2, "bf16")
+
+
+@unittest.skipUnless(importlib.util.find_spec("jax") and has_cuda(), "no GPU jax")
+class JaxCudnn(FrameworkCase):
+    def test_bf16(self):
+        import jax_attention
+
+        self.compare(jax_attention.adapter(["--implementation", "cudnn", "--lse"]), 6e-2, "bf16")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""torch_sdpa: `torch.nn.functional.scaled_dot_product_attention` pinned to one kernel.
+
+    python3 adapters/torch_sdpa.py --kernel math|efficient|flash|cudnn [--carry-poison]
+                                   [--no-key-lse -inf|+inf|nan]
+
+How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilities):
+- math, efficient, cudnn: one padded batch `[B, H, S, D]` (slot b in row b) with a boolean
+  `attn_mask [B, 1, Sq, Sk]` that holds the case's mask exactly (causal top-left or
+  bottom-right per slot, windows, lengths). Query rows past a slot's length are pad rows:
+  they see key 0 of their row so that they are never fully masked (only the case's own
+  no-key rows are), and their d_o is 0, so they add exactly 0 to dK and dV.
+- flash (takes no mask): slots are grouped by (Lq, Lk) and each group runs as a dense batch
+  with no mask; causal masks go through `is_causal`, which SDPA's flash accepts only for
+  Lq == Lk (others come back `unsupported` with torch's reason). No windows.
+- Kernel pinning: `torch.nn.attention.sdpa_kernel([one backend])`; the autograd node that
+  produced O is checked to be that kernel's (`ScaledDotProduct{Flash,Efficient,Cudnn}...`).
+- LSE: the tensor the kernel saved for its own backward (`_saved_logsumexp` /
+  `_saved_log_sumexp` of that node, `[B, H, S]`, S rounded up to 32 on efficient); math
+  has none (lse false).
+- Backward: autograd (`torch.autograd.grad` with the padded d_o).
+- Don't-care tokens: never handed to torch by default (the padded batch is zero past each
+  slot's length); `--carry-poison` fills a slot's pad key/value positions with its own
+  pad-between-seqs tokens, so NaN/Inf poison reaches keys every row has masked out (not
+  query rows: SDPA cannot know a query row is padding). Don't-care outputs are written 0
+  (LSE -inf): torch never computed them.
+- No-key rows: math, efficient and cudnn were seen to write O = 0 (external-apis.md §0b);
+  the LSE each writes there is declared with --no-key-lse (default -inf, +inf on flash)
+  and recorded in the handshake; the campaign reports any other value.
+- Cases with no query token at all are answered without a launch (all outputs zero).
+
+Cannot express: dropout, bias; windows on flash; top-left/bottom-right causal with
+Lq != Lk on flash (unsupported per case); GQA on efficient (SDPA refuses it); f32 on flash
+and cudnn; head dims outside the list in `caps_for`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import smallseq_adapter as kit  # noqa: E402
+
+FUSED_DIMS = [16, 32, 64, 128, 192, 256]
+NODE = {"efficient": "Efficient", "flash": "Flash", "cudnn": "Cudnn"}
+
+
+def caps_for(kernel: str) -> kit.Caps:
+    caps = kit.Caps(
+        dtypes=["bf16", "f16", "f32"], masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
+        max_tokens=1 << 16, backward=True, lse=kernel != "math", padded_offsets=True,
+    )
+    if kernel == "efficient":
+        caps.gqa = False
+        caps.head_dims = FUSED_DIMS
+    if kernel == "flash":
+        caps.dtypes, caps.window, caps.dv_ne_dqk, caps.head_dims = ["bf16", "f16"], False, False, FUSED_DIMS
+    if kernel == "cudnn":
+        caps.dtypes, caps.head_dims = ["bf16", "f16"], [d for d in FUSED_DIMS if d != 192]
+    return caps
+
+
+def pad_row_mask(case: kit.Case, sq: int, sk: int) -> np.ndarray:
+    """[B, 1, Sq, Sk] bool: the case's mask, plus key 0 for the pad rows past each slot."""
+    m = case.padded_mask(sq, sk)
+    if sk:
+        for b in range(case.sq.slots):
+            m[b, int(case.sq.lens[b]) :, 0] = True
+    return m[:, None]
+
+
+def length_groups(case: kit.Case):
+    """{(Lq, Lk): [slots]} for the slots with at least one query."""
+    groups = {}
+    for b in range(case.sq.slots):
+        lq, lk = int(case.sq.lens[b]), int(case.skv.lens[b])
+        if lq:
+            groups.setdefault((lq, lk), []).append(b)
+    return groups
+
+
+class TorchSdpa:
+    def __init__(self, kernel: str, carry_poison: bool):
+        self.kernel = kernel
+        self.pad = "span" if carry_poison else "zero"
+
+    def setup(self, adapter: kit.Adapter):
+        import torch
+
+        self.torch = torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {
+            "math": SDPBackend.MATH,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+        }[self.kernel]
+        self.pinned = lambda: sdpa_kernel([backend])
+        self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        adapter.version = f"torch {torch.__version__}"
+        adapter.provenance.update(
+            {
+                "kernel": self.kernel,
+                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                "cuda": str(torch.version.cuda),
+                "cudnn": str(torch.backends.cudnn.version()),
+                "poison": self.pad,
+            }
+        )
+        adapter.caps.arch = (
+            "sm_{}{}".format(*torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "cpu"
+        )
+
+    def tensor(self, x, dtype, grad):
+        t = self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.dev)
+        return t.to(dtype).requires_grad_(grad)
+
+    def lse_of(self, out):
+        """The LSE the kernel saved for its backward, from the autograd node that made O."""
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            name = type(node).__name__
+            if "ScaledDotProduct" in name:
+                if NODE[self.kernel] not in name:
+                    raise kit.Internal(f"pinned to {self.kernel} but torch ran {name}")
+                # `_saved_logsumexp` (flash, cudnn) or `_saved_log_sumexp` (efficient)
+                for attr in sorted(a for a in dir(node) if a.startswith("_saved_") and "sumexp" in a):
+                    return getattr(node, attr)
+                raise kit.Internal(f"{name} holds no saved logsumexp")
+            todo.extend(n for n, _ in node.next_functions)
+        raise kit.Internal(f"no ScaledDotProduct node behind O on the {self.kernel} kernel")
+
+    def call(self, case, q, k, v, d_o, mask, is_causal, want):
+        """One SDPA call on padded [B, S, H, D] numpy arrays; returns numpy [B, S, ...]."""
+        torch = self.torch
+        c = case.config
+        dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[c.dtype]
+        grads = bool(want & {"dq", "dk", "dv"})
+        need_graph = grads or ("lse" in want and self.kernel != "math")
+        tq, tk, tv = (self.tensor(x, dt, need_graph).transpose(1, 2) for x in (q, k, v))
+        m = torch.from_numpy(mask).to(self.dev) if mask is not None else None
+        res = {}
+        with kit.calling(f"torch {self.kernel}"):
+            with self.pinned():
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    tq, tk, tv, attn_mask=m, is_causal=is_causal, scale=c.scale,
+                    enable_gqa=c.num_heads != c.num_kv_heads,
+                )
+            if "lse" in want and self.kernel != "math":
+                res["lse"] = self.lse_of(out).float().cpu().numpy()
+            if grads:
+                g = self.tensor(d_o, dt, False).transpose(1, 2)
+                dq, dk, dv = torch.autograd.grad(out, (tq, tk, tv), g)
+                res.update({n: t.transpose(1, 2).float().cpu().numpy() for n, t in (("dq", dq), ("dk", dk), ("dv", dv))})
+            torch.cuda.synchronize() if self.dev.type == "cuda" else None
+        res["o"] = out.detach().transpose(1, 2).float().cpu().numpy()
+        return res
+
+    def run(self, case: kit.Case, want: frozenset) -> dict:
+        c = case.config
+        if case.sq.max_len == 0:
+            return kit.no_query_outputs(case)
+        if self.kernel == "flash":
+            return self.run_groups(case, want)
+        sq, sk = case.sq.max_len, case.skv.max_len
+        d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
+        res = self.call(
+            case,
+            kit.to_padded(case.q, case.sq, sq),  # pad query rows are real rows to SDPA: no poison
+            kit.to_padded(case.k, case.skv, sk, self.pad),
+            kit.to_padded(case.v, case.skv, sk, self.pad),
+            kit.to_padded(d_o, case.sq, sq, "zero"),
+            pad_row_mask(case, sq, sk),
+            False,
+            want,
+        )
+        return self.unpad(case, res, want)
+
+    def run_groups(self, case, want):
+        c = case.config
+        b, sq, sk = case.sq.slots, case.sq.max_len, case.skv.max_len
+        acc = {
+            "o": np.zeros((b, sq, c.num_heads, c.head_dim_v), np.float32),
+            "lse": np.full((b, c.num_heads, sq), -np.inf, np.float32),
+            "dq": np.zeros((b, sq, c.num_heads, c.head_dim_qk), np.float32),
+            "dk": np.zeros((b, sk, c.num_kv_heads, c.head_dim_qk), np.float32),
+            "dv": np.zeros((b, sk, c.num_kv_heads, c.head_dim_v), np.float32),
+        }
+        d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
+        for (lq, lk), slots in length_groups(case).items():
+            pick = lambda x, side, s: kit.to_padded(x, side, s)[slots]  # noqa: E731
+            res = self.call(
+                case,
+                pick(case.q, case.sq, sq)[:, :lq],
+                pick(case.k, case.skv, sk)[:, :lk],
+                pick(case.v, case.skv, sk)[:, :lk],
+                pick(d_o, case.sq, sq)[:, :lq],
+                None,
+                c.causal is not None,
+                want,
+            )
+            for name, arr in res.items():
+                if name == "lse":
+                    acc["lse"][slots, :, :lq] = arr[:, :, :lq]
+                else:
+                    acc[name][slots, : arr.shape[1]] = arr
+        return self.unpad(case, acc, want)
+
+    def unpad(self, case, res, want):
+        return kit.from_padded_outputs(case, {n: a for n, a in res.items() if n in want or n == "o"})
+
+
+def adapter(argv=None) -> kit.Adapter:
+    ap = kit.arg_parser(__doc__, no_key_lse=None)
+    ap.add_argument("--kernel", required=True, choices=["math", "efficient", "flash", "cudnn"])
+    ap.add_argument("--carry-poison", action="store_true")
+    args = ap.parse_args(argv)
+    impl = TorchSdpa(args.kernel, args.carry_poison)
+    no_key_lse = args.no_key_lse or ("+inf" if args.kernel == "flash" else "-inf")
+    caps = caps_for(args.kernel)
+    caps.devices = args.devices
+    return kit.Adapter(f"torch-sdpa-{args.kernel}", "torch", caps, impl.run,
+                       no_key_lse=no_key_lse, setup=impl.setup)
+
+
+if __name__ == "__main__":
+    sys.exit(kit.serve(adapter()))
