@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call: the external adapters' campaigns side by side on one GPU host, with the
+# long CUDA campaign started in its own session beside them (collected by a later call with
+# `ci/h200-adapters.sh BIN OUT collect`).
+#   ci/h200-adapters.sh BIN OUT_DIR [ADAPTER_TIME] [CUDA_TIME]
+set -u
+bin=$1 out=$2
+export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
+log=$out/log.txt
+say() { echo "$*" | tee -a "$log"; }
+if [ "${3:-}" = collect ]; then
+  while pgrep -f "fuzz --backend cuda --time" >/dev/null; do sleep 5; done
+  say "$(grep -m1 'cases in' /tmp/fuzz-long.log)"
+  grep -E '^  [a-z_]+ +pass' /tmp/fuzz-long.log | tee -a "$log"
+  grep '^FAIL' /tmp/fuzz-long.log | cut -c1-400 | head -20 | tee -a "$log"
+  cp /tmp/fuzz-long/report.json "$out/fuzz-long-report.json"
+  tar czf "$out/fuzz-long.tar.gz" -C /tmp fuzz-long fuzz-long.log 2>/dev/null
+  exit 0
+fi
+at=${3:-5m} ct=${4:-10m}
+python3 -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__, torch.cuda.get_device_name())' | tee -a "$log"
+setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shrink-time 5s \
+  --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
+(timeout 300 python3 -m unittest discover -s adapters/tests -p 'test_frameworks.py' -v \
+  >/tmp/smoke.log 2>&1; echo "smoke exit $?" >>/tmp/smoke.log) &
+mkdir -p /tmp/ad
+pids=()
+for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
+            "sdpa-efficient|adapters/torch_sdpa.py --kernel efficient" \
+            "sdpa-flash|adapters/torch_sdpa.py --kernel flash" \
+            "sdpa-cudnn|adapters/torch_sdpa.py --kernel cudnn" \
+            "varlen-flash|adapters/torch_varlen.py --kernel flash" \
+            "jax-xla|adapters/jax_attention.py --implementation xla" \
+            "jax-cudnn|adapters/jax_attention.py --implementation cudnn"; do
+  name=${spec%%|*} script=${spec#*|}
+  timeout -k 20 540 "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
+    --seed 17 --jobs 2 --shrink-time 5s --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[@]}"
+for f in /tmp/ad/*.log; do
+  n=$(basename "$f" .log)
+  say "== $n: $(grep -m1 'cases in' "$f" || tail -2 "$f")"
+  grep -E '^  [a-z_]+ +pass' "$f" | tee -a "$log"
+  grep '^FAIL' "$f" | cut -c1-300 | head -6 | tee -a "$log"
+done
+wait
+cp /tmp/smoke.log "$out/smoke.log"
+tar czf "$out/adapters.tar.gz" -C /tmp ad 2>/dev/null
+ls -la "$out" | tee -a "$log"
