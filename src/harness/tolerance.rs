@@ -25,7 +25,7 @@
 
 use super::conditioning::GradAllowance;
 use crate::case::{Case, Outputs};
-use ndarray::{ArrayD, Dimension};
+use ndarray::ArrayD;
 use serde::Serialize;
 use smallseq_reference::Dtype;
 
@@ -92,16 +92,14 @@ fn same_non_finite(x: f64, e: f64) -> bool {
     (x.is_infinite() && x == e) || (x.is_nan() && e.is_nan())
 }
 
-/// The largest error of one (token, head) row (of lse: one element), and where it is.
+/// The largest error of one (token, head) row (of lse: one element), where it is, and the
+/// row's `max |reference|` (finite values).
 #[derive(Clone, Debug, Default)]
 struct RowMax {
     err: f64,
-    at: Option<(Vec<usize>, f64, f64)>,
-}
-
-/// The row an element belongs to: `token · heads + head`.
-fn row_index(idx: &[usize], shape: &[usize]) -> usize {
-    idx[0] * shape.get(1).copied().unwrap_or(1) + idx.get(1).copied().unwrap_or(0)
+    /// (token, head, dim: None for lse), value, expected.
+    at: Option<((usize, usize, Option<usize>), f64, f64)>,
+    mag: f64,
 }
 
 /// How the yardstick's non-finite values excuse an element.
@@ -132,16 +130,40 @@ fn max_err(
     allow: Option<&ArrayD<f64>>,
 ) -> Vec<RowMax> {
     let shape = a.shape();
-    let rows = shape.iter().take(2).product::<usize>();
-    let mut best = vec![RowMax::default(); rows];
-    for ((idx, &x), &y) in a.indexed_iter().zip(r.iter()) {
-        if !valid[idx[0]] || both_past_limit(x, y, max_finite) {
+    let heads = shape.get(1).copied().unwrap_or(1);
+    let inner = shape.get(2).copied().unwrap_or(1);
+    let mut best = vec![RowMax::default(); shape[0] * heads];
+    // Flat slices in one layout: the per-element index arithmetic of a dynamic array is
+    // most of a judgement's time.
+    let a = a.as_standard_layout();
+    let r = r.as_standard_layout();
+    let yard_e = match yard {
+        Yard::Own => None,
+        Yard::Kernel(e) => Some(e.as_standard_layout()),
+    };
+    let allow = allow.map(|al| al.as_standard_layout());
+    let (a, r) = (
+        a.as_slice().expect("standard"),
+        r.as_slice().expect("standard"),
+    );
+    let yard_e = yard_e.as_ref().map(|e| e.as_slice().expect("standard"));
+    let allow = allow.as_ref().map(|al| al.as_slice().expect("standard"));
+    for (flat, (&x, &y)) in a.iter().zip(r).enumerate() {
+        let row_i = flat / inner;
+        if !valid[row_i / heads] {
+            continue;
+        }
+        let row = &mut best[row_i];
+        if y.is_finite() {
+            row.mag = row.mag.max(y.abs());
+        }
+        if both_past_limit(x, y, max_finite) {
             continue;
         }
         let reference_overflows = !y.is_finite() || y.abs() + headroom >= max_finite;
-        let shared = match yard {
-            Yard::Own => !x.is_finite(),
-            Yard::Kernel(e) => reference_overflows && same_non_finite(x, e[&idx]),
+        let shared = match yard_e {
+            None => !x.is_finite(),
+            Some(e) => reference_overflows && same_non_finite(x, e[flat]),
         };
         if shared {
             continue;
@@ -150,16 +172,14 @@ fn max_err(
             continue;
         }
         // A non-finite allowance (from non-finite inputs) excuses nothing.
-        let e = match allow.map(|al| al[&idx]).filter(|a| a.is_finite()) {
+        let e = match allow.map(|al| al[flat]).filter(|a| a.is_finite()) {
             Some(a) => (elem_err(x, y) - a).max(0.0),
             None => elem_err(x, y),
         };
-        let row = &mut best[row_index(idx.slice(), shape)];
         if e > row.err || (row.at.is_none() && e.is_nan()) {
-            *row = RowMax {
-                err: e,
-                at: Some((idx.as_array_view().to_vec(), x, y)),
-            };
+            let dim = (shape.len() > 2).then_some(flat % inner);
+            row.err = e;
+            row.at = Some(((row_i / heads, row_i % heads, dim), x, y));
         }
     }
     best
@@ -176,23 +196,17 @@ fn worst_of(rows: &[RowMax]) -> RowMax {
     })
 }
 
-/// `max |reference|` per row over valid tokens, finite values only.
-fn row_magnitudes(r: &ArrayD<f64>, valid: &[bool]) -> Vec<f64> {
-    let shape = r.shape();
-    let mut m = vec![0.0f64; shape.iter().take(2).product::<usize>()];
-    for (idx, x) in r.indexed_iter() {
-        if valid[idx[0]] && x.is_finite() {
-            let row = &mut m[row_index(idx.slice(), shape)];
-            *row = row.max(x.abs());
-        }
-    }
-    m
-}
-
 fn magnitude(r: &ArrayD<f64>, valid: &[bool]) -> f64 {
-    r.indexed_iter()
-        .filter(|(i, x)| valid[i[0]] && x.is_finite())
-        .fold(0.0f64, |m, (_, x)| m.max(x.abs()))
+    let per_token = r.shape().iter().skip(1).product::<usize>().max(1);
+    let r = r.as_standard_layout();
+    r.as_slice()
+        .expect("standard")
+        .chunks(per_token)
+        .zip(valid)
+        .filter(|(_, v)| **v)
+        .flat_map(|(t, _)| t.iter())
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs()))
 }
 
 /// The per-tensor views needed to judge one output.
@@ -244,7 +258,6 @@ fn rows_verdict(t: &Triple, emu: &[RowMax], act: &[RowMax]) -> Option<RowVerdict
     if shape.len() < 3 {
         return None; // lse: a row is one element, judged by the tensor rule
     }
-    let mags = row_magnitudes(&t.reference, t.valid);
     let heads = shape[1];
     let mut worst: Option<RowVerdict> = None;
     for (row, (e, a)) in emu.iter().zip(act).enumerate() {
@@ -252,7 +265,7 @@ fn rows_verdict(t: &Triple, emu: &[RowMax], act: &[RowMax]) -> Option<RowVerdict
         if !t.valid[token] {
             continue;
         }
-        let scale = mags[row].min(t.max_finite);
+        let scale = e.mag.min(t.max_finite);
         let emu_err = e.err.min(f64::MAX);
         let threshold = K * emu_err + FLOOR * (t.unit * scale + t.min_spacing);
         let (margin, threshold) = margin_of(a.err, threshold);
@@ -273,8 +286,9 @@ fn rows_verdict(t: &Triple, emu: &[RowMax], act: &[RowMax]) -> Option<RowVerdict
 
 /// Judges one tensor: the tensor rule, then the per-row rule.
 pub fn judge(t: &Triple) -> Judgement {
-    let ref_mag = magnitude(&t.reference, t.valid);
-    let mag = ref_mag.min(t.max_finite).max(t.min_magnitude);
+    let mag = magnitude(&t.reference, t.valid)
+        .min(t.max_finite)
+        .max(t.min_magnitude);
     let floor = FLOOR * (t.unit * mag + t.min_spacing);
     // The yardstick's own overflows are no error of it (it is its own yardstick): an
     // intermediate past the dtype's range would otherwise make its error, and the threshold,
@@ -303,14 +317,16 @@ pub fn judge(t: &Triple) -> Judgement {
     let worst_row = worst_of(&act_rows);
     let (tensor_margin, threshold) = margin_of(worst_row.err, threshold);
     let row = rows_verdict(t, &emu_rows, &act_rows);
-    let worst = worst_row.at.map(|(idx, value, expected)| Worst {
-        tensor: t.name.into(),
-        token: idx[0],
-        head: idx[1],
-        dim: idx.get(2).copied(),
-        value,
-        expected,
-    });
+    let worst = worst_row
+        .at
+        .map(|((token, head, dim), value, expected)| Worst {
+            tensor: t.name.into(),
+            token,
+            head,
+            dim,
+            value,
+            expected,
+        });
     // Where the whole tensor lies in the subnormal range, precision is absolute and a
     // threshold of a few spacings may exceed every value.
     let smallest_normal = t.min_spacing / (2.0 * t.unit);
