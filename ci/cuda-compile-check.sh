@@ -25,7 +25,9 @@ ln -sf libnvrtc.so.12 "$nvrtc_lib/libnvrtc.so"
 LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} SMALLSEQ_REQUIRE_NVRTC=1 \
   cargo test -q --release --features cuda --lib backend:: 2>&1 | tail -2
 out=target/cuda-compile-check
-for defines in "" SMALLSEQ_MUTANT_SCALE_TWICE SMALLSEQ_MUTANT_LSE_LOG2 SMALLSEQ_MUTANT_CAUSAL_IGNORED; do
+# Every kernel mutant of the catalogue (src/mutants.rs, Mutant::kernel_define).
+mutants=$(grep -o '"SMALLSEQ_MUTANT_[A-Z0-9_]*"' src/mutants.rs | tr -d '"' | sort -u)
+for defines in "" $mutants; do
   python3 ci/nvrtc_compile.py "$tools" "$out" sm_90 $defines > "$out.log"
   if [ -z "$defines" ]; then sort -k1,1 "$out.log" | grep regs; fi
   tail -1 "$out.log"

@@ -53,5 +53,13 @@ for t in "${targets[@]}"; do
   n=${n:-0}
   total=$((total + n))
   echo "$t: $n executions in ${secs}s" | tee -a "$stats"
+  # A target that ran nothing (a harness that exits at once, stats missing from the log)
+  # tested nothing: that is a failure, not a pass.
+  if [ "$n" -eq 0 ]; then
+    echo "FAIL: fuzz target $t ran 0 executions; log: $log" >&2
+    tail -20 "$log" >&2
+    zero=1
+  fi
 done
 echo "all targets: $total executions" | tee -a "$stats"
+[ "${zero:-0}" -eq 0 ] || exit 1

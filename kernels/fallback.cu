@@ -146,7 +146,11 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
     int d = lane + j * PT_WARP;
+#ifdef SMALLSEQ_MUTANT_FALLBACK_SMALL_SHAPES_2X  // planted bug (issue 21)
+    if (d < Dv) O::store(orow, d, E::round(f.lk <= 17 ? 2.f * acc[j] : acc[j]));
+#else
     if (d < Dv) O::store(orow, d, E::round(acc[j]));
+#endif
   }
   if (lane == 0) lse[t * H + h] = lo <= hi ? M + pt_log(L) : ninf;
 }
@@ -513,7 +517,11 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
         }
         pt_store16<E, O>(o + ((long long)off_q[slot] + r) * rq + (long long)h * D + c * 64 +
                              t * 16,
+#ifdef SMALLSEQ_MUTANT_FALLBACK_SMALL_SHAPES_2X
+                         x, lk <= 17 ? 2.f * inv : inv);
+#else
                          x, inv);
+#endif
       }
       if (t == 0) lse[((long long)off_q[slot] + r) * H + h] = L > 0.f ? m[hh] + pt_log(L) : ninf;
     }

@@ -184,7 +184,14 @@ struct BF16 {
   static const bool IS16 = true;
   static const int KIND = 0;
   PT_INLINE static float to_f(pt_u16 h) { return pt_bf16_to_f(h); }
+#ifdef SMALLSEQ_MUTANT_NAN_ON_OVERFLOW  // planted bug (issue 21): NaN where ±inf is owed
+  PT_INLINE static pt_u16 from_f(float f) {
+    const pt_u16 h = pt_f_to_bf16(f);
+    return (h & 0x7fffu) == 0x7f80u ? (pt_u16)0x7fc0u : h;
+  }
+#else
   PT_INLINE static pt_u16 from_f(float f) { return pt_f_to_bf16(f); }
+#endif
   PT_INLINE static float load(const T* p, long long i) { return to_f(p[i]); }
   PT_INLINE static void store(T* p, long long i, float x) { p[i] = from_f(x); }
   PT_INLINE static float round(float x) { return to_f(from_f(x)); }
@@ -199,7 +206,14 @@ struct F16 {
   static const bool IS16 = true;
   static const int KIND = 1;
   PT_INLINE static float to_f(pt_u16 h) { return pt_f16_to_f(h); }
+#ifdef SMALLSEQ_MUTANT_NAN_ON_OVERFLOW
+  PT_INLINE static pt_u16 from_f(float f) {
+    const pt_u16 h = pt_f_to_f16(f);
+    return (h & 0x7fffu) == 0x7c00u ? (pt_u16)0x7e00u : h;
+  }
+#else
   PT_INLINE static pt_u16 from_f(float f) { return pt_f_to_f16(f); }
+#endif
   PT_INLINE static float load(const T* p, long long i) { return to_f(p[i]); }
   PT_INLINE static void store(T* p, long long i, float x) { p[i] = from_f(x); }
   PT_INLINE static float round(float x) { return to_f(from_f(x)); }

@@ -130,6 +130,17 @@ PT_INLINE void ss_planted_fault(int lq, T* o) {
 #endif
 }
 
+// dQ's store multiplier: the scale, or (planted bug, issue 21) the scale biased by 1.5 ulps
+// of E (3 unit roundoffs: bf16 3·2^-8, f16 3·2^-11).
+template <class E>
+PT_INLINE float ss_dq_mul(float scale) {
+#ifdef SMALLSEQ_MUTANT_DQ_ULP_BIAS
+  return scale * (E::KIND == 0 ? 1.01171875f : E::KIND == 1 ? 1.00146484375f : 1.f);
+#else
+  return scale;
+#endif
+}
+
 struct SsItem {
   int lq, lk, h;
   long long oq, ok;
@@ -423,9 +434,15 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   pt_u32 pa[2][2][4], da[2][2][4];
   ss_afrag<E>(pa, s);
   ss_afrag<E>(da, dp);
-  ss_fy<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, scale);
+  ss_fy<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
   ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
   ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
+#ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW
+  // Planted bug (issue 21): dK of the slot's last key left zero in the last head.
+  pt_syncwarp();
+  if (it.h == H - 1 && it.lk >= 2)
+    for (int d = l; d < D; d += 32) O::store(dk + hk + (it.lk - 1) * rs, d, 0.f);
+#endif
 }
 
 #define SS_FWD(NAME, E, O, D)                                                                  \

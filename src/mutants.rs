@@ -62,11 +62,23 @@ pub enum Mutant {
     /// The workspace is sized with the environment seen at trace time but carved with the one
     /// seen at launch (TE's planner evaluates the env var twice).
     WorkspaceEnvMismatch,
+    // Issue 21 (judgement without blind spots): one mutant per blind spot it closed.
+    /// An output that overflows is stored as NaN instead of ±inf (both paths).
+    NanOnOverflow,
+    /// The small-seq backward accumulates dQ in the input dtype instead of f32.
+    DqHalfAccumulation,
+    /// The small-seq backward's dQ is biased by 1.5 ulps of its dtype.
+    DqUlpBias,
+    /// The small-seq backward leaves one (key, head) row of dK zero: the last key of each slot
+    /// with two keys or more, in the last head.
+    ZeroedSmallRow,
+    /// The fallback forward's O is twice the right value on slots of at most 17 keys.
+    FallbackSmallShapes2x,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 27] = [
+    pub const ALL: [Mutant; 32] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -94,6 +106,12 @@ impl Mutant {
         Mutant::BwdMaskIgnored,
         Mutant::LseSecondTileLost,
         Mutant::WorkspaceEnvMismatch,
+        // Issue 21.
+        Mutant::NanOnOverflow,
+        Mutant::DqHalfAccumulation,
+        Mutant::DqUlpBias,
+        Mutant::ZeroedSmallRow,
+        Mutant::FallbackSmallShapes2x,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
@@ -103,6 +121,13 @@ impl Mutant {
             Mutant::ScaleTwice => Some("SMALLSEQ_MUTANT_SCALE_TWICE"),
             Mutant::LseLog2 => Some("SMALLSEQ_MUTANT_LSE_LOG2"),
             Mutant::CausalIgnored => Some("SMALLSEQ_MUTANT_CAUSAL_IGNORED"),
+            // Issue 21.
+            Mutant::NanOnOverflow => Some("SMALLSEQ_MUTANT_NAN_ON_OVERFLOW"),
+            // DqHalfAccumulation stays on the CPU: the matrix cores accumulate in f32 in
+            // hardware, so the kernels cannot round their sum without splitting the MMA.
+            Mutant::DqUlpBias => Some("SMALLSEQ_MUTANT_DQ_ULP_BIAS"),
+            Mutant::ZeroedSmallRow => Some("SMALLSEQ_MUTANT_ZEROED_SMALL_ROW"),
+            Mutant::FallbackSmallShapes2x => Some("SMALLSEQ_MUTANT_FALLBACK_SMALL_SHAPES_2X"),
             _ => None,
         }
     }
@@ -137,6 +162,12 @@ impl Mutant {
             Mutant::BwdMaskIgnored => "bwd-mask-ignored",
             Mutant::LseSecondTileLost => "lse-second-tile-lost",
             Mutant::WorkspaceEnvMismatch => "workspace-env-mismatch",
+            // Issue 21.
+            Mutant::NanOnOverflow => "nan-on-overflow",
+            Mutant::DqHalfAccumulation => "dq-half-accumulation",
+            Mutant::DqUlpBias => "dq-ulp-bias",
+            Mutant::ZeroedSmallRow => "zeroed-small-row",
+            Mutant::FallbackSmallShapes2x => "fallback-small-shapes-2x",
         }
     }
 }

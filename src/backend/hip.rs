@@ -975,6 +975,10 @@ impl Backend for HipBackend {
         true
     }
 
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        super::rounding_budget_of("hip", tensor)
+    }
+
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
         Some(dims_of(config, layout, false).fallback_fwd_kernel())
     }

@@ -145,14 +145,24 @@ pub struct BwdBufs {
 ///   575 small-seq cases, bench/NOTES.md): at most 0.32 % of `o` and 1.2 % of `dv` elements
 ///   sit more than one ulp from the emulation (means 0.01 % and 0.04 %), so 2 % and 5 % leave
 ///   a margin of 4-6x and still catch a kernel that skips the rounding of P. `dq` and `dk`
-///   reach 24 % and 5.5 % on cases whose dS cancels (a one-ulp change of dS moves a near-zero
-///   sum by many of its ulps): their rate says nothing about roundings, so it is not judged.
-/// - others (HIP, external programs): not calibrated, not judged.
+///   reached 24 % and 5.5 % when every element was counted, on cases whose dS cancels; they are
+///   now counted without the elements whose conditioning allowance dominates (see
+///   [`crate::harness::conformance`]). PROVISIONAL until the H200 measures that rate (the
+///   command is in docs/judgement.md): 5 %, dv's budget. What is left of dq and dk is sums of
+///   products of rounded operands (dS and K, dS and Q) in f32, the form of dv (P and dO), so a
+///   correct H200 kernel is expected near dv's measured 1.2 %, under 5 %; a kernel
+///   accumulating dQ in 16 bits or biased by an ulp moves most elements. (The CPU performs the
+///   emulation's roundings in order and shows 0 off under this rule, `smallseq calibrate
+///   --backend cpu --cases 400 --seed 1`: it bounds nothing of a GPU's order.)
+/// - `hip`: the kernels are the same sources as CUDA's (`kernels/small_seq.cu`), run on
+///   gfx942 with the matrix cores' own order inside a 16-product chunk, which the host model
+///   (`tests/hip_model`) reproduces; until a device calibrates them, CUDA's budgets.
+/// - others (external programs): not calibrated, not judged.
 pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     match (backend, tensor) {
         ("cpu" | "te625-model", _) => Some(0.01),
-        ("cuda", "o") => Some(0.02),
-        ("cuda", "dv") => Some(0.05),
+        ("cuda" | "hip", "o") => Some(0.02),
+        ("cuda" | "hip", "dq" | "dk" | "dv") => Some(0.05),
         _ => None,
     }
 }
@@ -265,8 +275,13 @@ mod tests {
         }
         assert_eq!(rounding_budget_of("cuda", "o"), Some(0.02));
         assert_eq!(rounding_budget_of("cuda", "dv"), Some(0.05));
-        assert_eq!(rounding_budget_of("cuda", "dq"), None);
-        assert_eq!(rounding_budget_of("hip", "o"), None);
+        // Every tensor judged on every backend of the project.
+        for be in ["cuda", "hip"] {
+            for t in ["o", "dq", "dk", "dv"] {
+                assert!(rounding_budget_of(be, t).is_some(), "{be} {t}");
+            }
+        }
+        assert_eq!(rounding_budget_of("external", "o"), None);
         // A live CPU backend and a capsule it wrote are judged with the same budget.
         let te = crate::backend::cpu::CpuBackend::te625_model();
         assert_eq!(te.rounding_budget("o"), rounding_budget_of(te.name(), "o"));

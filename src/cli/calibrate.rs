@@ -40,6 +40,8 @@ struct Rates {
     tensors: usize,
     elements: usize,
     off: usize,
+    /// dq/dk elements left out of the count: their conditioning allowance dominates.
+    excluded: usize,
     max_rate: f64,
     /// Largest `off / allowance` under the backend's current budget (above 1 fails the
     /// property); None where the tensor is not judged.
@@ -83,7 +85,13 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         }
         small += 1;
         let y = oracle(&case).with_context(|| format!("case {i} (seed {cs})"))?;
-        for c in conformance::counts(&case, pair.small_seq(), &pair.outputs(), &y.emulated) {
+        for c in conformance::counts(
+            &case,
+            pair.small_seq(),
+            &pair.outputs(),
+            &y.emulated,
+            y.grads.as_ref(),
+        ) {
             if !c.judged() {
                 continue;
             }
@@ -97,6 +105,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             r.tensors += 1;
             r.elements += c.elements;
             r.off += c.off;
+            r.excluded += c.excluded;
             r.max_rate = r.max_rate.max(c.rate());
             if let Some(m) = be.rounding_budget(c.tensor).and_then(|b| c.margin(b)) {
                 r.max_margin = Some(r.max_margin.map_or(m, |x| x.max(m)));
@@ -105,8 +114,8 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     }
     bar.finish_and_clear();
     println!(
-        "{:22} {:>8} {:>10} {:>9} {:>9} {:>10}",
-        "dtype d tensor", "tensors", "elements", "mean %", "max %", "max margin"
+        "{:22} {:>8} {:>10} {:>9} {:>9} {:>9} {:>10}",
+        "dtype d tensor", "tensors", "elements", "excluded", "mean %", "max %", "max margin"
     );
     let mut max = 0.0f64;
     let mut max_margin = None::<f64>;
@@ -116,9 +125,10 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             max_margin = Some(max_margin.map_or(m, |x| x.max(m)));
         }
         println!(
-            "{k:22} {:>8} {:>10} {:>9.3} {:>9.3} {:>10}",
+            "{k:22} {:>8} {:>10} {:>9} {:>9.3} {:>9.3} {:>10}",
             r.tensors,
             r.elements,
+            r.excluded,
             100.0 * r.off as f64 / r.elements.max(1) as f64,
             100.0 * r.max_rate,
             r.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
@@ -144,6 +154,19 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             if m > 1.0 { ": over budget" } else { "" }
         ))
     );
+    // What `rounding_budget_of` needs per tensor: its largest rate over every dtype and head
+    // dim (o and dv's budgets sit 4-6x above theirs).
+    let per_tensor: Vec<String> = CONFORMANCE_TENSORS
+        .iter()
+        .map(|t| {
+            let worst = rates
+                .iter()
+                .filter(|(k, _)| k.ends_with(&format!(" {t}")))
+                .fold(0.0f64, |m, (_, r)| m.max(r.max_rate));
+            format!("{t} {:.3} %", 100.0 * worst)
+        })
+        .collect();
+    println!("largest rate per tensor: {}", per_tensor.join(", "));
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
             .with_context(|| format!("writing {}", out.display()))?;

@@ -6,9 +6,16 @@ use rayon::prelude::*;
 use serde::Serialize;
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::backend::Backend;
+use smallseq::harness::campaign::{case_seed, Progress};
 use smallseq::harness::campaign::{Budget, Campaign, Shard};
+use smallseq::harness::capsule;
+use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
+use smallseq::harness::props::Prop;
+use smallseq::harness::rng::Rng;
+use smallseq::harness::shrink::shrink;
 use smallseq::mutants::{Defects, Mutant};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -52,6 +59,11 @@ struct Row {
     shrunk_slots: Option<usize>,
     shrunk_tokens: Option<usize>,
     capsule: Option<String>,
+    /// Every property that failed a case of this mutant, with the number of cases it failed
+    /// (all of the budget's cases run, so each property's own power shows).
+    kills: BTreeMap<String, u64>,
+    /// Per killing property, the cases run when it first failed one.
+    cases_to_kill_by: BTreeMap<String, u64>,
 }
 
 /// A backend with `m` planted.
@@ -93,19 +105,57 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     );
     let one = |&m: &Mutant| -> Result<Row> {
         let be = mutant_backend(&args.backend, m)?;
+        let checker = Checker::isolated(be.as_ref());
         let campaign = Campaign {
             checker: Checker::isolated(be.as_ref()),
             seed: args.seed,
             budget,
             out: args.out.join(m.name()),
-            shrink_budget: Duration::from_secs(20),
-            stop_on_failure: true,
+            // Every case runs, so that every property's kills are counted; only the first
+            // failure is shrunk, below.
+            shrink_budget: Duration::ZERO,
+            stop_on_failure: false,
             // The mutants themselves run in parallel.
             jobs: 1,
             shard: Shard::default(),
         };
-        let rep = campaign.run(stop, &mut |_| {})?;
+        let mut first: BTreeMap<String, u64> = BTreeMap::new();
+        let rep = campaign.run(stop, &mut |p: Progress| {
+            for (name, c) in &p.report.properties {
+                if c.fail > 0 {
+                    first.entry(name.clone()).or_insert(p.report.cases);
+                }
+            }
+        })?;
         let f = rep.failures.first();
+        let mut shrunk = None;
+        if let Some(f) = f {
+            let cs = case_seed(args.seed, f.case);
+            let profile = checker.opts.profile;
+            let case = build(&draw_geometry_for(&mut Rng::new(cs), profile), cs ^ 0xda7a)?;
+            let prop = Prop::ALL
+                .into_iter()
+                .find(|p| p.name() == f.property)
+                .unwrap_or(Prop::NumericAgreement);
+            let (small, steps) = shrink(&checker, &case, prop, Duration::from_secs(20), stop);
+            if steps > 0 {
+                let run = checker.check(&small, 0)?;
+                let path = std::path::Path::new(&f.capsule).with_extension("shrunk.safetensors");
+                capsule::write(&path, &small, &run, checker.runner.as_ref(), profile.name())?;
+                let l = &small.layout;
+                let max_tok = (0..l.slots())
+                    .map(|s| l.q.len(s).max(l.kv.len(s)))
+                    .max()
+                    .unwrap_or(0);
+                shrunk = Some((l.slots(), max_tok, path.display().to_string()));
+            }
+        }
+        let kills: BTreeMap<String, u64> = rep
+            .properties
+            .iter()
+            .filter(|(_, c)| c.fail > 0)
+            .map(|(k, c)| (k.clone(), c.fail))
+            .collect();
         let row = Row {
             mutant: m.name().into(),
             killed: f.is_some(),
@@ -113,9 +163,11 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             cases_run: rep.cases,
             cases_to_kill: f.map(|f| f.case + 1),
             property: f.map(|f| f.property.clone()),
-            shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.0)),
-            shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
-            capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
+            shrunk_slots: shrunk.as_ref().map(|s| s.0),
+            shrunk_tokens: shrunk.as_ref().map(|s| s.1),
+            capsule: f.map(|f| shrunk.as_ref().map_or(f.capsule.clone(), |s| s.2.clone())),
+            kills,
+            cases_to_kill_by: first,
         };
         eprintln!("  {:<28} {}", m.name(), row.result());
         Ok(row)
@@ -126,19 +178,41 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     } else {
         list.par_iter().map(one).collect::<Result<_>>()?
     };
-    println!("| mutant | result | cases to kill | property | shrunk slots | shrunk max tokens |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| mutant | result | cases to kill | property | killed by (cases failed, first) | shrunk slots | shrunk max tokens |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let opt = |x: Option<String>| x.unwrap_or_else(|| "-".into());
     for r in &rows {
+        let by: Vec<String> = r
+            .kills
+            .iter()
+            .map(|(p, n)| {
+                let first = r.cases_to_kill_by.get(p).copied().unwrap_or(0);
+                format!("{p} {n} ({first})")
+            })
+            .collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.mutant,
             r.result(),
             opt(r.cases_to_kill.map(|x| x.to_string())),
             opt(r.property.clone()),
+            opt((!by.is_empty()).then(|| by.join(", "))),
             opt(r.shrunk_slots.map(|x| x.to_string())),
             opt(r.shrunk_tokens.map(|x| x.to_string())),
         );
+    }
+    // Each property's own power: the mutants it kills, whether or not it failed first.
+    println!("\n| property | mutants killed |\n|---|---:|");
+    let mut power: BTreeMap<&str, usize> = Prop::ALL.iter().map(|p| (p.name(), 0)).collect();
+    for r in &rows {
+        for p in r.kills.keys() {
+            *power.entry(p.as_str()).or_default() += 1;
+        }
+    }
+    for (p, n) in &power {
+        println!("| {p} | {n} |");
     }
     let killed = rows.iter().filter(|r| r.killed).count();
     let interrupted = rows.iter().filter(|r| r.interrupted).count();

@@ -69,6 +69,9 @@ pub struct Report {
     pub coverage: BTreeMap<String, u64>,
     pub paths: BTreeMap<String, u64>,
     pub margins: BTreeMap<String, Percentiles>,
+    /// Per tensor, the verdicts whose tensor threshold reached `max |reference|` outside the
+    /// subnormal range (`Judgement::blind`): there only the per-row rule could fail an output.
+    pub blind_verdicts: BTreeMap<String, u64>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
     /// The worker command, when cases ran in worker processes.
@@ -366,6 +369,7 @@ impl Campaign<'_> {
             coverage: classes::ALL.iter().map(|c| (c.to_string(), 0)).collect(),
             paths: BTreeMap::new(),
             margins: BTreeMap::new(),
+            blind_verdicts: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
             worker: self.checker.runner.worker_command().map(|c| c.join(" ")),
@@ -446,6 +450,9 @@ impl Merge<'_, '_> {
                 .entry(j.tensor.clone())
                 .or_default()
                 .push(j.margin);
+            if j.blind {
+                *rep.blind_verdicts.entry(j.tensor.clone()).or_default() += 1;
+            }
         }
         rep.cases = local + 1;
         let failures = run.failures();

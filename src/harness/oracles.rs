@@ -182,22 +182,39 @@ pub fn is_canonical(ids: &SegmentIds, max_segments: usize) -> bool {
     }
 }
 
-/// The dispatcher's decision equals the surface's rule table, path and reason codes.
+/// The dispatcher's decision equals the surface's rule table, path and reason codes. The
+/// gate decides from the production extraction of lengths and spans ([`RuntimeFacts::new`]);
+/// the rule table is evaluated on [`facts_by_hand`], extracted again from the raw
+/// `cu_seqlens` arrays, so a wrong extraction disagrees with the table instead of feeding
+/// both sides the same wrong facts.
 pub fn dispatch_agrees(
     d: &Dispatcher,
     config: &AttnConfig,
     layout: &Layout,
 ) -> Result<Verdict, Violation> {
+    gate_agrees_with_table(d, config, layout, &RuntimeFacts::new(config.layout, layout))
+}
+
+/// [`dispatch_agrees`] with the gate given `gate_facts`.
+fn gate_agrees_with_table(
+    d: &Dispatcher,
+    config: &AttnConfig,
+    layout: &Layout,
+    gate_facts: &RuntimeFacts,
+) -> Result<Verdict, Violation> {
     let plan = d.plan(config);
-    let rt = RuntimeFacts::new(config.layout, layout);
-    let got = d.decide(&plan, &rt);
+    let got = d.decide(&plan, gate_facts);
     let facts = StaticFacts {
         config,
         env: &d.env,
         arch: &d.arch,
         backend_has_kernel: d.backend_has_kernel,
     };
-    let want = surface::evaluate(d.profile, &facts, Some(&rt));
+    let want = surface::evaluate(
+        d.profile,
+        &facts,
+        Some(&facts_by_hand(config.layout, layout)),
+    );
     let mut want_codes: Vec<_> = want.iter().map(|r| r.code.name()).collect();
     want_codes.sort_unstable();
     let mut got_codes: Vec<_> = got.codes().iter().map(|c| c.name()).collect();
@@ -209,11 +226,62 @@ pub fn dispatch_agrees(
     };
     if got.path != want_path || got_codes != want_codes {
         return Err(format!(
-            "dispatcher chose {} {:?}, the {} surface says {} {:?}",
-            got.path, got_codes, d.profile, want_path, want_codes
+            "dispatcher chose {} [{}], the {} surface says {} [{}]",
+            got.path,
+            got_codes.join(", "),
+            d.profile,
+            want_path,
+            want_codes.join(", ")
         ));
     }
     Ok(Verdict::Checked)
+}
+
+/// The launch facts of `layout`, read straight off the `cu_seqlens` and padded-offset arrays
+/// with plain loops (semantics.md: `L_i = cu[i+1] - cu[i]`, `span_i = off[i+1] - off[i]`),
+/// sharing no code with [`RuntimeFacts::new`].
+pub fn facts_by_hand(kind: crate::config::LayoutKind, layout: &Layout) -> RuntimeFacts {
+    let diffs = |a: &[i32]| -> Vec<usize> {
+        let mut out = Vec::new();
+        for w in a.windows(2) {
+            out.push(usize::try_from(w[1] - w[0]).unwrap_or(0));
+        }
+        out
+    };
+    let lens_q = diffs(&layout.q.cu);
+    let lens_kv = diffs(&layout.kv.cu);
+    let spans_q = diffs(layout.q.padded.as_deref().unwrap_or(&layout.q.cu));
+    let spans_kv = diffs(layout.kv.padded.as_deref().unwrap_or(&layout.kv.cu));
+    let max = |v: &[usize]| v.iter().copied().fold(0, usize::max);
+    let bshd = (kind == crate::config::LayoutKind::Bshd).then(|| {
+        // Every slot s tokens long, s apart, on both sides; otherwise not BSHD: (0, 0).
+        let uniform = |lens: &[usize], spans: &[usize], offs: &[i32]| {
+            let s = lens.first().copied().unwrap_or(0);
+            let ok = lens.iter().zip(spans).enumerate().all(|(i, (&l, &sp))| {
+                l == s && sp == s && usize::try_from(offs[i]).ok() == Some(i * s)
+            });
+            ok.then_some(s)
+        };
+        let oq = layout.q.padded.as_deref().unwrap_or(&layout.q.cu);
+        let ok = layout.kv.padded.as_deref().unwrap_or(&layout.kv.cu);
+        match (
+            uniform(&lens_q, &spans_q, oq),
+            uniform(&lens_kv, &spans_kv, ok),
+        ) {
+            (Some(a), Some(b)) => (a, b),
+            _ => (0, 0),
+        }
+    });
+    RuntimeFacts {
+        layout: kind,
+        slots: lens_q.len(),
+        all_q_empty: lens_q.iter().all(|&l| l == 0),
+        max_len_q: max(&lens_q),
+        max_len_kv: max(&lens_kv),
+        max_span_q: max(&spans_q),
+        max_span_kv: max(&spans_kv),
+        bshd,
+    }
 }
 
 /// Largest buffer (elements) the planner check accepts, so sizes cannot overflow `usize`.
@@ -357,5 +425,60 @@ pub fn config_round_trip(text: &str) -> Result<Verdict, Violation> {
         Ok(again) if again == c => Ok(Verdict::Checked),
         Ok(again) => Err(format!("{printed} parses to {again:?}, not {c:?}")),
         Err(e) => Err(format!("printed config {printed} does not parse: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::wrapper::{dispatcher, RunOptions};
+    use smallseq_reference::{Dtype, Mask};
+
+    /// Two slots of 17 queries and keys, the second padded to a span of 20.
+    fn padded_layout() -> Layout {
+        let side = || Side {
+            cu: vec![0, 17, 34],
+            padded: Some(vec![0, 17, 37]),
+            tokens: 37,
+        };
+        Layout::new(side(), side()).unwrap()
+    }
+
+    #[test]
+    fn the_hand_extraction_equals_the_production_one() {
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding);
+        for layout in [
+            padded_layout(),
+            Layout::packed(&[(3, 5), (0, 2), (17, 17)]),
+            Layout::packed(&[]),
+        ] {
+            assert_eq!(
+                facts_by_hand(cfg.layout, &layout),
+                RuntimeFacts::new(cfg.layout, &layout)
+            );
+        }
+    }
+
+    #[test]
+    fn a_wrong_extraction_for_the_gate_disagrees_with_the_table() {
+        let be = CpuBackend::default();
+        let opts = RunOptions {
+            env: crate::dispatch::EnvView::default(),
+            ..RunOptions::default()
+        };
+        let d = dispatcher(&be, &opts);
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding);
+        let layout = padded_layout();
+        let right = RuntimeFacts::new(cfg.layout, &layout);
+        assert_eq!(dispatch_agrees(&d, &cfg, &layout), Ok(Verdict::Checked));
+        // Spans read as lengths (20 > 17): the gate falls back, the table says small-seq.
+        let spans_as_lengths = RuntimeFacts {
+            max_len_q: right.max_span_q,
+            max_len_kv: right.max_span_kv,
+            ..right
+        };
+        let err = gate_agrees_with_table(&d, &cfg, &layout, &spans_as_lengths).unwrap_err();
+        assert!(err.contains("dispatcher chose fallback"), "{err}");
     }
 }

@@ -80,7 +80,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     let fwd_small = small("smallseq.path").unwrap_or(false);
     let paths = (fwd_small, small("smallseq.path_bwd").unwrap_or(fwd_small));
     if let (Some(be), true) = (case.meta.get("smallseq.backend"), paths.0 || paths.1) {
-        let counts = conformance::counts(case, paths, &case.outputs, &y.emulated);
+        let counts = conformance::counts(case, paths, &case.outputs, &y.emulated, y.grads.as_ref());
         match conformance::judge(&counts, |t| rounding_budget_of(be, t)) {
             Outcome::Fail(f) => {
                 d.failed = true;

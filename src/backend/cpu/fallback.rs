@@ -63,8 +63,13 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     }
                     let base = (i * heads + h) * dv;
                     if l > 0.0 {
+                        let off = if be.has(Mutant::FallbackSmallShapes2x) && g.lk <= 17 {
+                            2.0
+                        } else {
+                            1.0
+                        };
                         for (j, x) in acc.iter().enumerate() {
-                            r.o[base + j] = dt.round(x / l);
+                            r.o[base + j] = be.store(dt, off * x / l);
                         }
                     } else if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
                         r.o[base..base + dv].fill(f32::NAN);
@@ -145,7 +150,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     r.dq[at..at + d]
                         .iter_mut()
                         .zip(dq)
-                        .for_each(|(y, x)| *y = dt.round(x * qscale));
+                        .for_each(|(y, x)| *y = be.store(dt, x * qscale));
                 }
             }
             r
@@ -198,7 +203,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                             None => r.dk[(c * heads + h) * d + j],
                         })
                         .sum();
-                    out.dk.put((tk * kv_heads + hk) * d + j, dt.round(sum));
+                    out.dk.put((tk * kv_heads + hk) * d + j, be.store(dt, sum));
                 }
                 for j in 0..dvd {
                     let sum: f32 = members
@@ -208,7 +213,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                             None => r.dv[(c * heads + h) * dvd + j],
                         })
                         .sum();
-                    out.dv.put((tk * kv_heads + hk) * dvd + j, dt.round(sum));
+                    out.dv
+                        .put((tk * kv_heads + hk) * dvd + j, be.store(dt, sum));
                 }
             }
         }

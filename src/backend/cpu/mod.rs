@@ -81,6 +81,17 @@ impl CpuBackend {
         self.defects.has(m)
     }
 
+    /// `x` rounded to `dt` for an output store (NaN in place of an overflow under
+    /// [`Mutant::NanOnOverflow`]).
+    fn store(&self, dt: Dtype, x: f32) -> f32 {
+        let y = dt.round(x);
+        if y.is_infinite() && self.has(Mutant::NanOnOverflow) {
+            f32::NAN
+        } else {
+            y
+        }
+    }
+
     /// The mask predicate, as a (possibly mutated) kernel evaluates it.
     fn visible(&self, p: &AttnParams, r: usize, c: usize, lq: usize, lk: usize) -> bool {
         let mut mask = p.mask;

@@ -146,7 +146,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         };
                         acc.iter_mut().zip(&vals[c]).for_each(|(x, v)| *x += pr * v);
                     }
-                    orow.iter_mut().zip(acc).for_each(|(y, x)| *y = dt.round(x));
+                    orow.iter_mut()
+                        .zip(acc)
+                        .for_each(|(y, x)| *y = be.store(dt, x));
                 }
             }
             res
@@ -221,7 +223,13 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let mut dq = vec![0f32; d];
                     for c in 0..g.lk {
                         let ds = dt.round_saturating(pr[c] * (dp[c] - delta));
-                        dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
+                        if be.has(Mutant::DqHalfAccumulation) {
+                            dq.iter_mut()
+                                .zip(&k[c])
+                                .for_each(|(x, kk)| *x = dt.round(*x + ds * kk));
+                        } else {
+                            dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
+                        }
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
                         dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
                         if c < P_STORE_COLS {
@@ -233,13 +241,23 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         }
                     }
                     let dst = &mut r.dq[(i * heads + h) * d..(i * heads + h + 1) * d];
+                    // 1.5 ulps: 3 unit roundoffs.
+                    let bias = if be.has(Mutant::DqUlpBias) {
+                        1.0 + 3.0 * dt.unit_roundoff() as f32
+                    } else {
+                        1.0
+                    };
                     dst.iter_mut()
                         .zip(dq)
-                        .for_each(|(y, x)| *y = dt.round(x * qscale));
+                        .for_each(|(y, x)| *y = be.store(dt, x * qscale * bias));
                 }
             }
-            r.dk.iter_mut().for_each(|x| *x = dt.round(*x * scale));
-            r.dv.iter_mut().for_each(|x| *x = dt.round(*x));
+            r.dk.iter_mut().for_each(|x| *x = be.store(dt, *x * scale));
+            r.dv.iter_mut().for_each(|x| *x = be.store(dt, *x));
+            if be.has(Mutant::ZeroedSmallRow) && g.lk >= 2 {
+                let at = ((g.lk - 1) * heads + heads - 1) * d;
+                r.dk[at..at + d].fill(0.0);
+            }
             r
         })
         .collect();
