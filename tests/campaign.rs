@@ -122,6 +122,7 @@ fn a_panicking_case_ends_a_parallel_campaign_with_its_error() {
             shrink_budget: Duration::ZERO,
             stop_on_failure: false,
             jobs: 3,
+            shard: Default::default(),
         };
         let r = campaign.run(&AtomicBool::new(false), &mut |_| {});
         let _ = tx.send(r.map(|rep| rep.cases).map_err(|e| e.to_string()));
