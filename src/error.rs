@@ -31,6 +31,9 @@ pub enum Error {
     NoDevice { backend: String, detail: String },
     #[error("smallseq was built without the `{feature}` feature")]
     NotCompiledWith { feature: &'static str },
+    /// A report page that cannot be made: an unreadable `report.json`, a chart.
+    #[error("report: {0}")]
+    Report(String),
     #[error("{path}: {source}")]
     Io {
         path: String,

@@ -36,6 +36,8 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Measure how often a backend's small-seq outputs sit more than one ulp from the emulation.
     Calibrate(cli::calibrate::CalibrateArgs),
+    /// Render one HTML page over several runs' reports (trends, then each run).
+    Report(cli::report::ReportArgs),
 }
 
 /// Keeps freed heap memory in the process instead of giving it back to the kernel.
@@ -88,6 +90,7 @@ fn main() -> ExitCode {
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
         Command::Calibrate(a) => cli::calibrate::run(a),
+        Command::Report(a) => cli::report::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -7,6 +7,7 @@ pub mod explain;
 pub mod fuzz;
 pub mod mutants;
 pub mod reference_bench;
+pub mod report;
 pub mod repro;
 pub mod run;
 

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::backend::Backend;
-use smallseq::harness::campaign::{Budget, Campaign};
+use smallseq::harness::campaign::{write_reports, Budget, Campaign};
 use smallseq::harness::props::Checker;
 use smallseq::mutants::{Defects, Mutant};
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ pub struct MutantsArgs {
     /// Leave these mutants out (comma-separated names), e.g. known survivors in CI.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<Mutant>,
-    /// Output directory (mutants.json and per-mutant capsules).
+    /// Output directory (mutants.json; per mutant its report files and capsules).
     #[arg(long, default_value = "smallseq-out/mutants")]
     pub out: PathBuf,
 }
@@ -104,6 +104,8 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             jobs: 1,
         };
         let rep = campaign.run(stop, &mut |_| {})?;
+        // Each mutant's own report and page, so a kill can be looked at like any failure.
+        write_reports(&campaign.out, &rep)?;
         let f = rep.failures.first();
         let row = Row {
             mutant: m.name().into(),

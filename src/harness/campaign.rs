@@ -68,6 +68,8 @@ pub struct Report {
     pub coverage: BTreeMap<String, u64>,
     pub paths: BTreeMap<String, u64>,
     pub margins: BTreeMap<String, Percentiles>,
+    /// The same margins, log-binned, for the histograms of `report.html`.
+    pub margin_histograms: BTreeMap<String, crate::report::Histogram>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
 }
@@ -285,6 +287,7 @@ impl Campaign<'_> {
             coverage: classes::ALL.iter().map(|c| (c.to_string(), 0)).collect(),
             paths: BTreeMap::new(),
             margins: BTreeMap::new(),
+            margin_histograms: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
         }
@@ -420,6 +423,9 @@ impl Merge<'_, '_> {
     fn finish(mut self) -> Report {
         self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
         self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
+        self.rep.margin_histograms = (self.margins.iter())
+            .map(|(k, v)| (k.clone(), crate::report::Histogram::of(v)))
+            .collect();
         self.rep.margins = std::mem::take(&mut self.margins)
             .into_iter()
             .map(|(k, v)| (k, percentiles(v)))
@@ -458,7 +464,7 @@ pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
     cmd
 }
 
-/// Writes `report.json` and `junit.xml` into `dir`.
+/// Writes `report.json`, `junit.xml`, `summary.md` and `report.html` into `dir`.
 ///
 /// # Errors
 /// I/O errors.
@@ -473,7 +479,8 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
     let jp = dir.join("junit.xml");
     std::fs::write(&jp, junit(rep)).map_err(io(&jp))?;
     let mp = dir.join("summary.md");
-    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))
+    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))?;
+    crate::report::write_html(dir, rep)
 }
 
 /// A short Markdown summary for CI pages: verdict, per-property counts, every failure with
