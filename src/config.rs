@@ -93,7 +93,10 @@ impl AttnConfig {
             ));
         }
         if self.bias != Bias::None {
-            return Some(format!("bias = {} is outside docs/semantics.md §1.8", self.bias));
+            return Some(format!(
+                "bias = {} is outside docs/semantics.md §1.8",
+                self.bias
+            ));
         }
         None
     }

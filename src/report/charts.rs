@@ -66,7 +66,10 @@ pub fn stacked_bars(rows: &[(String, Vec<(u64, RGBColor)>)], x_desc: &str) -> Re
                 let x0 = x;
                 x += v as f64;
                 let mut r = Rectangle::new(
-                    [(x0, SegmentValue::Exact(i)), (x, SegmentValue::Exact(i + 1))],
+                    [
+                        (x0, SegmentValue::Exact(i)),
+                        (x, SegmentValue::Exact(i + 1)),
+                    ],
                     colour.filled(),
                 );
                 r.set_margin(3, 3, 0, 0);
@@ -107,18 +110,23 @@ pub fn margins(tensor: &str, h: &Histogram) -> Result<String> {
     let lo = f64::from(h.log10_lo);
     let hi = lo + h.counts.len() as f64 * step;
     // `under` and `over` get one bin each, a step outside the range.
-    let bars: Vec<(f64, f64, u64, RGBColor)> = std::iter::once((lo - 2.0 * step, lo - step, h.under, SKIP))
-        .chain(h.counts.iter().enumerate().map(|(i, &c)| {
-            let x0 = lo + i as f64 * step;
-            (x0, x0 + step, c, if x0 >= 0.0 { FAIL } else { PASS })
-        }))
-        .chain(std::iter::once((hi + step, hi + 2.0 * step, h.over, FAIL)))
-        .collect();
+    let bars: Vec<(f64, f64, u64, RGBColor)> =
+        std::iter::once((lo - 2.0 * step, lo - step, h.under, SKIP))
+            .chain(h.counts.iter().enumerate().map(|(i, &c)| {
+                let x0 = lo + i as f64 * step;
+                (x0, x0 + step, c, if x0 >= 0.0 { FAIL } else { PASS })
+            }))
+            .chain(std::iter::once((hi + step, hi + 2.0 * step, h.over, FAIL)))
+            .collect();
     let ymax = bars.iter().map(|b| b.2).max().unwrap_or(0).max(1) as f64 * 1.1;
     svg((520, 240), |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(
-                format!("{tensor}: {} margins, {} at 1 or more", h.total(), h.from_one()),
+                format!(
+                    "{tensor}: {} margins, {} at 1 or more",
+                    h.total(),
+                    h.from_one()
+                ),
                 (FONT, 14),
             )
             .margin(6)
@@ -151,7 +159,10 @@ pub fn margins(tensor: &str, h: &Histogram) -> Result<String> {
             }))
             .map_err(drawing)?;
         chart
-            .draw_series(LineSeries::new([(0.0, 0.0), (0.0, ymax)], FAIL.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                [(0.0, 0.0), (0.0, ymax)],
+                FAIL.stroke_width(2),
+            ))
             .map_err(drawing)?;
         chart
             .draw_series(std::iter::once(Text::new(
@@ -191,7 +202,10 @@ pub fn heatmap(g: &ErrorGrid) -> Result<String> {
     let width = (g.heads as u32 * 28).clamp(200, 640) + 80;
     svg((width, height), |root| {
         let mut chart = ChartBuilder::on(root)
-            .caption(format!("|{0} - reference|, max over the head dim", g.tensor), (FONT, 13))
+            .caption(
+                format!("|{0} - reference|, max over the head dim", g.tensor),
+                (FONT, 13),
+            )
             .margin(6)
             .x_label_area_size(28)
             .y_label_area_size(40)
@@ -213,7 +227,10 @@ pub fn heatmap(g: &ErrorGrid) -> Result<String> {
         chart
             .draw_series(cells.map(|(tok, hd)| {
                 let (x, y) = (hd as f64, -(tok as f64));
-                Rectangle::new([(x, y), (x + 1.0, y - 1.0)], heat(g.at(tok, hd), top).filled())
+                Rectangle::new(
+                    [(x, y), (x + 1.0, y - 1.0)],
+                    heat(g.at(tok, hd), top).filled(),
+                )
             }))
             .map_err(drawing)?;
         let line = |y: usize| [(0.0, -(y as f64)), (h, -(y as f64))];
@@ -223,7 +240,12 @@ pub fn heatmap(g: &ErrorGrid) -> Result<String> {
             .map_err(drawing)?;
         for &(_, valid_end) in &g.slots {
             chart
-                .draw_series(DashedLineSeries::new(line(valid_end), 4, 3, BLUE.stroke_width(1)))
+                .draw_series(DashedLineSeries::new(
+                    line(valid_end),
+                    4,
+                    3,
+                    BLUE.stroke_width(1),
+                ))
                 .map_err(drawing)?;
         }
         Ok(())
@@ -242,13 +264,22 @@ pub fn trend(
     let points = |vals: &[Option<f64>]| -> Vec<(f64, f64)> {
         vals.iter()
             .enumerate()
-            .filter_map(|(i, v)| v.filter(|v| v.is_finite() && (!log || *v > 0.0)).map(|v| (i as f64, y(v))))
+            .filter_map(|(i, v)| {
+                v.filter(|v| v.is_finite() && (!log || *v > 0.0))
+                    .map(|v| (i as f64, y(v)))
+            })
             .collect()
     };
-    let all: Vec<f64> = series.iter().flat_map(|s| points(&s.1)).map(|p| p.1).collect();
+    let all: Vec<f64> = series
+        .iter()
+        .flat_map(|s| points(&s.1))
+        .map(|p| p.1)
+        .collect();
     let (mut y0, mut y1) = all
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
     if !y0.is_finite() {
         (y0, y1) = (0.0, 1.0);
     }
@@ -274,7 +305,13 @@ pub fn trend(
                     String::new()
                 }
             })
-            .y_label_formatter(&|v| if log { format!("1e{v:.1}") } else { format!("{v:.1}") })
+            .y_label_formatter(&|v| {
+                if log {
+                    format!("1e{v:.1}")
+                } else {
+                    format!("{v:.1}")
+                }
+            })
             .label_style((FONT, 11))
             .draw()
             .map_err(drawing)?;
@@ -285,7 +322,9 @@ pub fn trend(
                 .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(2)))
                 .map_err(drawing)?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2))
+                });
             chart
                 .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, colour.filled())))
                 .map_err(drawing)?;

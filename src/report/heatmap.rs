@@ -31,13 +31,16 @@ impl ErrorGrid {
         self.err[token * self.heads + head]
     }
 
-    /// The largest error and where it is (token, head).
+    /// The largest error and where it is (token, head); the first in token-major order among
+    /// equals, as the tolerance rule names it.
     pub fn worst(&self) -> Option<(f64, usize, usize)> {
-        self.err
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, &e)| (e, i / self.heads.max(1), i % self.heads.max(1)))
+        let mut best: Option<(usize, f64)> = None;
+        for (i, &e) in self.err.iter().enumerate() {
+            if best.is_none_or(|(_, b)| e > b) {
+                best = Some((i, e));
+            }
+        }
+        best.map(|(i, e)| (e, i / self.heads.max(1), i % self.heads.max(1)))
     }
 }
 
@@ -67,7 +70,11 @@ fn choose_tensor(case: &Case) -> (String, String) {
         .unwrap_or_default();
     let stored = |t: &str| match t {
         "lse" => case.outputs.lse.is_some(),
-        _ => case.outputs.rows3().iter().any(|(n, a)| *n == t && a.is_some()),
+        _ => case
+            .outputs
+            .rows3()
+            .iter()
+            .any(|(n, a)| *n == t && a.is_some()),
     };
     if let Some(t) = verdict["worst"]["tensor"].as_str().filter(|t| stored(t)) {
         return (t.into(), "the verdict's worst element".into());
@@ -133,5 +140,7 @@ fn grid(case: &Case, tensor: &str, chosen_by: String) -> Result<ErrorGrid> {
 }
 
 fn missing(tensor: &str) -> Error {
-    Error::Report(format!("tensor {tensor}: not stored in the capsule or the reference"))
+    Error::Report(format!(
+        "tensor {tensor}: not stored in the capsule or the reference"
+    ))
 }

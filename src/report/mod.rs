@@ -42,7 +42,10 @@ pub fn runs_page(dirs: &[PathBuf], order: Order) -> Result<String> {
     if dirs.is_empty() {
         return Err(Error::Report("no run directory given".into()));
     }
-    let mut runs = dirs.iter().map(|d| Run::read(d)).collect::<Result<Vec<_>>>()?;
+    let mut runs = dirs
+        .iter()
+        .map(|d| Run::read(d))
+        .collect::<Result<Vec<_>>>()?;
     match order {
         Order::Time => runs.sort_by(|a, b| a.written.cmp(&b.written).then(a.name().cmp(&b.name()))),
         Order::Name => runs.sort_by_key(Run::name),

@@ -35,7 +35,12 @@ fn page(title: &str, body: &str) -> String {
 
 /// A chart, or the reason it could not be drawn.
 fn picture(svg: crate::Result<String>) -> String {
-    svg.unwrap_or_else(|e| format!("<p class=\"note\">(no picture: {})</p>", esc(&e.to_string())))
+    svg.unwrap_or_else(|e| {
+        format!(
+            "<p class=\"note\">(no picture: {})</p>",
+            esc(&e.to_string())
+        )
+    })
 }
 
 fn verdict(run: &Run) -> String {
@@ -46,24 +51,36 @@ fn verdict(run: &Run) -> String {
         (0, true) => format!("<p>interrupted before its budget: {count} failures so far</p>"),
         (_, i) => format!(
             "<p class=\"fail\">FAILED: {count} failing case(s){}</p>",
-            if i { ", interrupted before its budget" } else { "" }
+            if i {
+                ", interrupted before its budget"
+            } else {
+                ""
+            }
         ),
     }
 }
 
 /// The page of one campaign.
 pub fn run_page(run: &Run) -> String {
-    let title = format!("smallseq fuzz: {} / {}, seed {}", run.backend, run.profile, run.seed);
-    let body = format!("<h1>{}</h1>\n{}{}", esc(&title), verdict(run), run_body(run));
+    let title = format!(
+        "smallseq fuzz: {} / {}, seed {}",
+        run.backend, run.profile, run.seed
+    );
+    let body = format!(
+        "<h1>{}</h1>\n{}{}",
+        esc(&title),
+        verdict(run),
+        run_body(run)
+    );
     page(&title, &body)
 }
 
 /// Everything of one run below its verdict.
 fn run_body(run: &Run) -> String {
     let mut b = String::new();
-    let _ = write!(
+    let _ = writeln!(
         b,
-        "<p>{} cases in {:.1} s ({:.1} cases/s); paths taken: {}.</p>\n",
+        "<p>{} cases in {:.1} s ({:.1} cases/s); paths taken: {}.</p>",
         run.cases,
         run.elapsed_s,
         run.cases_per_s,
@@ -105,7 +122,11 @@ fn properties(b: &mut String, run: &Run) {
     if !run.skip_reasons.is_empty() {
         b.push_str("<h3>Why cases were skipped</h3>\n<table><tr><th>property: reason</th><th>cases</th></tr>\n");
         for (reason, n) in &run.skip_reasons {
-            let _ = writeln!(b, "<tr><td>{}</td><td class=\"n\">{n}</td></tr>", esc(reason));
+            let _ = writeln!(
+                b,
+                "<tr><td>{}</td><td class=\"n\">{n}</td></tr>",
+                esc(reason)
+            );
         }
         b.push_str("</table>\n");
     }
@@ -122,7 +143,11 @@ fn coverage(b: &mut String, run: &Run) {
     if missed.is_empty() {
         b.push_str("<p class=\"ok\">every class was hit</p>\n");
     } else {
-        let _ = writeln!(b, "<p class=\"fail\">classes no case hit: {}</p>", esc(&missed.join(", ")));
+        let _ = writeln!(
+            b,
+            "<p class=\"fail\">classes no case hit: {}</p>",
+            esc(&missed.join(", "))
+        );
     }
     let rows: Vec<_> = run.coverage.iter().map(|(c, n)| (c.clone(), *n)).collect();
     b.push_str(&picture(charts::coverage(&rows)));
@@ -200,7 +225,10 @@ fn heat_section(run: &Run, capsule: &str) -> String {
                 esc(&g.chosen_by)
             )
         }
-        Err(e) => format!("<p class=\"note\">(no error picture: {})</p>", esc(&e.to_string())),
+        Err(e) => format!(
+            "<p class=\"note\">(no error picture: {})</p>",
+            esc(&e.to_string())
+        ),
     }
 }
 
@@ -241,12 +269,20 @@ pub fn runs_page(runs: &[Run]) -> String {
             ]
         })
         .collect();
-    b.push_str(&picture(charts::trend("margin percentiles (log)", &names, &series, true)));
+    b.push_str(&picture(charts::trend(
+        "margin percentiles (log)",
+        &names,
+        &series,
+        true,
+    )));
     b.push_str("</div>\n<h2>Runs</h2>\n<table><tr><th>run</th><th>written (UTC)</th><th>backend / profile</th><th>seed</th><th>cases</th><th>cases/s</th><th>failures</th><th>page</th></tr>\n");
     for (r, name) in runs.iter().zip(&names) {
         let page = r.dir.join("report.html");
         let link = if page.exists() {
-            format!("<a href=\"{}\">report.html</a>", esc(&page.display().to_string()))
+            format!(
+                "<a href=\"{}\">report.html</a>",
+                esc(&page.display().to_string())
+            )
         } else {
             "-".into()
         };
@@ -318,6 +354,9 @@ mod tests {
 
     #[test]
     fn escapes_markup() {
-        assert_eq!(esc("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
+        assert_eq!(
+            esc("<a href=\"x\">&</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;"
+        );
     }
 }

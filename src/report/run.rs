@@ -101,8 +101,9 @@ impl Run {
         };
         let text = std::fs::read_to_string(&file).map_err(io)?;
         let written = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
-        let mut run: Run = serde_json::from_str(&text)
-            .map_err(|e| Error::Report(format!("{}: not a smallseq report: {e}", file.display())))?;
+        let mut run: Run = serde_json::from_str(&text).map_err(|e| {
+            Error::Report(format!("{}: not a smallseq report: {e}", file.display()))
+        })?;
         run.dir = dir;
         run.written = written;
         Ok(run)
@@ -132,5 +133,31 @@ impl Run {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| self.dir.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_report_without_histograms_reads_and_infinite_percentiles_are_none() {
+        let json = r#"{"cases":3,"seed":1,"backend":"cpu","profile":"native","elapsed_s":1.0,
+            "cases_per_s":3.0,"properties":{"eligibility":{"pass":3,"fail":0,"skip":0}},
+            "margins":{"o":{"n":3,"p50":0.1,"p90":0.2,"p99":0.2,"max":null}},
+            "failures":[{"case":2,"property":"numeric_agreement","detail":"d","capsule":"c",
+            "shrunk_capsule":null,"shrunk_size":[1,2],"repro":"r"}],"interrupted":false}"#;
+        let dir = std::env::temp_dir().join(format!("smallseq-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("report.json"), json).unwrap();
+        let run = Run::read(&dir).unwrap();
+        assert!(run.margin_histograms.is_empty());
+        assert_eq!(run.margins["o"].max, None);
+        assert_eq!(run.failures[0].capsule_shown(), "c");
+        assert_eq!(run.locate("c"), dir.join("capsules").join("c"));
+        assert!(run.written.is_some());
+        std::fs::write(dir.join("report.json"), "{\"cases\": \"many\"}").unwrap();
+        let err = Run::read(&dir).unwrap_err().to_string();
+        assert!(err.contains("report.json: not a smallseq report"), "{err}");
     }
 }
