@@ -14,7 +14,7 @@ h1{font-size:1.4em}h2{font-size:1.15em;border-bottom:1px solid #ccc;margin-top:1
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;\
 text-align:left}td.n{text-align:right}.fail{color:#c81e1e;font-weight:bold}.ok{color:#2e8b57}\
 pre{background:#f4f4f4;padding:6px;white-space:pre-wrap;word-break:break-all}\
-.row{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.note{color:#666;font-size:.9em}\
+.row{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.row>div{flex:1 1 400px;min-width:0}.note{color:#666;font-size:.9em}\
 details{margin:.6em 0}summary{cursor:pointer;font-weight:bold}";
 
 /// Escapes text for HTML content and attribute values.
