@@ -10,9 +10,10 @@
 # runner of the night the same --seed); `smallseq merge` joins the N artifacts afterwards
 # (docs/workers.md). --backend exec tests a worker program (--worker, docs/adapters.md).
 # Builds smallseq with the backend's feature (or uses --binary, e.g. one built elsewhere),
-# and leaves in DIR: l1/ and l2/ (report.json, junit.xml, summary.md, capsules/), a combined
-# summary.md, and build.log. Exit status: 0 all passed, 1 a property failed, 2 the run could
-# not start (build failure, no device when SMALLSEQ_REQUIRE_GPU=1, bad arguments).
+# and leaves in DIR: l1/ and l2/ (report.json, report.html, junit.xml, summary.md, capsules/),
+# a combined summary.md and report.html, and build.log. Exit status: 0 all passed, 1 a
+# property failed, 2 the run could not start (build failure, no device when
+# SMALLSEQ_REQUIRE_GPU=1, bad arguments).
 # `cpu` exists so the script can be tried on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,5 +101,8 @@ run_tier l2 --time "$time" --seed "$seed"
   echo "Proptests: $proptests."; echo; cat "$artifacts/l1/summary.md"; echo
   echo "## L2 ($time, seed $seed)"; echo; cat "$artifacts/l2/summary.md"
 } > "$artifacts/summary.md"
-echo "== artifacts in $artifacts (summary.md, l1/, l2/)"
+# One page over both tiers (each tier also has its own l1/report.html, l2/report.html).
+(cd "$artifacts" && "$binary" report l1 l2 --order name --out report.html) ||
+  echo "nightly-gpu: no report.html over both tiers (this binary has no \`report\` command?)"
+echo "== artifacts in $artifacts (summary.md, report.html, l1/, l2/)"
 exit $status

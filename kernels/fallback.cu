@@ -1,4 +1,4 @@
-// Fallback attention (semantics.md §1, every input): any lengths, GQA/MQA, every mask and
+// Fallback attention (docs/semantics.md §1, every input): any lengths, GQA/MQA, every mask and
 // window, bf16/f16/f32, Dqk != Dv allowed (each <= FB_MAXD).
 //
 // One warp (wavefront) per (query token, head) for the forward and for dQ, one per (key token,

@@ -1,5 +1,5 @@
-// Small-seq fused attention (semantics.md §1, native profile): slots of at most 17 query and 17
-// key tokens, H == Hkv, D in {64, 128, 256}, bf16/f16, every mask of §1, window (-1,-1).
+// Small-seq fused attention (docs/semantics.md §1, profile native §3.1): slots of at most 17 query and 17
+// key tokens, H == Hkv, D in {64, 128, 256}, bf16/f16, every mask of §1.5, window (-1,-1).
 //
 // One 32-lane logical warp per (slot, head) work item, 4 per block, a 1-D grid over items (no
 // 65,535 cap). Q, K, V, dO are loaded straight from global memory into matrix fragments with

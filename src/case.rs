@@ -142,7 +142,7 @@ impl Case {
     }
 
     /// Every valid query row of every slot and head, with its visible keys (mask and window of
-    /// `semantics.md` §1), in slot, head, row order.
+    /// `docs/semantics.md` §1.5), in slot, head, row order.
     pub fn visible_rows(&self) -> impl Iterator<Item = VisibleRow> + '_ {
         let p = &self.config.params;
         let l = &self.layout;

@@ -1,4 +1,4 @@
-//! Case files (capsules), `semantics.md` §2: one safetensors file per case.
+//! Case files (capsules), `docs/semantics.md` §2: one safetensors file per case.
 
 use crate::case::{bshd_seq_lens, Case, Outputs};
 use crate::config::{AttnConfig, LayoutKind};

@@ -1,4 +1,4 @@
-//! `AttnConfig`: the static description of an attention call (`semantics.md` §2 metadata).
+//! `AttnConfig`: the static description of an attention call (`docs/semantics.md` §2.2).
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -23,7 +23,7 @@ impl LayoutKind {
     }
 }
 
-/// Bias type; only `none` is inside `semantics.md` §1.
+/// Bias type; only `none` is inside `docs/semantics.md` §1 (§1.8).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Bias {
     None,
@@ -84,22 +84,25 @@ impl AttnConfig {
         }
     }
 
-    /// Whether the case is inside `semantics.md` §1 (no dropout, no bias).
+    /// Whether the case is inside `docs/semantics.md` §1 (§1.8: no dropout, no bias).
     pub fn unsupported_reason(&self) -> Option<String> {
         if self.dropout != 0.0 {
             return Some(format!(
-                "dropout = {} is outside semantics §1",
+                "dropout = {} is outside docs/semantics.md §1.8",
                 self.dropout
             ));
         }
         if self.bias != Bias::None {
-            return Some(format!("bias = {} is outside semantics §1", self.bias));
+            return Some(format!(
+                "bias = {} is outside docs/semantics.md §1.8",
+                self.bias
+            ));
         }
         None
     }
 
     /// Parses the `smallseq.config` JSON object. Unknown keys and ill-typed values are errors;
-    /// missing optional keys take the defaults of `semantics.md` §2.
+    /// missing optional keys take the defaults of `docs/semantics.md` §2.2.
     ///
     /// # Errors
     /// [`Error::Config`] naming the key and the value.

@@ -37,6 +37,9 @@ pub enum Error {
     /// A worker broke the protocol before any case (handshake, version, caps).
     #[error("worker {command}: {detail}")]
     WorkerStart { command: String, detail: String },
+    /// A report page that cannot be made: an unreadable `report.json`, a chart.
+    #[error("report: {0}")]
+    Report(String),
     #[error("{path}: {source}")]
     Io {
         path: String,

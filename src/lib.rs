@@ -4,7 +4,7 @@
 //! (typed inputs), [`case_file`] (capsules), [`segments`] (JAX segment ids), [`dispatch`]
 //! (eligibility surfaces and decisions), [`workspace`] (the planner), [`backend`] (CPU, CUDA,
 //! HIP), [`wrapper`] (plan, decide, zero, launch) and [`harness`] (generators, properties,
-//! tolerances, capsules, shrinking, reports).
+//! tolerances, capsules, shrinking, reports); [`report`] draws the reports.
 
 pub use smallseq_reference as reference;
 
@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod error;
 pub mod harness;
 pub mod mutants;
+pub mod report;
 pub mod runner;
 pub mod segments;
 pub mod worker;

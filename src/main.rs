@@ -40,6 +40,8 @@ enum Command {
     Worker(cli::worker::WorkerArgs),
     /// Join the shard directories of a campaign into one report.
     Merge(cli::merge::MergeArgs),
+    /// Render one HTML page over several runs' reports (trends, then each run).
+    Report(cli::report::ReportArgs),
 }
 
 /// Keeps freed heap memory in the process instead of giving it back to the kernel.
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => cli::calibrate::run(a),
         Command::Worker(a) => cli::worker::run(a),
         Command::Merge(a) => cli::merge::run(a),
+        Command::Report(a) => cli::report::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

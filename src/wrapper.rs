@@ -265,7 +265,7 @@ pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdR
         Some(Path::SmallSeq) => backend.small_seq_fwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_fwd(&args, &mut bufs)?,
         None => {
-            // No kernel runs: every output is set here, per semantics §1.
+            // No kernel runs: every output is set here, per `docs/semantics.md` §1.6.
             bufs.o.body_mut().fill(0.0);
             bufs.lse.body_mut().fill(f32::NEG_INFINITY);
         }

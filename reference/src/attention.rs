@@ -1,4 +1,4 @@
-//! The f64 reference: forward and backward of `semantics.md` §1, block by block.
+//! The f64 reference: forward and backward of `docs/semantics.md` §1, block by block.
 
 use crate::equations as eq;
 use crate::layout::Layout;

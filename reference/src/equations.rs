@@ -1,4 +1,4 @@
-//! One function per equation of `semantics.md` §1, on one (slot, head) block in f64.
+//! One function per equation of `docs/semantics.md` §1, on one (slot, head) block in f64.
 //!
 //! Shapes: `q [Lq, Dqk]`, `k [Lk, Dqk]`, `v [Lk, Dv]`, `d_o [Lq, Dv]`, scores and
 //! probabilities `[Lq, Lk]`. Inputs are views of the THD buffers in their own element type
@@ -25,7 +25,7 @@ pub fn scores<T: Copy + Into<f64>>(
     gemm(q, k_t, s, Epilogue::Scaled(scale));
 }
 
-/// `S[r, c] = -inf` where key `c` is not visible to row `r` (mask and window of §1).
+/// `S[r, c] = -inf` where key `c` is not visible to row `r` (mask and window of `docs/semantics.md` §1.5).
 ///
 /// `-inf` rather than a large negative number so that an invisible key carries exactly zero
 /// weight and a row without visible keys is recognisable by `m = -inf`.

@@ -1,8 +1,8 @@
-//! THD layouts: `cu_seqlens` and padded offsets, validated against `semantics.md` §1.
+//! THD layouts: `cu_seqlens` and padded offsets, validated against `docs/semantics.md` §1.1.
 
 use thiserror::Error;
 
-/// Why a layout or a problem's tensors are not a valid input of `semantics.md` §1.
+/// Why a layout or a problem's tensors are not a valid input of `docs/semantics.md` §1.1.
 /// Every variant names the field (tensor), the index and the value.
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]

@@ -1,4 +1,4 @@
-//! f64 reference of masked THD attention (`semantics.md` §1), forward and backward, plus a
+//! f64 reference of masked THD attention (`docs/semantics.md` §1), forward and backward, plus a
 //! device-faithful emulation of the small-seq kernels' roundings.
 //!
 //! This crate depends on nothing GPU and nothing of the harness, so the oracle cannot call the

@@ -1,4 +1,4 @@
-//! The vocabulary of `semantics.md` §1: element types, masks and windows.
+//! The vocabulary of `docs/semantics.md` §1: element types, masks and windows.
 
 use half::{bf16, f16};
 use std::fmt;
@@ -109,7 +109,7 @@ impl FromStr for Dtype {
     }
 }
 
-/// Attention mask types of `semantics.md` §1. The `padding_*` names are identical to their
+/// Attention mask types of `docs/semantics.md` §1.5. The `padding_*` names are identical to their
 /// plain counterparts for THD; both spellings exist because dispatch surfaces tell them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mask {

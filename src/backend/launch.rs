@@ -10,7 +10,7 @@ pub const FALLBACK_MAX_HEAD_DIM: usize = 512;
 /// Head dims the small-seq kernels are instantiated for.
 pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Longest side of a slot the small-seq kernels take (their fragments hold 32 query rows and
-/// 24 keys, and semantics.md §3 allows 17).
+/// 24 keys, and `docs/semantics.md` §3.1 allows 17).
 pub const SMALL_SEQ_MAX_ROWS: i32 = 17;
 
 /// Head dims the tiled (matrix-core) fallback forward is instantiated for.

@@ -8,6 +8,7 @@ pub mod fuzz;
 pub mod merge;
 pub mod mutants;
 pub mod reference_bench;
+pub mod report;
 pub mod repro;
 pub mod run;
 pub mod target;

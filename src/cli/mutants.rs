@@ -7,7 +7,7 @@ use serde::Serialize;
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::backend::Backend;
 use smallseq::harness::campaign::{case_seed, Progress};
-use smallseq::harness::campaign::{Budget, Campaign, Shard};
+use smallseq::harness::campaign::{write_reports, Budget, Campaign, Shard};
 use smallseq::harness::capsule;
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
@@ -42,7 +42,7 @@ pub struct MutantsArgs {
     /// Leave these mutants out (comma-separated names), e.g. known survivors in CI.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<Mutant>,
-    /// Output directory (mutants.json and per-mutant capsules).
+    /// Output directory (mutants.json; per mutant its report files and capsules).
     #[arg(long, default_value = "smallseq-out/mutants")]
     pub out: PathBuf,
 }
@@ -127,6 +127,8 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
                 }
             }
         })?;
+        // Each mutant's own report and page, so a kill can be looked at like any failure.
+        write_reports(&campaign.out, &rep)?;
         let f = rep.failures.first();
         let mut shrunk = None;
         if let Some(f) = f {

@@ -1,4 +1,4 @@
-//! When the small-seq path is taken (`semantics.md` §3).
+//! When the small-seq path is taken (`docs/semantics.md` §3).
 //!
 //! Two independent encodings of the same rules live here on purpose: [`surface`] holds each
 //! profile as a table of rules (the oracle the harness trusts), and [`gate`] is the dispatcher

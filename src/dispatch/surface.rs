@@ -1,4 +1,4 @@
-//! The dispatch surfaces of `semantics.md` §3 as data: one table of rules per profile.
+//! The dispatch surfaces of `docs/semantics.md` §3 as data: one table of rules per profile.
 //!
 //! This is the oracle. It is deliberately written as a flat list, one rule per reason code,
 //! without sharing code with [`super::gate`].
@@ -21,7 +21,7 @@ pub enum Check {
 #[derive(Clone, Copy)]
 pub struct Rule {
     pub code: Code,
-    /// The rule in words, as `semantics.md` states it.
+    /// The rule in words, as `docs/semantics.md` §3 states it.
     pub text: &'static str,
     pub check: Check,
 }
@@ -139,7 +139,7 @@ pub static NATIVE: [Rule; 14] = [
     },
     Rule {
         code: Code::Mask,
-        text: "any mask of semantics §1",
+        text: "any mask of docs/semantics.md §1.5",
         check: Check::Static(|f| {
             fail(Mask::ALL.contains(&f.config.params.mask), || {
                 format!("mask {}", f.config.params.mask)

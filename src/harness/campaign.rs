@@ -72,6 +72,8 @@ pub struct Report {
     /// Per tensor, the verdicts whose tensor threshold reached `max |reference|` outside the
     /// subnormal range (`Judgement::blind`): there only the per-row rule could fail an output.
     pub blind_verdicts: BTreeMap<String, u64>,
+    /// The same margins, log-binned, for the histograms of `report.html`.
+    pub margin_histograms: BTreeMap<String, crate::report::Histogram>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
     /// The worker command, when cases ran in worker processes.
@@ -370,6 +372,7 @@ impl Campaign<'_> {
             paths: BTreeMap::new(),
             margins: BTreeMap::new(),
             blind_verdicts: BTreeMap::new(),
+            margin_histograms: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
             worker: self.checker.runner.worker_command().map(|c| c.join(" ")),
@@ -514,6 +517,9 @@ impl Merge<'_, '_> {
     fn finish(mut self) -> Report {
         self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
         self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
+        self.rep.margin_histograms = (self.margins.iter())
+            .map(|(k, v)| (k.clone(), crate::report::Histogram::of(v)))
+            .collect();
         self.rep.margins = self
             .margins
             .iter()
@@ -554,7 +560,7 @@ pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
     cmd
 }
 
-/// Writes `report.json` and `junit.xml` into `dir`.
+/// Writes `report.json`, `junit.xml`, `summary.md` and `report.html` into `dir`.
 ///
 /// # Errors
 /// I/O errors.
@@ -572,7 +578,8 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
     let samples = serde_json::to_string(&rep.margin_samples).expect("margins serialise");
     std::fs::write(&sp, samples).map_err(io(&sp))?;
     let mp = dir.join("summary.md");
-    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))
+    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))?;
+    crate::report::write_html(dir, rep)
 }
 
 /// A short Markdown summary for CI pages: verdict, per-property counts, every failure with

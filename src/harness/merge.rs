@@ -54,6 +54,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.skip_reasons.clear();
     m.coverage.values_mut().for_each(|n| *n = 0);
     m.paths.clear();
+    m.blind_verdicts.clear();
     m.failures.clear();
     m.margin_samples.clear();
     m.interrupted = false;
@@ -87,6 +88,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         add(&mut m.skip_reasons, &r.skip_reasons);
         add(&mut m.coverage, &r.coverage);
         add(&mut m.paths, &r.paths);
+        add(&mut m.blind_verdicts, &r.blind_verdicts);
         for (k, v) in &r.margin_samples {
             m.margin_samples
                 .entry(k.clone())
@@ -112,6 +114,11 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         .margin_samples
         .iter()
         .map(|(k, v)| (k.clone(), percentiles(v.clone())))
+        .collect();
+    m.margin_histograms = m
+        .margin_samples
+        .iter()
+        .map(|(k, v)| (k.clone(), crate::report::Histogram::of(v)))
         .collect();
     Ok(m)
 }

@@ -28,7 +28,7 @@ pub enum Verdict {
 /// A broken rule, described for the failure report.
 pub type Violation = String;
 
-/// `Layout::new` accepts exactly the layouts `semantics.md` §1 allows, its errors name a field,
+/// `Layout::new` accepts exactly the layouts `docs/semantics.md` §1.1 allows, its errors name a field,
 /// and an accepted layout's derived views are consistent.
 pub fn layout_validation(q: &Side, kv: &Side) -> Result<Verdict, Violation> {
     let got = Layout::new(q.clone(), kv.clone());
@@ -49,7 +49,7 @@ pub fn layout_validation(q: &Side, kv: &Side) -> Result<Verdict, Violation> {
     }
 }
 
-/// The §1 rules, restated without sharing code with the validator.
+/// The `docs/semantics.md` §1.1 rules, restated without sharing code with the validator.
 fn spec_layout_ok(q: &Side, kv: &Side) -> Result<(), String> {
     let n = q.cu.len();
     if n == 0 {

@@ -70,7 +70,7 @@ impl Judgement {
     }
 }
 
-fn elem_err(a: f64, r: f64) -> f64 {
+pub(crate) fn elem_err(a: f64, r: f64) -> f64 {
     if a == r {
         0.0 // equal infinities included
     } else if a.is_nan() || r.is_nan() || a.is_infinite() || r.is_infinite() {

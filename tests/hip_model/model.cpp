@@ -13,7 +13,7 @@
 // The kernel sources are included unchanged, so what is checked is the code the device
 // compiler sees, with the same macro selection (__gfx942__): the fragment moves of pt_mma, the
 // one-item-per-wavefront mapping of pt_lwarp(), and the small-seq forward and backward kernels
-// end to end against a double-precision reference of semantics.md §1.
+// end to end against a double-precision reference of docs/semantics.md §1.
 //
 // Build: clang++ -std=c++20 -O0 tests/hip_model/model.cpp (clang: ext_vector_type).
 // Run: prints "N passed, 0 failed" and exits 0, or names the first failure and exits 1.
@@ -295,7 +295,7 @@ static void test_mma(std::mt19937& rng, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// End-to-end cases against a double reference of semantics.md §1 (GQA, masks, windows), on the
+// End-to-end cases against a double reference of docs/semantics.md §1 (GQA, masks, windows), on the
 // inputs as the kernels see them (rounded to E). A wrong lane mapping gives errors of the order
 // of the values; the kernels' own roundings (P, dS and outputs in E) are of order 2^-8.
 
