@@ -371,14 +371,5 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
 /// [`Error::Io`] or a serialisation error.
 pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Result<()> {
     let bytes = case_bytes(case, precision)?;
-    let io = |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    crate::harness::report_io::write_atomic(path, &bytes)
 }

@@ -66,16 +66,24 @@ fn keep_freed_memory() {}
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
+    smallseq::harness::repro::set_program(cli::repro_program());
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, finish their case and write
-        // the report of what ran (a second signal exits at once); every other command exits at
-        // once, as without a handler.
+        // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, stop shrinking, finish their
+        // case and write the report of what ran. Further signals change nothing: `timeout`
+        // signals the child and then its process group, so two arrive at once, and a report
+        // must never be skipped (SIGKILL still leaves the last partial report). Every other
+        // command exits at once, as without a handler.
         let graceful = matches!(cli.command, Command::Fuzz(_) | Command::Mutants(_));
         let _ = ctrlc::set_handler(move || {
-            if !graceful || stop.swap(true, Ordering::SeqCst) {
+            if !graceful {
                 std::process::exit(cli::EXIT_INTERRUPTED);
+            }
+            if !stop.swap(true, Ordering::SeqCst) {
+                eprintln!(
+                    "smallseq: stopping: finishing the current case, then writing the report"
+                );
             }
         });
     }

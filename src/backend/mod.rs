@@ -178,6 +178,16 @@ pub trait Backend: Send + Sync {
     fn concurrent_cases(&self) -> bool {
         false
     }
+    /// Bugs planted in this backend beyond what [`open`] gives under its name (mutation
+    /// testing, `smallseq fuzz --plant`); recorded in capsules and planted again by `repro`.
+    fn planted(&self) -> Vec<crate::mutants::Mutant> {
+        Vec::new()
+    }
+    /// The preprocessor defines the kernels were compiled with, where the backend compiles
+    /// them at run time (CUDA); recorded in capsules and replayed by `repro`.
+    fn kernel_defines(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Planted gate defects (mutation testing); none for real backends.
     fn gate_defects(&self) -> GateDefects {
         GateDefects::default()
@@ -250,6 +260,52 @@ pub fn open(name: &str) -> Result<Box<dyn Backend>> {
             NAMES.join(", ")
         ))),
     }
+}
+
+/// Opens backend `name` with `mutants` planted: in the CPU backend any of the catalogue, in the
+/// CUDA kernels those they carry as defines ([`Mutant::kernel_define`]). No mutant: [`open`].
+///
+/// # Errors
+/// As [`open`]; [`Error::Config`] for a mutant the backend cannot carry.
+pub fn open_planted(name: &str, mutants: &[crate::mutants::Mutant]) -> Result<Box<dyn Backend>> {
+    if mutants.is_empty() {
+        return open(name);
+    }
+    match name {
+        "cpu" => Ok(Box::new(cpu::CpuBackend::mutant(crate::mutants::Defects::of(
+            mutants,
+        )))),
+        "cuda" => {
+            let mut defines = Vec::new();
+            for m in mutants {
+                defines.push(m.kernel_define().ok_or_else(|| {
+                    Error::config(format!(
+                        "mutant {m}: the CUDA kernels do not carry it (those they carry: {})",
+                        crate::mutants::Mutant::ALL
+                            .iter()
+                            .filter(|m| m.kernel_define().is_some())
+                            .map(|m| m.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?);
+            }
+            open_cuda_with(&defines)
+        }
+        other => Err(Error::config(format!(
+            "backend {other}: bugs can be planted in cpu and cuda only"
+        ))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda_with(defines: &[&str]) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(cuda::CudaBackend::with_defines(defines)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_with(_defines: &[&str]) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "cuda" })
 }
 
 #[cfg(test)]

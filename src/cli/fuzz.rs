@@ -4,10 +4,12 @@ use super::parse_duration;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use smallseq::backend;
-use smallseq::dispatch::{EnvView, Profile};
+use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report};
 use smallseq::harness::props::Checker;
+use smallseq::harness::report_io::{clean_previous, write_atomic, PartialReports};
 use smallseq::harness::te625;
+use smallseq::mutants::Mutant;
 use smallseq::wrapper::RunOptions;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -27,8 +29,8 @@ pub struct FuzzArgs {
     /// Campaign seed (printed; default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Number of cases (overrides --time).
-    #[arg(long)]
+    /// Number of cases (overrides --time; at least 1).
+    #[arg(long, value_parser = super::parse_cases)]
     pub cases: Option<u64>,
     /// Time budget, e.g. 60s, 10m.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
@@ -44,10 +46,13 @@ pub struct FuzzArgs {
     /// for any value.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Plant these bugs (comma-separated names from `smallseq mutants`) in the cpu backend, or
+    /// in the cuda kernels for the mutants they carry: a campaign that finds failures, to try
+    /// the harness, its reports and its repro lines. Capsules record them; `repro` plants them
+    /// again.
+    #[arg(long, value_delimiter = ',')]
+    pub plant: Vec<Mutant>,
 }
-
-/// The variable that switches TE's small-seq path on.
-const TE_SWITCH: &str = "NVTE_FUSED_ATTN_CK_SMALLSEQ";
 
 pub fn seed_or_clock(seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| {
@@ -58,7 +63,7 @@ pub fn seed_or_clock(seed: Option<u64>) -> u64 {
 }
 
 pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
-    let be = match backend::open(&args.backend) {
+    let be = match backend::open_planted(&args.backend, &args.plant) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("smallseq: {e}");
@@ -88,7 +93,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         None => Budget::Time(args.time),
     };
     eprintln!(
-        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget:?}, {jobs} \
+        "smallseq fuzz: backend {} ({}), profile {}, seed {seed}, budget {budget}, {jobs} \
          job(s), out {}",
         be.name(),
         be.arch(),
@@ -96,12 +101,19 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         args.out.display()
     );
     let mut env = EnvView::from_process();
-    if args.profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
-        // TE's small-seq path is off unless the variable is "1"; a campaign against it
-        // without the variable would only ever test the fallback.
-        eprintln!("smallseq fuzz: {TE_SWITCH} is unset; using {TE_SWITCH}=1 (set it to 0 to test TE with the path off)");
-        env.set(TE_SWITCH, Some("1"));
+    for var in apply_profile_defaults(args.profile, &mut env) {
+        eprintln!(
+            "smallseq fuzz: {} is unset; using {var} (set it to 0 to test TE with the path off; \
+             capsules record it)",
+            var.split('=').next().unwrap_or_default()
+        );
     }
+    if !args.plant.is_empty() {
+        let names: Vec<&str> = args.plant.iter().map(|m| m.name()).collect();
+        eprintln!("smallseq fuzz: planted bugs: {}", names.join(", "));
+    }
+    let removed = clean_previous(&args.out)?.len();
+    super::say_cleaned("fuzz", &args.out, removed);
     let campaign = Campaign {
         checker: Checker {
             backend: be.as_ref(),
@@ -118,23 +130,46 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         stop_on_failure: false,
         jobs,
     };
-    let report = campaign.run(&stop, &mut progress_printer())?;
+    let command = super::command_line();
+    let mut partial = PartialReports::new(&args.out, &command);
+    let mut show = progress_printer(budget);
+    let mut warned = false;
+    let mut report = campaign.run(&stop, &mut |p: Progress| {
+        if let Err(e) = partial.offer(p.report) {
+            if !std::mem::replace(&mut warned, true) {
+                eprintln!("smallseq fuzz: partial report not written: {e}");
+            }
+        }
+        show(p);
+    })?;
+    report.command = command;
     write_reports(&args.out, &report)?;
     summarize(&report, &args.out);
-    if be.name() == "te625-model" {
+    if be.name() == "te625-model" && report.interrupted {
+        eprintln!("smallseq fuzz: interrupted: TE #625 defect attribution skipped");
+    } else if be.name() == "te625-model" {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
-    Ok(if report.failed() { 1 } else { 0 })
+    Ok(if report.failed() {
+        1
+    } else if report.interrupted {
+        super::EXIT_INTERRUPTED
+    } else {
+        0
+    })
 }
 
 /// A progress bar on a terminal, a plain line every 10 s otherwise; failures always printed.
-pub fn progress_printer() -> impl FnMut(Progress) {
+/// The bar counts cases against a case budget, or seconds against a time budget.
+pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
     let tty = std::io::stderr().is_terminal();
+    let (len, template) = match budget {
+        Budget::Cases(n) => (n, "{bar:40} {pos}/{len} cases {msg}"),
+        Budget::Time(t) => (t.as_secs().max(1), "{bar:40} {pos}/{len} s {msg}"),
+    };
     let bar = tty.then(|| {
-        let b = ProgressBar::new(1000);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos:>4}/1000 {msg}").expect("static template"),
-        );
+        let b = ProgressBar::new(len);
+        b.set_style(ProgressStyle::with_template(template).expect("static template"));
         b
     });
     let mut last = Instant::now();
@@ -156,7 +191,10 @@ pub fn progress_printer() -> impl FnMut(Progress) {
         let msg = format!("{} cases, {} failures", r.cases, r.failures.len());
         match &bar {
             Some(b) => {
-                b.set_position((p.fraction.unwrap_or(0.0) * 1000.0) as u64);
+                b.set_position(match budget {
+                    Budget::Cases(_) => r.cases,
+                    Budget::Time(_) => r.elapsed_s as u64,
+                });
                 b.set_message(msg);
             }
             None if last.elapsed() >= Duration::from_secs(10) => {
@@ -184,11 +222,11 @@ fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions)
         );
     }
     let json = serde_json::to_string_pretty(&findings)?;
-    std::fs::write(out.join("te625.json"), json)?;
+    write_atomic(&out.join("te625.json"), json.as_bytes())?;
     let summary = out.join("summary.md");
     let mut md = std::fs::read_to_string(&summary).unwrap_or_default();
     md.push_str(&te625::markdown(&findings));
-    std::fs::write(summary, md)?;
+    write_atomic(&summary, md.as_bytes())?;
     Ok(())
 }
 

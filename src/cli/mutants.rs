@@ -4,11 +4,11 @@ use super::{parse_duration, EXIT_INTERRUPTED};
 use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
-use smallseq::backend::cpu::CpuBackend;
-use smallseq::backend::Backend;
+use smallseq::backend::open_planted;
+use smallseq::harness::report_io::clean_previous;
 use smallseq::harness::campaign::{Budget, Campaign};
 use smallseq::harness::props::Checker;
-use smallseq::mutants::{Defects, Mutant};
+use smallseq::mutants::Mutant;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -20,8 +20,8 @@ pub struct MutantsArgs {
     /// carry as `SMALLSEQ_MUTANT_*` defines).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// Cases per mutant (overrides --time).
-    #[arg(long)]
+    /// Cases per mutant (overrides --time; at least 1).
+    #[arg(long, value_parser = super::parse_cases)]
     pub cases: Option<u64>,
     /// Time budget per mutant.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
@@ -54,22 +54,6 @@ struct Row {
     capsule: Option<String>,
 }
 
-/// A backend with `m` planted.
-fn mutant_backend(backend: &str, m: Mutant) -> smallseq::Result<Box<dyn Backend>> {
-    match (backend, m.kernel_define()) {
-        ("cpu", _) => Ok(Box::new(CpuBackend::mutant(Defects::of(&[m])))),
-        #[cfg(feature = "cuda")]
-        ("cuda", Some(define)) => Ok(Box::new(
-            smallseq::backend::cuda::CudaBackend::with_defines(&[define])?,
-        )),
-        #[cfg(not(feature = "cuda"))]
-        ("cuda", _) => Err(smallseq::Error::NotCompiledWith { feature: "cuda" }),
-        (other, _) => Err(smallseq::Error::config(format!(
-            "mutants: --backend {other}: planted bugs exist for cpu and cuda"
-        ))),
-    }
-}
-
 pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     let list: Vec<Mutant> = if args.only.is_empty() {
         Mutant::ALL.to_vec()
@@ -87,12 +71,17 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         None => Budget::Time(args.time),
     };
     eprintln!(
-        "smallseq mutants: {} mutants, seed {}, budget {budget:?} each",
+        "smallseq mutants: {} mutants, seed {}, budget {budget} each",
         list.len(),
         args.seed
     );
+    let mut removed = clean_previous(&args.out)?.len();
+    for m in Mutant::ALL {
+        removed += clean_previous(&args.out.join(m.name()))?.len();
+    }
+    super::say_cleaned("mutants", &args.out, removed);
     let one = |&m: &Mutant| -> Result<Row> {
-        let be = mutant_backend(&args.backend, m)?;
+        let be = open_planted(&args.backend, &[m])?;
         let campaign = Campaign {
             checker: Checker::isolated(be.as_ref()),
             seed: args.seed,
@@ -112,8 +101,8 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             cases_run: rep.cases,
             cases_to_kill: f.map(|f| f.case + 1),
             property: f.map(|f| f.property.clone()),
-            shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.0)),
-            shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.1)),
+            shrunk_slots: f.and_then(|f| f.shrunk_size.map(|s| s.slots)),
+            shrunk_tokens: f.and_then(|f| f.shrunk_size.map(|s| s.max_tokens)),
             capsule: f.map(|f| f.shrunk_capsule.clone().unwrap_or(f.capsule.clone())),
         };
         eprintln!("  {:<28} {}", m.name(), row.result());
@@ -153,10 +142,9 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             String::new()
         }
     );
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(
-        args.out.join("mutants.json"),
-        serde_json::to_string_pretty(&rows)?,
+    smallseq::harness::report_io::write_atomic(
+        &args.out.join("mutants.json"),
+        serde_json::to_string_pretty(&rows)?.as_bytes(),
     )?;
     // A survivor that ran its whole budget is a finding even when others were interrupted.
     Ok(if killed + interrupted < rows.len() {

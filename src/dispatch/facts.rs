@@ -70,6 +70,11 @@ impl EnvView {
         EnvView(pairs.into_iter().collect())
     }
 
+    /// Every variable, in name order.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }

@@ -51,6 +51,20 @@ impl FromStr for Profile {
     }
 }
 
+/// The variable that switches TE's small-seq path on.
+pub const TE_SWITCH: &str = "NVTE_FUSED_ATTN_CK_SMALLSEQ";
+
+/// Fills in what `profile` needs and `env` leaves unset: under `te625`, TE's small-seq path is
+/// off unless [`TE_SWITCH`] is "1", and a campaign against it without the variable would only
+/// ever test the fallback, so it defaults to "1". Returns the `NAME=VALUE` pairs it set.
+pub fn apply_profile_defaults(profile: Profile, env: &mut EnvView) -> Vec<String> {
+    if profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
+        env.set(TE_SWITCH, Some("1"));
+        return vec![format!("{TE_SWITCH}=1")];
+    }
+    Vec::new()
+}
+
 /// Which kernel family runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -10,6 +10,7 @@ pub mod gen;
 pub mod oracles;
 pub mod props;
 pub mod repro;
+pub mod report_io;
 pub mod rng;
 pub mod shrink;
 pub mod subnormal;
