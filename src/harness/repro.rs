@@ -69,7 +69,11 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         }
     }
     if let Some(p) = case.meta.get(PROVENANCE) {
-        d.say(format!("produced on: {p}"));
+        let readable = serde_json::from_str::<BTreeMap<String, String>>(p).map(|m| {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            parts.join(", ")
+        });
+        d.say(format!("produced on: {}", readable.as_deref().unwrap_or(p)));
     }
     d.say(harness_line(case));
     let y = oracle(case)?;
