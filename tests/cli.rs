@@ -383,7 +383,8 @@ fn exit_after_sigterm(args: &[&str], after_s: u64, limit_s: u64) -> std::process
 }
 
 /// A campaign that CI's time limit stops (SIGTERM, as `timeout` sends) still writes its
-/// report, marked interrupted, with the cases it ran.
+/// report, marked interrupted, with the cases it ran, and exits 130 (tests/signals.rs: the
+/// exact `timeout` behaviour, and SIGKILL).
 #[cfg(unix)]
 #[test]
 fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
@@ -391,7 +392,7 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
     let out = dir.to_str().unwrap();
     let args = ["fuzz", "--time", "300s", "--seed", "8", "--out", out];
     let status = exit_after_sigterm(&args, 3, 120);
-    assert_eq!(status.code(), Some(0), "a clean campaign, stopped early");
+    assert_eq!(status.code(), Some(130), "a clean campaign, stopped early");
     let rep = read_json(&dir.join("report.json"));
     assert_eq!(rep["interrupted"], true);
     assert!(rep["cases"].as_u64().unwrap() > 0);
