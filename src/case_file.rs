@@ -63,7 +63,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
         Some(other) => {
             return Err(file_err(
                 name,
-                format!("smallseq.format = {other:?}: this build reads format {FORMAT:?}"),
+                format!("smallseq.format = '{other}': this build reads format '{FORMAT}'"),
             ))
         }
         None => return Err(file_err(name, "metadata smallseq.format is missing")),
@@ -74,7 +74,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
     let config = AttnConfig::from_json(config_text)?;
     for t in st.names() {
         if !KNOWN.contains(&t.as_str()) {
-            return Err(file_err(name, format!("unknown tensor {t:?}")));
+            return Err(file_err(name, format!("unknown tensor '{t}'")));
         }
     }
     let reader = Reader { st: &st, name };
@@ -151,7 +151,7 @@ impl Reader<'_> {
     fn get(&self, t: &str) -> Result<TensorView<'_>> {
         self.st
             .tensor(t)
-            .map_err(|_| file_err(self.name, format!("tensor {t:?} is missing")))
+            .map_err(|_| file_err(self.name, format!("tensor '{t}' is missing")))
     }
 
     fn floats(&self, t: &str, view: &TensorView<'_>) -> Result<Vec<f64>> {

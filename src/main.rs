@@ -26,6 +26,8 @@ enum Command {
     Repro(cli::repro::ReproArgs),
     /// Compute a case's outputs on a backend or the reference.
     Run(cli::run::RunArgs),
+    /// Case files: `case new` writes one from flags.
+    Case(cli::case::CaseArgs),
     /// Explain the dispatch decision for a case.
     Explain(cli::explain::ExplainArgs),
     /// Run the campaign against every planted bug (mutation score).
@@ -92,6 +94,7 @@ fn main() -> ExitCode {
         Command::Repro(a) => cli::repro::run(a),
         Command::Run(a) => cli::run::run(a),
         Command::Explain(a) => cli::explain::run(a),
+        Command::Case(a) => cli::case::run(a),
         Command::Mutants(a) => cli::mutants::run(a, &stop),
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
@@ -100,7 +103,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            eprintln!("smallseq: {e:#}");
+            // Each cause once: an error that names its path already carries the OS error.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg = format!("{msg}: {c}");
+                }
+            }
+            eprintln!("smallseq: {msg}");
             ExitCode::from(cli::EXIT_USAGE as u8)
         }
     }

@@ -170,7 +170,7 @@ fn malformed_cases_exit_2_with_one_line() {
     let text = replace_bytes(&bytes, br#"\"bias\":\"none\""#, br#"\"bias\":12345678"#);
     bad_cases.push((text, "key \"bias\""));
     let text = replace_bytes(&bytes, br#"\"layout\":\"thd\""#, br#"\"colour\":\"thd\""#);
-    bad_cases.push((text, "unknown key \"colour\""));
+    bad_cases.push((text, "unknown key 'colour'"));
     for (i, (b, needle)) in bad_cases.iter().enumerate() {
         let p = tmp(&format!("bad-{i}.safetensors"));
         std::fs::write(&p, b).unwrap();

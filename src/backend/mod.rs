@@ -256,7 +256,7 @@ pub fn open(name: &str) -> Result<Box<dyn Backend>> {
         #[cfg(not(feature = "hip"))]
         "hip" => Err(Error::NotCompiledWith { feature: "hip" }),
         other => Err(Error::config(format!(
-            "unknown backend {other:?} (expected one of {})",
+            "unknown backend '{other}' (expected one of {})",
             NAMES.join(", ")
         ))),
     }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod case;
 pub mod explain;
 pub mod fuzz;
 pub mod mutants;
@@ -41,6 +42,30 @@ pub fn repro_program() -> String {
         }
     }
     me.display().to_string()
+}
+
+/// Reads a case file for a command: on an error prints it (one line, naming the file) and
+/// gives the usage exit status; says when the file leaves `scale` to its default.
+pub fn open_case(path: &std::path::Path) -> Result<smallseq::Case, i32> {
+    let case = smallseq::case_file::read_case(path).map_err(|e| {
+        eprintln!("smallseq: {e}");
+        EXIT_USAGE
+    })?;
+    let config = case.meta.get("smallseq.config");
+    let has_scale = config
+        .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+        .is_some_and(|v| v.get("scale").is_some());
+    if !has_scale {
+        let p = &case.config.params;
+        eprintln!(
+            "smallseq: {}: no scale in smallseq.config: using the default 1/sqrt(head_dim_qk) \
+             = 1/sqrt({}) = {}",
+            path.display(),
+            p.head_dim_qk,
+            p.scale
+        );
+    }
+    Ok(case)
 }
 
 /// Parses a case count of at least 1 (`--cases 0` would run nothing and pass).

@@ -2,7 +2,6 @@
 
 use anyhow::Result;
 use smallseq::backend;
-use smallseq::case_file::read_case;
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::capsule::{Replay, KERNEL_DEFINES_ENV};
 use smallseq::harness::props::Checker;
@@ -29,12 +28,9 @@ pub struct ReproArgs {
 }
 
 pub fn run(args: &ReproArgs) -> Result<i32> {
-    let case = match read_case(&args.capsule) {
+    let case = match super::open_case(&args.capsule) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("smallseq: {e}");
-            return Ok(super::EXIT_USAGE);
-        }
+        Err(code) => return Ok(code),
     };
     let Some(name) = &args.backend else {
         let diag = judge_stored(&case)?;

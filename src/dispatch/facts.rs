@@ -41,7 +41,7 @@ impl FromStr for Arch {
             Ok(Arch(s.to_string()))
         } else {
             Err(format!(
-                "unknown arch {s:?} (expected cpu, sm_NN or gfxNNN)"
+                "unknown arch '{s}' (expected cpu, sm_NN or gfxNNN)"
             ))
         }
     }

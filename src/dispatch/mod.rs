@@ -46,7 +46,7 @@ impl FromStr for Profile {
         match s {
             "native" => Ok(Profile::Native),
             "te625" => Ok(Profile::Te625),
-            _ => Err(format!("unknown profile {s:?} (expected native or te625)")),
+            _ => Err(format!("unknown profile '{s}' (expected native or te625)")),
         }
     }
 }

@@ -209,8 +209,12 @@ pub fn dispatch_agrees(
     };
     if got.path != want_path || got_codes != want_codes {
         return Err(format!(
-            "dispatcher chose {} {:?}, the {} surface says {} {:?}",
-            got.path, got_codes, d.profile, want_path, want_codes
+            "dispatcher chose {} [{}], the {} surface says {} [{}]",
+            got.path,
+            got_codes.join(", "),
+            d.profile,
+            want_path,
+            want_codes.join(", ")
         ));
     }
     Ok(Verdict::Checked)
