@@ -52,7 +52,11 @@ fn campaign_reproduces(name: &str, args: &[&str]) -> PathBuf {
     c.arg("fuzz").args(args).arg("--out").arg(&out_dir);
     let out = c.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{name}: the campaign must fail\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{name}: the campaign must fail\n{stderr}"
+    );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
     let failures = report["failures"].as_array().unwrap();
@@ -60,6 +64,11 @@ fn campaign_reproduces(name: &str, args: &[&str]) -> PathBuf {
     let shrunk = failures
         .iter()
         .filter(|f| !f["shrunk_capsule"].is_null())
+        .inspect(|f| {
+            let size = &f["shrunk_size"];
+            assert!(size["slots"].as_u64().unwrap() >= 1, "{f}");
+            assert!(size["max_tokens"].is_u64(), "{f}");
+        })
         .count();
     assert_eq!(
         printed.len(),
@@ -108,7 +117,16 @@ fn cpu_with_planted_bugs_every_printed_repro_reproduces() {
     ] {
         campaign_reproduces(
             name,
-            &["--plant", plant, "--cases", "12", "--seed", "4", "--shrink-time", "1s"],
+            &[
+                "--plant",
+                plant,
+                "--cases",
+                "12",
+                "--seed",
+                "4",
+                "--shrink-time",
+                "1s",
+            ],
         );
     }
 }
@@ -141,7 +159,9 @@ fn te625_model_every_printed_repro_reproduces_and_current_env_uses_the_shells() 
     capsules.sort();
     let replay = |capsule: &Path, extra: &[&str]| {
         let mut c = bare(Command::new(env!("CARGO_BIN_EXE_smallseq")));
-        c.arg("repro").arg(capsule).args(["--backend", "te625-model"]);
+        c.arg("repro")
+            .arg(capsule)
+            .args(["--backend", "te625-model"]);
         c.args(extra).env("NVTE_FUSED_ATTN_CK_SMALLSEQ", "0");
         c.output().unwrap()
     };
@@ -150,7 +170,10 @@ fn te625_model_every_printed_repro_reproduces_and_current_env_uses_the_shells() 
         let replayed = replay(cap, &[]);
         let text = String::from_utf8_lossy(&replayed.stdout);
         assert!(
-            text.lines().next().unwrap().contains("env NVTE_FUSED_ATTN_CK_SMALLSEQ=1"),
+            text.lines()
+                .next()
+                .unwrap()
+                .contains("env NVTE_FUSED_ATTN_CK_SMALLSEQ=1"),
             "{text}"
         );
         assert_eq!(replayed.status.code(), Some(1), "{}: {text}", cap.display());

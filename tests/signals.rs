@@ -32,7 +32,10 @@ fn under_timeout(signal: Option<&str>, out: &Path, extra: &[&str]) -> (Option<i3
         .arg(out)
         .args(extra);
     let o = c.output().unwrap();
-    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -65,14 +68,26 @@ fn timeout_with_int_or_term_always_leaves_a_complete_interrupted_report() {
         assert_eq!(code, Some(124), "{what}\n{stderr}");
         let rep = json(&out.join("report.json"));
         assert_eq!(rep["interrupted"], true, "{what}: {rep}");
-        assert_eq!(rep["partial"], false, "{what}: the final report, not a partial one");
+        assert_eq!(
+            rep["partial"], false,
+            "{what}: the final report, not a partial one"
+        );
         assert!(rep["cases"].as_u64().unwrap() > 0, "{what}");
-        assert!(rep["command"].as_str().unwrap().contains(" fuzz --time 300s"), "{what}");
+        assert!(
+            rep["command"]
+                .as_str()
+                .unwrap()
+                .contains(" fuzz --time 300s"),
+            "{what}"
+        );
         if i % 2 == 1 {
             assert!(!rep["failures"].as_array().unwrap().is_empty(), "{what}");
         }
         let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
-        assert!(junit.contains("<error message=\"interrupted by a signal"), "{what}: {junit}");
+        assert!(
+            junit.contains("<error message=\"interrupted by a signal"),
+            "{what}: {junit}"
+        );
         assert!(junit.trim_end().ends_with("</testsuite>"), "{what}");
         let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
         assert!(
@@ -86,7 +101,9 @@ fn timeout_with_int_or_term_always_leaves_a_complete_interrupted_report() {
 fn sigkill_leaves_the_last_partial_report() {
     let out = dir("kill");
     let mut child = Command::new(env!("CARGO_BIN_EXE_smallseq"))
-        .args(["fuzz", "--time", "300s", "--jobs", "1", "--seed", "6", "--out"])
+        .args([
+            "fuzz", "--time", "300s", "--jobs", "1", "--seed", "6", "--out",
+        ])
         .arg(&out)
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -94,7 +111,10 @@ fn sigkill_leaves_the_last_partial_report() {
     // The first partial report comes with the first case, the next 5 s of campaign time later.
     let start = Instant::now();
     while !out.join("report.json").exists() {
-        assert!(start.elapsed() < Duration::from_secs(60), "no partial report in 60 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no partial report in 60 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let first = json(&out.join("report.json"))["cases"].as_u64().unwrap();
@@ -103,7 +123,10 @@ fn sigkill_leaves_the_last_partial_report() {
     child.wait().unwrap();
     let rep = json(&out.join("report.json"));
     assert_eq!(rep["partial"], true, "{rep}");
-    assert!(rep["cases"].as_u64().unwrap() > first, "rewritten as it ran: {rep}");
+    assert!(
+        rep["cases"].as_u64().unwrap() > first,
+        "rewritten as it ran: {rep}"
+    );
     let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
     assert!(junit.contains("<error message=\"partial report"), "{junit}");
 }

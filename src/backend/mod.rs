@@ -272,9 +272,9 @@ pub fn open_planted(name: &str, mutants: &[crate::mutants::Mutant]) -> Result<Bo
         return open(name);
     }
     match name {
-        "cpu" => Ok(Box::new(cpu::CpuBackend::mutant(crate::mutants::Defects::of(
-            mutants,
-        )))),
+        "cpu" => Ok(Box::new(cpu::CpuBackend::mutant(
+            crate::mutants::Defects::of(mutants),
+        ))),
         "cuda" => {
             let mut defines = Vec::new();
             for m in mutants {

@@ -130,7 +130,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         tensors.join(", "),
         match precision {
             OutputPrecision::Reference => "the f64 reference (stored as f64)".to_string(),
-            OutputPrecision::Device => format!("backend {}, profile {}", args.backend, args.profile),
+            OutputPrecision::Device =>
+                format!("backend {}, profile {}", args.backend, args.profile),
         },
         path.map_or(String::new(), |p| format!(", path {p}"))
     );

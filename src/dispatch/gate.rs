@@ -60,7 +60,10 @@ impl Dispatcher {
                     Code::Env,
                     format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = '{v}'"),
                 )),
-                None => out.push(reason(Code::Env, "NVTE_FUSED_ATTN_CK_SMALLSEQ unset".into())),
+                None => out.push(reason(
+                    Code::Env,
+                    "NVTE_FUSED_ATTN_CK_SMALLSEQ unset".into(),
+                )),
             }
             if self.arch.name() != "gfx942" {
                 out.push(reason(
@@ -108,7 +111,10 @@ impl Dispatcher {
                     "head_dim_qk {} / head_dim_v {} not a supported equal pair ({})",
                     p.head_dim_qk,
                     p.head_dim_v,
-                    dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                    dims.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }

@@ -141,7 +141,10 @@ impl Replay {
             self.profile, self.arch, self.salt
         );
         if !self.kernel_defines.is_empty() {
-            line.push_str(&format!(", kernel defines {}", self.kernel_defines.join(" ")));
+            line.push_str(&format!(
+                ", kernel defines {}",
+                self.kernel_defines.join(" ")
+            ));
         }
         if !self.planted.is_empty() {
             line.push_str(&format!(", planted {}", self.planted.join(",")));
