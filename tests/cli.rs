@@ -263,10 +263,7 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = stdout(&[], &cap);
-    assert!(
-        text.contains("produced on: build smallseq "),
-        "{text}"
-    );
+    assert!(text.contains("produced on: build smallseq "), "{text}");
     let text = stdout(&["--backend", "cpu"], &cap);
     assert!(text.contains("provenance: as the capsule's"), "{text}");
     // The same outputs, said to come from another build: the rerun names the difference.
