@@ -17,14 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 out=target/hip-co
-mkdir -p "$out"
-ci/hip-packages.sh
-CLANG=clang-19
+
+# -- 1. code objects (ci/hip-code-objects.sh, which installs the packages; `.ci/run` has built
+# them already) -------------------------------------------------------------------------------
+[ "${SMALLSEQ_HIP_OBJECTS_BUILT:-}" = 1 ] || ci/hip-code-objects.sh
 OBJDUMP=llvm-objdump-19
 READELF=llvm-readelf-19
-
-# -- 1. code objects (ci/hip-code-objects.sh; `.ci/run` has built them already) ---------------
-[ "${SMALLSEQ_HIP_OBJECTS_BUILT:-}" = 1 ] || ci/hip-code-objects.sh
 read -r -a archs < "$out/archs"
 stems=()
 for f in kernels/*.cu; do stems+=("$(basename "$f" .cu)"); done

@@ -732,34 +732,36 @@ fn a_missing_scale_is_printed_as_defaulted() {
     );
 }
 
+/// `case new` flags for a GQA f16 case with an empty query slot, a causal mask and a window;
+/// `--out FILE` follows.
+const NEW_CASE: [&str; 19] = [
+    "case",
+    "new",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "64",
+    "--q-lens",
+    "3,5,0",
+    "--kv-lens",
+    "3,6,1",
+    "--mask",
+    "causal_bottom_right",
+    "--window",
+    "-1,0",
+    "--dtype",
+    "f16",
+    "--out",
+];
+
 /// `case new` writes a case from flags that the other commands take; bad flags name the
 /// valid values.
 #[test]
 fn case_new_writes_a_case_from_flags() {
     let p = tmp("new-case.safetensors");
-    let out = bin()
-        .args([
-            "case",
-            "new",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "2",
-            "--head-dim",
-            "64",
-        ])
-        .args([
-            "--q-lens",
-            "3,5,0",
-            "--kv-lens",
-            "3,6,1",
-            "--mask",
-            "causal_bottom_right",
-        ])
-        .args(["--window", "-1,0", "--dtype", "f16", "--seed", "9", "--out"])
-        .arg(&p)
-        .output()
-        .unwrap();
+    let out = bin().args(NEW_CASE).arg(&p).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("scale 0.125 (default"));
     let c = read_case(&p).unwrap();
@@ -775,29 +777,7 @@ fn case_new_writes_a_case_from_flags() {
     assert!(c.d_o.is_some());
     // Data is seeded: the same flags give the same file.
     let again = tmp("new-case-again.safetensors");
-    let st = bin()
-        .args([
-            "case",
-            "new",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "2",
-            "--head-dim",
-            "64",
-        ])
-        .args([
-            "--q-lens",
-            "3,5,0",
-            "--kv-lens",
-            "3,6,1",
-            "--mask",
-            "causal_bottom_right",
-        ])
-        .args(["--window", "-1,0", "--dtype", "f16", "--seed", "9", "--out"])
-        .arg(&again)
-        .status()
-        .unwrap();
+    let st = bin().args(NEW_CASE).arg(&again).status().unwrap();
     assert!(st.success());
     assert_eq!(read_case(&again).unwrap().q, c.q);
     let run_out = tmp("new-case-run.safetensors");

@@ -691,10 +691,6 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn kernel_defines(&self) -> Vec<String> {
-        self.defines.clone()
-    }
-
     fn provenance(&self) -> BTreeMap<String, String> {
         let mut p = BTreeMap::new();
         p.insert(

@@ -178,16 +178,6 @@ pub trait Backend: Send + Sync {
     fn concurrent_cases(&self) -> bool {
         false
     }
-    /// Bugs planted in this backend beyond what [`open`] gives under its name (mutation
-    /// testing, `smallseq fuzz --plant`); recorded in capsules and planted again by `repro`.
-    fn planted(&self) -> Vec<crate::mutants::Mutant> {
-        Vec::new()
-    }
-    /// The preprocessor defines the kernels were compiled with, where the backend compiles
-    /// them at run time (CUDA); recorded in capsules and replayed by `repro`.
-    fn kernel_defines(&self) -> Vec<String> {
-        Vec::new()
-    }
     /// Planted gate defects (mutation testing); none for real backends.
     fn gate_defects(&self) -> GateDefects {
         GateDefects::default()

@@ -101,9 +101,20 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// The inputs of `checker` checking a case with `salt`.
+    /// The inputs of `checker` checking a case with `salt`. Planted bugs and kernel defines
+    /// come from the backend's provenance (`defects` of the plain CPU backend, `defines` of
+    /// the CUDA one), which every way of running a backend reports.
     pub fn of(checker: &Checker, salt: u64, origin: Option<Origin>) -> Self {
         let be = checker.backend;
+        let provenance = be.provenance();
+        let listed = |key: &str, sep: char| -> Vec<String> {
+            provenance.get(key).map_or_else(Vec::new, |v| {
+                v.split(sep)
+                    .filter(|x| !x.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+        };
         Replay {
             backend: be.name().into(),
             profile: checker.opts.profile.name().into(),
@@ -114,8 +125,13 @@ impl Replay {
                 .pairs()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            kernel_defines: be.kernel_defines(),
-            planted: be.planted().iter().map(|m| m.name().to_string()).collect(),
+            kernel_defines: listed("defines", ' '),
+            // The TE model's defects are what its name opens, not planted.
+            planted: if be.name() == "cpu" {
+                listed("defects", ',')
+            } else {
+                Vec::new()
+            },
             salt,
             origin,
         }

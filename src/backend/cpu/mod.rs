@@ -302,15 +302,6 @@ impl Backend for CpuBackend {
         p
     }
 
-    fn planted(&self) -> Vec<Mutant> {
-        // The TE model's defects are what its name opens; only the plain backend's are planted.
-        if self.label.is_none() {
-            self.defects.list().to_vec()
-        } else {
-            Vec::new()
-        }
-    }
-
     fn arch(&self) -> Arch {
         self.arch_override
             .map(|a| a.parse().expect("static arch name"))
