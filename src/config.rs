@@ -250,8 +250,8 @@ mod tests {
         for (extra, needle) in [
             (r#","colour":1}"#, "unknown key 'colour'"),
             (r#","scale":"x"}"#, "key 'scale'"),
-            (r#","window":[1]}"#, "key \"window\""),
-            (r#","layout":"sbhd"}"#, "key \"layout\""),
+            (r#","window":[1]}"#, "key 'window'"),
+            (r#","layout":"sbhd"}"#, "key 'layout'"),
         ] {
             let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
             assert!(err.to_string().contains(needle), "{err}");

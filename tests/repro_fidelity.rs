@@ -144,7 +144,7 @@ fn te625_model_every_printed_repro_reproduces_and_current_env_uses_the_shells() 
             "--profile",
             "te625",
             "--cases",
-            "24",
+            "16",
             "--seed",
             "3",
             "--shrink-time",
