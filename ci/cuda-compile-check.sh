@@ -9,14 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=target/cuda-tools
-ver=12.9.86
-if [ ! -x "$tools/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -e "$tools/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
-  mkdir -p "$tools/wheels"
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tools/wheels" \
-    "nvidia-cuda-nvrtc-cu12==$ver" "nvidia-cuda-nvcc-cu12==$ver"
-  for w in "$tools"/wheels/*.whl; do python3 -m zipfile -e "$w" "$tools"; done
-  chmod +x "$tools/nvidia/cuda_nvcc/bin/ptxas"
-fi
+ci/cuda-tools.sh
 # The backend's unit tests need the feature and NVRTC, no GPU (cudarc loads both at run time;
 # it looks for libnvrtc.so, which the wheel names libnvrtc.so.12). They include the kernel
 # cache's compile-once test, required here rather than skipped.

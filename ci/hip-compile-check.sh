@@ -11,62 +11,21 @@
 #      code objects of step 1, and the binary exits 2 with one line when there is no GPU;
 #   5. the host model of a gfx942 wavefront (tests/hip_lane_model.rs) passes.
 # It installs Debian's clang-19, lld-19, llvm-19 and libamdhip64-dev when they are missing.
+# Under `.ci/run`: SMALLSEQ_HIP_OBJECTS_BUILT=1 (step 1 ran in the background) and
+# SMALLSEQ_HIP_MODEL_RAN=1 (step 5 ran in `cargo test`) skip what already ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 out=target/hip-co
-mkdir -p "$out"
 
-# -- packages ----------------------------------------------------------------------------------
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-need=()
-for p in clang-19 lld-19 llvm-19 libamdhip64-dev; do installed "$p" || need+=("$p"); done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]}"
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "need root or sudo to install ${need[*]}" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-CLANG=clang-19
+# -- 1. code objects (ci/hip-code-objects.sh, which installs the packages; `.ci/run` has built
+# them already) -------------------------------------------------------------------------------
+[ "${SMALLSEQ_HIP_OBJECTS_BUILT:-}" = 1 ] || ci/hip-code-objects.sh
 OBJDUMP=llvm-objdump-19
 READELF=llvm-readelf-19
-read -r -a FLAGS < kernels/hip.flags
-echo "== $($CLANG --version | head -1); flags: ${FLAGS[*]}"
-
-# -- 1. code objects ---------------------------------------------------------------------------
-knows() { echo 'extern "C" __attribute__((global)) void k() {}' |
-  $CLANG "${FLAGS[@]}" --offload-arch="$1" -o /dev/null - >/dev/null 2>&1; }
-# gfx942 always; the others where this clang knows them. gfx90a is left out by default: it
-# takes the same source paths as gfx942 (the same MFMA branch of portable.h) and would double
-# the compile time, the bulk of this check (SMALLSEQ_HIP_ARCHS=gfx942,gfx90a,gfx950 adds it).
-archs=()
-IFS=, read -r -a want <<< "${SMALLSEQ_HIP_ARCHS:-gfx942,gfx950}"
-[[ " ${want[*]} " == *" gfx942 "* ]] || want=(gfx942 "${want[@]}")
-for a in "${want[@]}"; do
-  if knows "$a"; then archs+=("$a"); else
-    [ "$a" = gfx942 ] && { echo "FAIL: $CLANG cannot target gfx942" >&2; exit 1; }
-    echo "   $a: skipped ($CLANG does not know this processor)"
-  fi
-done
+read -r -a archs < "$out/archs"
 stems=()
 for f in kernels/*.cu; do stems+=("$(basename "$f" .cu)"); done
-pids=()
-for a in "${archs[@]}"; do
-  for s in "${stems[@]}"; do
-    ( $CLANG "${FLAGS[@]}" --offload-arch="$a" -o "$out/$s.$a.hsaco" "kernels/$s.cu" \
-        2> "$out/$s.$a.log" || { echo "FAIL: kernels/$s.cu for $a:"; cat "$out/$s.$a.log"; exit 1; } ) &
-    pids+=($!)
-  done
-done
-for p in "${pids[@]}"; do wait "$p"; done
-for a in "${archs[@]}"; do for s in "${stems[@]}"; do
-  printf '   %-28s %8d bytes\n' "$s.$a.hsaco" "$(stat -c %s "$out/$s.$a.hsaco")"
-done; done
-t1=$(date +%s); echo "== compiled ${#stems[@]} files x ${#archs[@]} archs in $((t1 - t0)) s"
 
 # -- 4a. build and link (embeds the objects of step 1) -----------------------------------------
 export HIP_PATH=${HIP_PATH:-/usr}
@@ -147,10 +106,13 @@ else
   [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] || { echo "FAIL: more than one line" >&2; exit 1; }
 fi
 
-# -- 5. host model of the wavefront ------------------------------------------------------------
-if ! log=$(SMALLSEQ_HIP_CLANG=clang++-19 SMALLSEQ_REQUIRE_HIP_MODEL=1 \
+# -- 5. host model of the wavefront (in `.ci/run`, its `cargo test` ran it already) -----------
+if [ "${SMALLSEQ_HIP_MODEL_RAN:-}" = 1 ]; then
+  echo "== hip model: ran in this run's cargo test (SMALLSEQ_HIP_MODEL_RAN=1)"
+elif ! log=$(SMALLSEQ_HIP_CLANG=clang++-19 SMALLSEQ_REQUIRE_HIP_MODEL=1 \
   cargo test -q --release --test hip_lane_model -- --nocapture 2>&1); then
   printf '%s\n' "$log"; echo "FAIL: hip wavefront model" >&2; exit 1
+else
+  printf '%s\n' "$log" | grep -E "^FAIL|[0-9]+ passed, [0-9]+ failed" | sed 's/^/== hip model: /'
 fi
-printf '%s\n' "$log" | grep -E "^FAIL|[0-9]+ passed, [0-9]+ failed" | sed 's/^/== hip model: /'
 echo "== hip-compile-check passed in $(($(date +%s) - t0)) s"

@@ -2,14 +2,18 @@
 # L0: every CI run, CPU only. Formatting, lints, every test (reference proofs, dispatch
 # boundaries, CPU backend properties, CLI end to end, the proptest suites and the committed
 # fuzz seeds), the mutation catalogue, a short seeded fuzz campaign, their report pages in a
-# headless browser (ci/html-check.sh installs chromium when missing), and every cargo-fuzz
-# target for a bounded time (ci/fuzz.sh installs cargo-fuzz when missing).
+# headless browser (ci/html-check.sh installs chromium when missing), the Python adapter kit
+# and a campaign through the worker protocol (ci/adapters.sh), and every cargo-fuzz
+# target for a bounded time (ci/fuzz.sh installs cargo-fuzz when missing). Each step is a
+# stage (ci/stage.sh): a header, then its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== fmt"; cargo fmt --all -- --check; (cd fuzz && cargo fmt -- --check)
-echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
-echo "== tests"; cargo test --workspace --release
-echo "== mutants"; cargo run --release -- mutants --cases 150 --seed 1 --out target/l0/mutants
-echo "== fuzz"; cargo run --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
-echo "== report pages in a browser"; ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
-echo "== cargo-fuzz targets"; ci/fuzz.sh "${SMALLSEQ_FUZZ_SECONDS:-20}"
+. ci/stage.sh
+stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check'
+stage clippy cargo clippy --workspace --all-targets -- -D warnings
+stage tests cargo test --workspace --release
+stage mutants cargo run -q --release -- mutants --cases 150 --seed 1 --out target/l0/mutants
+stage fuzz-campaign cargo run -q --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
+stage report-pages ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
+stage adapters env SMALLSEQ_BIN=target/release/smallseq ci/adapters.sh
+stage cargo-fuzz-targets ci/fuzz.sh "${SMALLSEQ_FUZZ_SECONDS:-20}"

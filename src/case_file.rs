@@ -63,7 +63,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
         Some(other) => {
             return Err(file_err(
                 name,
-                format!("smallseq.format = {other:?}: this build reads format {FORMAT:?}"),
+                format!("smallseq.format = '{other}': this build reads format '{FORMAT}'"),
             ))
         }
         None => return Err(file_err(name, "metadata smallseq.format is missing")),
@@ -74,7 +74,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
     let config = AttnConfig::from_json(config_text)?;
     for t in st.names() {
         if !KNOWN.contains(&t.as_str()) {
-            return Err(file_err(name, format!("unknown tensor {t:?}")));
+            return Err(file_err(name, format!("unknown tensor '{t}'")));
         }
     }
     let reader = Reader { st: &st, name };
@@ -151,7 +151,7 @@ impl Reader<'_> {
     fn get(&self, t: &str) -> Result<TensorView<'_>> {
         self.st
             .tensor(t)
-            .map_err(|_| file_err(self.name, format!("tensor {t:?} is missing")))
+            .map_err(|_| file_err(self.name, format!("tensor '{t}' is missing")))
     }
 
     fn floats(&self, t: &str, view: &TensorView<'_>) -> Result<Vec<f64>> {
@@ -411,14 +411,5 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
 /// [`Error::Io`] or a serialisation error.
 pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Result<()> {
     let bytes = case_bytes(case, precision)?;
-    let io = |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    crate::harness::report_io::write_atomic(path, &bytes)
 }

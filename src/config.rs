@@ -116,7 +116,7 @@ impl AttnConfig {
         };
         if let Some(k) = map.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::config(format!(
-                "unknown key {k:?} in smallseq.config"
+                "unknown key '{k}' in smallseq.config"
             )));
         }
         let dtype: Dtype = req_str(&map, "dtype")?.parse().map_err(Error::config)?;
@@ -187,12 +187,12 @@ impl AttnConfig {
 }
 
 fn ill_typed(key: &str, v: &Value, expected: &str) -> Error {
-    Error::config(format!("key {key:?} = {v}: expected {expected}"))
+    Error::config(format!("key '{key}' = {v}: expected {expected}"))
 }
 
 fn req<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a Value> {
     map.get(key)
-        .ok_or_else(|| Error::config(format!("missing key {key:?} in smallseq.config")))
+        .ok_or_else(|| Error::config(format!("missing key '{key}' in smallseq.config")))
 }
 
 fn req_str<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a str> {
@@ -251,10 +251,10 @@ mod tests {
     fn rejects_bad_keys_and_types() {
         let base = r#"{"dtype":"bf16","num_heads":2,"num_gqa_groups":1,"head_dim_qk":64,"head_dim_v":64,"mask":"padding""#;
         for (extra, needle) in [
-            (r#","colour":1}"#, "unknown key \"colour\""),
-            (r#","scale":"x"}"#, "key \"scale\""),
-            (r#","window":[1]}"#, "key \"window\""),
-            (r#","layout":"sbhd"}"#, "key \"layout\""),
+            (r#","colour":1}"#, "unknown key 'colour'"),
+            (r#","scale":"x"}"#, "key 'scale'"),
+            (r#","window":[1]}"#, "key 'window'"),
+            (r#","layout":"sbhd"}"#, "key 'layout'"),
         ] {
             let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
             assert!(err.to_string().contains(needle), "{err}");

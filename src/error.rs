@@ -29,7 +29,11 @@ pub enum Error {
     Hip(crate::backend::hip::HipError),
     #[error("backend {backend} is not available: {detail}")]
     NoDevice { backend: String, detail: String },
-    #[error("smallseq was built without the `{feature}` feature")]
+    #[error(
+        "smallseq was built without the `{feature}` feature (build it with `cargo build \
+         --release --features {feature}`, or install it with `cargo install --path . \
+         --features {feature}`)"
+    )]
     NotCompiledWith { feature: &'static str },
     /// A worker process crashed or hung on the case (`docs/worker-protocol.md`, Faults).
     #[error("worker {}: {}", .0.kind.name(), .0.detail)]

@@ -26,6 +26,8 @@ enum Command {
     Repro(cli::repro::ReproArgs),
     /// Compute a case's outputs on a backend or the reference.
     Run(cli::run::RunArgs),
+    /// Case files: `case new` writes one from flags.
+    Case(cli::case::CaseArgs),
     /// Explain the dispatch decision for a case.
     Explain(cli::explain::ExplainArgs),
     /// Run the campaign against every planted bug (mutation score).
@@ -72,16 +74,24 @@ fn keep_freed_memory() {}
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
+    smallseq::harness::repro::set_program(cli::repro_program());
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, finish their case and write
-        // the report of what ran (a second signal exits at once); every other command exits at
-        // once, as without a handler.
+        // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, stop shrinking, finish their
+        // case and write the report of what ran. Further signals change nothing: `timeout`
+        // signals the child and then its process group, so two arrive at once, and a report
+        // must never be skipped (SIGKILL still leaves the last partial report). Every other
+        // command exits at once, as without a handler.
         let graceful = matches!(cli.command, Command::Fuzz(_) | Command::Mutants(_));
         let _ = ctrlc::set_handler(move || {
-            if !graceful || stop.swap(true, Ordering::SeqCst) {
+            if !graceful {
                 std::process::exit(cli::EXIT_INTERRUPTED);
+            }
+            if !stop.swap(true, Ordering::SeqCst) {
+                eprintln!(
+                    "smallseq: stopping: finishing the current case, then writing the report"
+                );
             }
         });
     }
@@ -90,6 +100,7 @@ fn main() -> ExitCode {
         Command::Repro(a) => cli::repro::run(a),
         Command::Run(a) => cli::run::run(a),
         Command::Explain(a) => cli::explain::run(a),
+        Command::Case(a) => cli::case::run(a),
         Command::Mutants(a) => cli::mutants::run(a, &stop),
         Command::BenchReference(a) => cli::reference_bench::run(a),
         Command::Bench(a) => cli::bench::run(a).map(|()| 0),
@@ -101,7 +112,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            eprintln!("smallseq: {e:#}");
+            // Each cause once: an error that names its path already carries the OS error.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg = format!("{msg}: {c}");
+                }
+            }
+            eprintln!("smallseq: {msg}");
             ExitCode::from(cli::EXIT_USAGE as u8)
         }
     }

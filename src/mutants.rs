@@ -184,7 +184,10 @@ impl FromStr for Mutant {
         Mutant::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown mutant {s:?}"))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Mutant::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mutant '{s}' (valid: {})", names.join(", "))
+            })
     }
 }
 

@@ -117,8 +117,13 @@ fn chosen_path(
     let path = match opts.force {
         Some(Path::SmallSeq) if decision.path != Path::SmallSeq => {
             return Err(Error::Unsupported(format!(
-                "small-seq forced on a case the dispatcher declines: {:?}",
-                decision.codes()
+                "small-seq forced on a case the dispatcher declines: {}",
+                decision
+                    .codes()
+                    .iter()
+                    .map(|c| c.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )))
         }
         Some(p) => Some(p),

@@ -168,9 +168,9 @@ fn malformed_cases_exit_2_with_one_line() {
     c.config.params.num_kv_heads = 3;
     bad_cases.push((raw(&c), "num_gqa_groups"));
     let text = replace_bytes(&bytes, br#"\"bias\":\"none\""#, br#"\"bias\":12345678"#);
-    bad_cases.push((text, "key \"bias\""));
+    bad_cases.push((text, "key 'bias'"));
     let text = replace_bytes(&bytes, br#"\"layout\":\"thd\""#, br#"\"colour\":\"thd\""#);
-    bad_cases.push((text, "unknown key \"colour\""));
+    bad_cases.push((text, "unknown key 'colour'"));
     for (i, (b, needle)) in bad_cases.iter().enumerate() {
         let p = tmp(&format!("bad-{i}.safetensors"));
         std::fs::write(&p, b).unwrap();
@@ -263,10 +263,7 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = stdout(&[], &cap);
-    assert!(
-        text.contains("produced on: {\"build\":\"smallseq "),
-        "{text}"
-    );
+    assert!(text.contains("produced on: build smallseq "), "{text}");
     let text = stdout(&["--backend", "cpu"], &cap);
     assert!(text.contains("provenance: as the capsule's"), "{text}");
     // The same outputs, said to come from another build: the rerun names the difference.
@@ -279,7 +276,7 @@ fn repro_compares_the_capsules_provenance_with_the_rerun() {
     write_case(&c, &moved, OutputPrecision::Device).unwrap();
     let text = stdout(&["--backend", "cpu"], &moved);
     assert!(
-        text.contains(r#"provenance differs: build: capsule "smallseq 0.0.1", now "smallseq "#),
+        text.contains("provenance differs: build: capsule smallseq 0.0.1, now smallseq "),
         "{text}"
     );
     assert!(text.contains("bitwise equal"), "{text}");
@@ -323,9 +320,23 @@ fn fuzz_writes_reports_and_hits_classes() {
     assert!(std::fs::read_to_string(dir.join("junit.xml"))
         .unwrap()
         .contains("<testsuite"));
-    assert!(std::fs::read_to_string(dir.join("summary.md"))
+    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(summary.contains("| numeric_agreement |"));
+    // How it was run, and why properties were skipped.
+    assert!(summary.contains("Command: `") && summary.contains("fuzz --cases 60 --seed 5"));
+    assert!(summary.contains("budget 60 cases"), "{summary}");
+    assert!(
+        summary.contains("| skipped (property: reason) | cases |"),
+        "{summary}"
+    );
+    assert!(rep["command"]
+        .as_str()
         .unwrap()
-        .contains("| numeric_agreement |"));
+        .ends_with(&format!("fuzz --cases 60 --seed 5 --out {}", dir.display())));
+    assert_eq!(rep["budget"]["cases"], 60);
+    assert!(rep["jobs"].as_u64().unwrap() >= 1);
+    assert!(rep.get("commit").is_some());
+    assert_eq!(rep["partial"], false);
     let no_gpu = bin()
         .args(["fuzz", "--backend", "cuda", "--cases", "1"])
         .output()
@@ -383,7 +394,8 @@ fn exit_after_sigterm(args: &[&str], after_s: u64, limit_s: u64) -> std::process
 }
 
 /// A campaign that CI's time limit stops (SIGTERM, as `timeout` sends) still writes its
-/// report, marked interrupted, with the cases it ran.
+/// report, marked interrupted, with the cases it ran, and exits 130 (tests/signals.rs: the
+/// exact `timeout` behaviour, and SIGKILL).
 #[cfg(unix)]
 #[test]
 fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
@@ -391,7 +403,7 @@ fn fuzz_stopped_by_sigterm_writes_an_interrupted_report() {
     let out = dir.to_str().unwrap();
     let args = ["fuzz", "--time", "300s", "--seed", "8", "--out", out];
     let status = exit_after_sigterm(&args, 3, 120);
-    assert_eq!(status.code(), Some(0), "a clean campaign, stopped early");
+    assert_eq!(status.code(), Some(130), "a clean campaign, stopped early");
     let rep = read_json(&dir.join("report.json"));
     assert_eq!(rep["interrupted"], true);
     assert!(rep["cases"].as_u64().unwrap() > 0);
@@ -512,4 +524,282 @@ fn calibrate_without_a_gpu_exits_2_with_one_line() {
         // Built with the cuda feature on a machine with a GPU.
         code => assert_eq!(code, Some(0), "{err}"),
     }
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `run` says what it wrote, never overwrites its input, and never passes on the input's
+/// verdict or provenance as if they described the new outputs.
+#[test]
+fn run_prints_what_it_wrote_refuses_its_input_as_output_and_drops_old_verdicts() {
+    let mut case = small_case(&[(3, 4)], 2, 64);
+    case.meta.insert(
+        "smallseq.verdict".into(),
+        r#"{"property":"dont_care"}"#.into(),
+    );
+    case.meta
+        .insert("smallseq.provenance".into(), r#"{"device":"H200"}"#.into());
+    let inp = write(&case, "run-in.safetensors");
+    let outp = tmp("run-out.safetensors");
+    let out = bin()
+        .args(["run", "--backend", "cpu", "--case"])
+        .arg(&inp)
+        .arg("--out")
+        .arg(&outp)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        text.starts_with(&format!("wrote {}:", outp.display()))
+            && text.contains("outputs o, lse, dq, dk, dv from backend cpu"),
+        "{text}"
+    );
+    let got = read_case(&outp).unwrap();
+    assert!(!got.meta.contains_key("smallseq.verdict"), "{:?}", got.meta);
+    assert!(!got.meta["smallseq.provenance"].contains("H200"));
+    // The same file, spelled differently, is refused before anything is written.
+    let before = std::fs::read(&inp).unwrap();
+    let same = inp
+        .parent()
+        .unwrap()
+        .join(".")
+        .join(inp.file_name().unwrap());
+    let out = bin()
+        .args(["run", "--case"])
+        .arg(&inp)
+        .arg("--out")
+        .arg(&same)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("is the input case file"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(std::fs::read(&inp).unwrap(), before);
+}
+
+/// A reused `--out` loses the capsules and reports of the run before (stale capsules next to
+/// a new "passed" mislead), and keeps every file smallseq did not write.
+#[test]
+fn fuzz_cleans_what_a_previous_run_left_in_its_out_directory() {
+    let dir = tmp("reused-out");
+    std::fs::create_dir_all(dir.join("capsules")).unwrap();
+    let stale = dir.join("capsules/case-000003-numeric_agreement.safetensors");
+    std::fs::write(&stale, b"old").unwrap();
+    std::fs::write(dir.join("te625.json"), b"[]").unwrap();
+    std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let out = bin()
+        .args(["fuzz", "--cases", "3", "--seed", "1", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!stale.exists() && !dir.join("te625.json").exists());
+    assert!(dir.join("notes.txt").exists() && dir.join("report.json").exists());
+    assert!(
+        stderr_of(&out).contains("removed 2 file(s) a previous run wrote"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+/// The recorded verdict reads as sentences with rounded margins, the dq/dk allowance named.
+#[test]
+fn repro_prints_the_recorded_verdict_as_lines() {
+    let mut case = small_case(&[(3, 4)], 2, 64);
+    case.meta.insert(
+        "smallseq.verdict".into(),
+        r#"{"property":"numeric_agreement","detail":"o: max error 1 > threshold 0.5","failures":[{"property":"numeric_agreement","detail":"o: max error 1 > threshold 0.5","margin":2.0000001}],"margins":{"o":2.0000001,"dq":0.123456}}"#.into(),
+    );
+    let inp = write(&case, "verdict-in.safetensors");
+    let cap = tmp("verdict-cap.safetensors");
+    let run = bin()
+        .args(["run", "--backend", "reference", "--case"])
+        .arg(&inp)
+        .arg("--out")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    // `run` drops the verdict; put it back as a capsule would have it.
+    let mut c = read_case(&cap).unwrap();
+    c.meta.insert(
+        "smallseq.verdict".into(),
+        case.meta["smallseq.verdict"].clone(),
+    );
+    write_case(&c, &cap, OutputPrecision::Reference).unwrap();
+    let out = bin().arg("repro").arg(&cap).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("recorded verdict: numeric_agreement failed: o: max error 1 > threshold 0.5"),
+        "{text}"
+    );
+    assert!(text.contains("dq 0.12, o 2.00"), "{text}");
+    assert!(
+        text.contains("dq and dk after their rounding allowance"),
+        "{text}"
+    );
+    assert!(
+        text.contains("dq: max error beyond the rounding allowance"),
+        "{text}"
+    );
+    assert!(!text.contains("{\""), "JSON in the output: {text}");
+}
+
+/// Usage errors: one line, no Rust Debug text, valid names listed, how to get a missing
+/// feature; OS errors once, naming the path given.
+#[test]
+fn usage_errors_are_plain_words() {
+    for cmd in ["fuzz", "mutants"] {
+        let out = bin().args([cmd, "--cases", "0"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{cmd} --cases 0");
+        assert!(
+            stderr_of(&out).contains("at least 1 case"),
+            "{}",
+            stderr_of(&out)
+        );
+    }
+    let out = bin()
+        .args(["mutants", "--only", "scale-thrice"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("unknown mutant 'scale-thrice'") && err.contains("scale-twice"),
+        "{err}"
+    );
+    let out = bin()
+        .args(["repro", "no-such-capsule.safetensors"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    assert!(err.contains("no-such-capsule.safetensors"), "{err}");
+    let out = bin()
+        .args(["fuzz", "--cases", "1", "--out", "/proc/smallseq-cannot"])
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    assert!(err.contains("/proc/smallseq-cannot"), "{err}");
+    let dir = tmp("plain-header");
+    let out = bin()
+        .args(["fuzz", "--cases", "2", "--time", "60s", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert!(err.contains("budget 2 cases"), "{err}");
+    for debug in ["Cases(", "Time(", "Some(", "None"] {
+        assert!(!err.contains(debug), "{debug} in {err}");
+    }
+    if cfg!(not(feature = "cuda")) {
+        let out = bin()
+            .args(["fuzz", "--backend", "cuda", "--cases", "1"])
+            .output()
+            .unwrap();
+        assert!(
+            stderr_of(&out).contains("cargo build --release --features cuda"),
+            "{}",
+            stderr_of(&out)
+        );
+    }
+}
+
+/// A case file without `scale` says which default it takes.
+#[test]
+fn a_missing_scale_is_printed_as_defaulted() {
+    let case = small_case(&[(3, 4)], 2, 64);
+    let bytes = raw(&case);
+    // Same length: the scale key becomes a second dropout of 0.
+    let text = replace_bytes(&bytes, br#"\"scale\":0.125"#, br#"\"dropout\":0.0"#);
+    let p = tmp("no-scale.safetensors");
+    std::fs::write(&p, text).unwrap();
+    let out = bin().args(["explain", "--case"]).arg(&p).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("no scale in smallseq.config: using the default 1/sqrt(head_dim_qk) = 1/sqrt(64) = 0.125"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+/// `case new` flags for a GQA f16 case with an empty query slot, a causal mask and a window;
+/// `--out FILE` follows.
+const NEW_CASE: [&str; 19] = [
+    "case",
+    "new",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "64",
+    "--q-lens",
+    "3,5,0",
+    "--kv-lens",
+    "3,6,1",
+    "--mask",
+    "causal_bottom_right",
+    "--window",
+    "-1,0",
+    "--dtype",
+    "f16",
+    "--out",
+];
+
+/// `case new` writes a case from flags that the other commands take; bad flags name the
+/// valid values.
+#[test]
+fn case_new_writes_a_case_from_flags() {
+    let p = tmp("new-case.safetensors");
+    let out = bin().args(NEW_CASE).arg(&p).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("scale 0.125 (default"));
+    let c = read_case(&p).unwrap();
+    let prm = &c.config.params;
+    assert_eq!(
+        (prm.num_heads, prm.num_kv_heads, prm.head_dim_qk),
+        (4, 2, 64)
+    );
+    assert_eq!(c.config.dtype, Dtype::F16);
+    assert_eq!(c.layout.slots(), 3);
+    assert_eq!((c.layout.q.len(1), c.layout.kv.len(2)), (5, 1));
+    assert_eq!((prm.window.left, prm.window.right), (-1, 0));
+    assert!(c.d_o.is_some());
+    // Data is seeded: the same flags give the same file.
+    let again = tmp("new-case-again.safetensors");
+    let st = bin().args(NEW_CASE).arg(&again).status().unwrap();
+    assert!(st.success());
+    assert_eq!(read_case(&again).unwrap().q, c.q);
+    let run_out = tmp("new-case-run.safetensors");
+    let st = bin()
+        .args(["run", "--backend", "cpu", "--case"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&run_out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = bin()
+        .args([
+            "case", "new", "--q-lens", "2", "--mask", "diagonal", "--out",
+        ])
+        .arg(tmp("bad-mask.safetensors"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("padding_causal"),
+        "{}",
+        stderr_of(&out)
+    );
 }

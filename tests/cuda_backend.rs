@@ -333,7 +333,7 @@ fn fuzz_capsules_pass() {
     let mut failed = Vec::new();
     for p in &paths {
         let case = read_case(p).unwrap();
-        let d = rerun(&checker, &case).unwrap();
+        let d = rerun(&checker, &case, 0).unwrap();
         if d.failed {
             failed.push(format!("{}:\n  {}", p.display(), d.lines.join("\n  ")));
         }

@@ -105,7 +105,7 @@ impl FromStr for Dtype {
         Dtype::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype {s:?} (expected bf16, f16 or f32)"))
+            .ok_or_else(|| format!("unknown dtype '{s}' (expected bf16, f16 or f32)"))
     }
 }
 
@@ -174,7 +174,10 @@ impl FromStr for Mask {
         Mask::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown mask {s:?}"))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mask '{s}' (expected {})", names.join(", "))
+            })
     }
 }
 

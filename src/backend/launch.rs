@@ -148,10 +148,18 @@ impl LaunchDims {
             && self.max_lk <= SMALL_SEQ_MAX_ROWS;
         (!ok).then(|| {
             format!(
-                "small-seq kernel: needs H == Hkv, Dqk == Dv in {SMALL_SEQ_HEAD_DIMS:?}, no \
-                 window and slots of at most {SMALL_SEQ_MAX_ROWS} tokens per side (got H={} \
-                 Hkv={} Dqk={} Dv={} window={:?} longest q {} kv {})",
-                self.heads, self.kv_heads, self.dqk, self.dv, self.window, self.max_lq, self.max_lk
+                "small-seq kernel: needs H == Hkv, Dqk == Dv in {}, no window and slots of at \
+                 most {SMALL_SEQ_MAX_ROWS} tokens per side (got H={} Hkv={} Dqk={} Dv={} \
+                 window=({}, {}) longest q {} kv {})",
+                SMALL_SEQ_HEAD_DIMS.map(|d| d.to_string()).join(" or "),
+                self.heads,
+                self.kv_heads,
+                self.dqk,
+                self.dv,
+                self.window.0,
+                self.window.1,
+                self.max_lq,
+                self.max_lk
             )
         })
     }

@@ -256,10 +256,56 @@ pub fn open(name: &str) -> Result<Box<dyn Backend>> {
         #[cfg(not(feature = "hip"))]
         "hip" => Err(Error::NotCompiledWith { feature: "hip" }),
         other => Err(Error::config(format!(
-            "unknown backend {other:?} (expected one of {})",
+            "unknown backend '{other}' (expected one of {})",
             NAMES.join(", ")
         ))),
     }
+}
+
+/// Opens backend `name` with `mutants` planted: in the CPU backend any of the catalogue, in the
+/// CUDA kernels those they carry as defines ([`Mutant::kernel_define`]). No mutant: [`open`].
+///
+/// # Errors
+/// As [`open`]; [`Error::Config`] for a mutant the backend cannot carry.
+pub fn open_planted(name: &str, mutants: &[crate::mutants::Mutant]) -> Result<Box<dyn Backend>> {
+    if mutants.is_empty() {
+        return open(name);
+    }
+    match name {
+        "cpu" => Ok(Box::new(cpu::CpuBackend::mutant(
+            crate::mutants::Defects::of(mutants),
+        ))),
+        "cuda" => {
+            let mut defines = Vec::new();
+            for m in mutants {
+                defines.push(m.kernel_define().ok_or_else(|| {
+                    Error::config(format!(
+                        "mutant {m}: the CUDA kernels do not carry it (those they carry: {})",
+                        crate::mutants::Mutant::ALL
+                            .iter()
+                            .filter(|m| m.kernel_define().is_some())
+                            .map(|m| m.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?);
+            }
+            open_cuda_with(&defines)
+        }
+        other => Err(Error::config(format!(
+            "backend {other}: bugs can be planted in cpu and cuda only"
+        ))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda_with(defines: &[&str]) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(cuda::CudaBackend::with_defines(defines)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_with(_defines: &[&str]) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "cuda" })
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! `smallseq explain`: the dispatch decision for a case, with every reason.
 
 use anyhow::Result;
-use smallseq::case_file::read_case;
 use smallseq::dispatch::{Arch, Dispatcher, EnvView, Profile, RuntimeFacts};
 use std::path::PathBuf;
 
@@ -28,16 +27,13 @@ pub struct ExplainArgs {
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+        .ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))
 }
 
 pub fn run(args: &ExplainArgs) -> Result<i32> {
-    let case = match read_case(&args.case) {
+    let case = match super::open_case(&args.case) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("smallseq: {e}");
-            return Ok(super::EXIT_USAGE);
-        }
+        Err(code) => return Ok(code),
     };
     let env = if args.env.is_empty() {
         EnvView::from_process()

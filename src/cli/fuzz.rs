@@ -4,10 +4,12 @@ use super::parse_duration;
 use super::target::{self, TargetArgs};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use smallseq::dispatch::{EnvView, Profile};
+use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
+use smallseq::harness::report_io::{clean_previous, write_atomic, PartialReports};
 use smallseq::harness::te625;
+use smallseq::mutants::Mutant;
 use smallseq::worker::pool::DEFAULT_TIMEOUT_RULE;
 use smallseq::wrapper::RunOptions;
 use std::io::IsTerminal;
@@ -27,8 +29,8 @@ pub struct FuzzArgs {
     /// Campaign seed (printed; default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Number of cases (overrides --time).
-    #[arg(long)]
+    /// Number of cases (overrides --time; at least 1).
+    #[arg(long, value_parser = super::parse_cases)]
     pub cases: Option<u64>,
     /// Time budget, e.g. 60s, 10m.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
@@ -47,10 +49,13 @@ pub struct FuzzArgs {
     /// `smallseq merge` joins the shards' directories into the report of the whole campaign.
     #[arg(long)]
     pub shard: Option<Shard>,
+    /// Plant these bugs (comma-separated names from `smallseq mutants`) in the cpu backend, or
+    /// in the cuda kernels for the mutants they carry: a campaign that finds failures, to try
+    /// the harness, its reports and its repro lines. Capsules record them; `repro` plants them
+    /// again.
+    #[arg(long, value_delimiter = ',')]
+    pub plant: Vec<Mutant>,
 }
-
-/// The variable that switches TE's small-seq path on.
-const TE_SWITCH: &str = "NVTE_FUSED_ATTN_CK_SMALLSEQ";
 
 pub fn seed_or_clock(seed: Option<u64>) -> u64 {
     seed.unwrap_or_else(|| {
@@ -65,13 +70,14 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         eprintln!("smallseq: --jobs 0: at least one case must run at a time");
         return Ok(super::EXIT_USAGE);
     }
-    let (target, jobs) = match target::open(&args.target, args.profile, args.jobs) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("smallseq: {e}");
-            return Ok(super::EXIT_USAGE);
-        }
-    };
+    let (target, jobs) =
+        match target::open_planted(&args.target, args.profile, args.jobs, &args.plant) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("smallseq: {e}");
+                return Ok(super::EXIT_USAGE);
+            }
+        };
     let runner = target.runner();
     if let target::Target::InProcess(be) = &target {
         if jobs > 1 && !be.concurrent_cases() {
@@ -93,9 +99,10 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         .caps()
         .arch
         .clone()
-        .unwrap_or_else(|| "unknown arch".into());
+        .unwrap_or_else(|| "arch unknown".into());
     eprintln!(
-        "smallseq fuzz: backend {} ({arch}), profile {}, seed {seed}, {jobs} job(s){}, out {}",
+        "smallseq fuzz: backend {} ({arch}), profile {}, seed {seed}, budget {budget}, {jobs} \
+         job(s){}, out {}",
         runner.name(),
         args.profile,
         if shard.is_split() {
@@ -122,12 +129,19 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         }
     }
     let mut env = EnvView::from_process();
-    if args.profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
-        // TE's small-seq path is off unless the variable is "1"; a campaign against it
-        // without the variable would only ever test the fallback.
-        eprintln!("smallseq fuzz: {TE_SWITCH} is unset; using {TE_SWITCH}=1 (set it to 0 to test TE with the path off)");
-        env.set(TE_SWITCH, Some("1"));
+    for var in apply_profile_defaults(args.profile, &mut env) {
+        eprintln!(
+            "smallseq fuzz: {} is unset; using {var} (set it to 0 to test TE with the path off; \
+             capsules record it)",
+            var.split('=').next().unwrap_or_default()
+        );
     }
+    if !args.plant.is_empty() {
+        let names: Vec<&str> = args.plant.iter().map(|m| m.name()).collect();
+        eprintln!("smallseq fuzz: planted bugs: {}", names.join(", "));
+    }
+    let removed = clean_previous(&args.out)?.len();
+    super::say_cleaned("fuzz", &args.out, removed);
     let campaign = Campaign {
         checker: Checker::new(
             runner,
@@ -145,23 +159,47 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         jobs,
         shard,
     };
-    let report = campaign.run(&stop, &mut progress_printer())?;
+    let command = super::command_line();
+    let mut partial = PartialReports::new(&args.out, &command);
+    let mut show = progress_printer(budget);
+    let mut warned = false;
+    let mut report = campaign.run(&stop, &mut |p: Progress| {
+        if let Err(e) = partial.offer(p.report) {
+            if !std::mem::replace(&mut warned, true) {
+                eprintln!("smallseq fuzz: partial report not written: {e}");
+            }
+        }
+        show(p);
+    })?;
+    report.command = command;
     write_reports(&args.out, &report)?;
     summarize(&report, &args.out);
-    if campaign.checker.runner.name() == "te625-model" && !target.in_workers() {
+    let te = campaign.checker.runner.name() == "te625-model" && !target.in_workers();
+    if te && report.interrupted {
+        eprintln!("smallseq fuzz: interrupted: TE #625 defect attribution skipped");
+    } else if te {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
-    Ok(if report.failed() { 1 } else { 0 })
+    Ok(if report.failed() {
+        1
+    } else if report.interrupted {
+        super::EXIT_INTERRUPTED
+    } else {
+        0
+    })
 }
 
 /// A progress bar on a terminal, a plain line every 10 s otherwise; failures always printed.
-pub fn progress_printer() -> impl FnMut(Progress) {
+/// The bar counts cases against a case budget, or seconds against a time budget.
+pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
     let tty = std::io::stderr().is_terminal();
+    let (len, template) = match budget {
+        Budget::Cases(n) => (n, "{bar:40} {pos}/{len} cases {msg}"),
+        Budget::Time(t) => (t.as_secs().max(1), "{bar:40} {pos}/{len} s {msg}"),
+    };
     let bar = tty.then(|| {
-        let b = ProgressBar::new(1000);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos:>4}/1000 {msg}").expect("static template"),
-        );
+        let b = ProgressBar::new(len);
+        b.set_style(ProgressStyle::with_template(template).expect("static template"));
         b
     });
     let mut last = Instant::now();
@@ -183,7 +221,10 @@ pub fn progress_printer() -> impl FnMut(Progress) {
         let msg = format!("{} cases, {} failures", r.cases, r.failures.len());
         match &bar {
             Some(b) => {
-                b.set_position((p.fraction.unwrap_or(0.0) * 1000.0) as u64);
+                b.set_position(match budget {
+                    Budget::Cases(_) => r.cases,
+                    Budget::Time(_) => r.elapsed_s as u64,
+                });
                 b.set_message(msg);
             }
             None if last.elapsed() >= Duration::from_secs(10) => {
@@ -211,11 +252,11 @@ fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions)
         );
     }
     let json = serde_json::to_string_pretty(&findings)?;
-    std::fs::write(out.join("te625.json"), json)?;
+    write_atomic(&out.join("te625.json"), json.as_bytes())?;
     let summary = out.join("summary.md");
     let mut md = std::fs::read_to_string(&summary).unwrap_or_default();
     md.push_str(&te625::markdown(&findings));
-    std::fs::write(summary, md)?;
+    write_atomic(&summary, md.as_bytes())?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod case;
 pub mod explain;
 pub mod fuzz;
 pub mod merge;
@@ -22,6 +23,83 @@ pub const EXIT_USAGE: i32 = 2;
 /// shell's 128 + SIGINT).
 pub const EXIT_INTERRUPTED: i32 = 130;
 
+/// How printed repro commands name this program: `smallseq` when that name on `PATH` is this
+/// binary, else the binary's own path (a `cargo build` tree, not installed), so the line works
+/// as printed.
+pub fn repro_program() -> String {
+    let Ok(me) = std::env::current_exe().and_then(std::fs::canonicalize) else {
+        return "smallseq".into();
+    };
+    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("smallseq"))
+            .collect::<Vec<_>>()
+    });
+    for candidate in on_path {
+        if candidate.is_file() {
+            // The first `smallseq` on PATH is what the shell runs.
+            return if std::fs::canonicalize(&candidate).is_ok_and(|c| c == me) {
+                "smallseq".into()
+            } else {
+                me.display().to_string()
+            };
+        }
+    }
+    me.display().to_string()
+}
+
+/// Reads a case file for a command: on an error prints it (one line, naming the file) and
+/// gives the usage exit status; says when the file leaves `scale` to its default.
+pub fn open_case(path: &std::path::Path) -> Result<smallseq::Case, i32> {
+    let case = smallseq::case_file::read_case(path).map_err(|e| {
+        eprintln!("smallseq: {e}");
+        EXIT_USAGE
+    })?;
+    let config = case.meta.get("smallseq.config");
+    let has_scale = config
+        .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+        .is_some_and(|v| v.get("scale").is_some());
+    if !has_scale {
+        let p = &case.config.params;
+        eprintln!(
+            "smallseq: {}: no scale in smallseq.config: using the default 1/sqrt(head_dim_qk) \
+             = 1/sqrt({}) = {}",
+            path.display(),
+            p.head_dim_qk,
+            p.scale
+        );
+    }
+    Ok(case)
+}
+
+/// Parses a case count of at least 1 (`--cases 0` would run nothing and pass).
+pub fn parse_cases(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("at least 1 case (0 would run nothing and report a pass)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of cases")),
+    }
+}
+
+/// Says what [`smallseq::harness::report_io::clean_previous`] removed from a reused `--out`.
+pub fn say_cleaned(command: &str, out: &std::path::Path, removed: usize) {
+    if removed > 0 {
+        eprintln!(
+            "smallseq {command}: removed {removed} file(s) a previous run wrote in {} (its \
+             reports and capsules; other files are left)",
+            out.display()
+        );
+    }
+}
+
+/// The command line as typed, each word quoted for a POSIX shell where it needs it.
+pub fn command_line() -> String {
+    let words: Vec<String> = std::env::args()
+        .map(|a| smallseq::harness::repro::shell_quote(&a))
+        .collect();
+    words.join(" ")
+}
+
 /// Parses `90`, `90s`, `10m`, `2h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -35,5 +113,5 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok()
         .filter(|x| x.is_finite() && *x >= 0.0)
         .map(|x| Duration::from_secs_f64(x * mult))
-        .ok_or_else(|| format!("invalid duration {s:?} (e.g. 60s, 10m, 2h)"))
+        .ok_or_else(|| format!("invalid duration '{s}' (e.g. 60s, 10m, 2h)"))
 }

@@ -4,17 +4,17 @@ use super::{parse_duration, EXIT_INTERRUPTED};
 use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
-use smallseq::backend::cpu::CpuBackend;
-use smallseq::backend::Backend;
+use smallseq::backend::open_planted;
 use smallseq::harness::campaign::{case_seed, Progress};
 use smallseq::harness::campaign::{write_reports, Budget, Campaign, Shard};
 use smallseq::harness::capsule;
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
 use smallseq::harness::props::Prop;
+use smallseq::harness::report_io::clean_previous;
 use smallseq::harness::rng::Rng;
 use smallseq::harness::shrink::shrink;
-use smallseq::mutants::{Defects, Mutant};
+use smallseq::mutants::Mutant;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -27,8 +27,8 @@ pub struct MutantsArgs {
     /// carry as `SMALLSEQ_MUTANT_*` defines).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// Cases per mutant (overrides --time).
-    #[arg(long)]
+    /// Cases per mutant (overrides --time; at least 1).
+    #[arg(long, value_parser = super::parse_cases)]
     pub cases: Option<u64>,
     /// Time budget per mutant.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
@@ -66,22 +66,6 @@ struct Row {
     cases_to_kill_by: BTreeMap<String, u64>,
 }
 
-/// A backend with `m` planted.
-fn mutant_backend(backend: &str, m: Mutant) -> smallseq::Result<Box<dyn Backend>> {
-    match (backend, m.kernel_define()) {
-        ("cpu", _) => Ok(Box::new(CpuBackend::mutant(Defects::of(&[m])))),
-        #[cfg(feature = "cuda")]
-        ("cuda", Some(define)) => Ok(Box::new(
-            smallseq::backend::cuda::CudaBackend::with_defines(&[define])?,
-        )),
-        #[cfg(not(feature = "cuda"))]
-        ("cuda", _) => Err(smallseq::Error::NotCompiledWith { feature: "cuda" }),
-        (other, _) => Err(smallseq::Error::config(format!(
-            "mutants: --backend {other}: planted bugs exist for cpu and cuda"
-        ))),
-    }
-}
-
 pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     let list: Vec<Mutant> = if args.only.is_empty() {
         Mutant::ALL.to_vec()
@@ -99,12 +83,17 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         None => Budget::Time(args.time),
     };
     eprintln!(
-        "smallseq mutants: {} mutants, seed {}, budget {budget:?} each",
+        "smallseq mutants: {} mutants, seed {}, budget {budget} each",
         list.len(),
         args.seed
     );
+    let mut removed = clean_previous(&args.out)?.len();
+    for m in Mutant::ALL {
+        removed += clean_previous(&args.out.join(m.name()))?.len();
+    }
+    super::say_cleaned("mutants", &args.out, removed);
     let one = |&m: &Mutant| -> Result<Row> {
-        let be = mutant_backend(&args.backend, m)?;
+        let be = open_planted(&args.backend, &[m])?;
         let checker = Checker::isolated(be.as_ref());
         let campaign = Campaign {
             checker: Checker::isolated(be.as_ref()),
@@ -143,7 +132,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             if steps > 0 {
                 let run = checker.check(&small, 0)?;
                 let path = std::path::Path::new(&f.capsule).with_extension("shrunk.safetensors");
-                capsule::write(&path, &small, &run, checker.runner.as_ref(), profile.name())?;
+                capsule::write(&path, &small, &run, &checker, 0, None)?;
                 let l = &small.layout;
                 let max_tok = (0..l.slots())
                     .map(|s| l.q.len(s).max(l.kv.len(s)))
@@ -230,10 +219,9 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             String::new()
         }
     );
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(
-        args.out.join("mutants.json"),
-        serde_json::to_string_pretty(&rows)?,
+    smallseq::harness::report_io::write_atomic(
+        &args.out.join("mutants.json"),
+        serde_json::to_string_pretty(&rows)?.as_bytes(),
     )?;
     // A survivor that ran its whole budget is a finding even when others were interrupted.
     Ok(if killed + interrupted < rows.len() {

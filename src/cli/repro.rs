@@ -2,11 +2,13 @@
 
 use super::target::{self, TargetArgs};
 use anyhow::Result;
-use smallseq::case_file::read_case;
-use smallseq::dispatch::{EnvView, Profile};
-use smallseq::harness::capsule::{FAULT, PROVENANCE};
+use smallseq::backend;
+use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
+use smallseq::harness::capsule::{Replay, FAULT, KERNEL_DEFINES_ENV, PROVENANCE};
 use smallseq::harness::props::Checker;
 use smallseq::harness::repro::{judge_stored, rerun};
+use smallseq::mutants::Mutant;
+use smallseq::runner::InProcess;
 use smallseq::wrapper::RunOptions;
 use std::path::PathBuf;
 
@@ -31,108 +33,213 @@ pub struct ReproArgs {
     /// Dispatch profile for a rerun (default: the capsule's, else native).
     #[arg(long)]
     pub profile: Option<Profile>,
+    /// Use this shell's dispatch variables and SMALLSEQ_KERNEL_DEFINES for a rerun instead of
+    /// those the capsule recorded (the default replays the capsule's, and says so).
+    #[arg(long)]
+    pub current_env: bool,
 }
 
 pub fn run(args: &ReproArgs) -> Result<i32> {
-    let case = match read_case(&args.capsule) {
+    let case = match super::open_case(&args.capsule) {
         Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let Some(name) = &args.backend else {
+        let diag = judge_stored(&case)?;
+        for l in &diag.lines {
+            println!("{l}");
+        }
+        return Ok(if diag.failed { 1 } else { 0 });
+    };
+    let replay = match Replay::from_meta(&case.meta).transpose() {
+        Ok(r) => r,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            eprintln!("smallseq: {}: {e}", args.capsule.display());
             return Ok(super::EXIT_USAGE);
         }
     };
-    let diag = match &args.backend {
-        None => judge_stored(&case)?,
-        Some(name) => {
-            let fault = case.meta.get(FAULT);
-            let recorded_worker = fault
-                .and_then(|f| serde_json::from_str::<serde_json::Value>(f).ok())
-                .and_then(|f| f.get("worker")?.as_array().cloned())
-                .map(|w| {
-                    w.iter()
-                        .filter_map(|x| x.as_str().map(shell_word))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                });
-            let targs = TargetArgs {
-                backend: name.clone(),
-                worker: args
-                    .worker
-                    .clone()
-                    .or_else(|| (name == "exec").then_some(recorded_worker).flatten()),
-                isolate: args.isolate || fault.is_some(),
-                devices: None,
-                case_timeout: args.case_timeout,
-                start_timeout: std::time::Duration::from_secs(600),
-            };
-            let env = replayed_worker_env(&case);
-            for (k, v) in &env {
-                println!("replaying the capsule's worker environment: {k}={v}");
-            }
-            if let Some(f) = fault {
-                let kind = serde_json::from_str::<serde_json::Value>(f)
-                    .ok()
-                    .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
-                    .unwrap_or_else(|| "fault".into());
-                println!("the capsule records a worker {kind}; rerunning in a worker process");
-            }
-            let profile = args
-                .profile
-                .or_else(|| {
-                    case.meta
-                        .get("smallseq.profile")
-                        .and_then(|p| p.parse().ok())
-                })
-                .unwrap_or(Profile::Native);
-            let (t, _) = match target::open_with_env(&targs, profile, Some(1), env) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("smallseq: {e}");
-                    return Ok(super::EXIT_USAGE);
+    let profile = args
+        .profile
+        .or_else(|| {
+            let recorded = replay.as_ref().map(|r| r.profile.clone());
+            recorded
+                .or_else(|| case.meta.get("smallseq.profile").cloned())
+                .and_then(|p| p.parse().ok())
+        })
+        .unwrap_or(Profile::Native);
+    let mut planted = Vec::new();
+    let (env, salt) = match &replay {
+        Some(r) => {
+            for name in &r.planted {
+                match name.parse::<Mutant>() {
+                    Ok(m) => planted.push(m),
+                    Err(e) => {
+                        eprintln!("smallseq: {}: planted bug: {e}", args.capsule.display());
+                        return Ok(super::EXIT_USAGE);
+                    }
                 }
-            };
-            let checker = Checker::new(
-                t.runner(),
-                RunOptions {
-                    profile,
-                    env: EnvView::from_process(),
-                    ..RunOptions::default()
-                },
+            }
+            if args.current_env {
+                let mut env = EnvView::from_process();
+                let set = apply_profile_defaults(profile, &mut env);
+                println!(
+                    "replaying salt {}{}; dispatch variables and kernel defines from this shell \
+                     (--current-env){}",
+                    r.salt,
+                    planted_text(&planted),
+                    defaulted_text(&set)
+                );
+                (env, r.salt)
+            } else {
+                // The CUDA backend reads its defines when it opens (one process, one thread
+                // here): the capsule's replace this shell's.
+                if r.kernel_defines.is_empty() {
+                    std::env::remove_var(KERNEL_DEFINES_ENV);
+                } else {
+                    std::env::set_var(KERNEL_DEFINES_ENV, r.kernel_defines.join(" "));
+                }
+                let env = EnvView::from_pairs(r.env.clone());
+                let mut shown = r.clone();
+                shown.profile = profile.name().into();
+                println!(
+                    "replaying the capsule's inputs: {} (--current-env uses this shell's \
+                     environment instead)",
+                    shown.describe()
+                );
+                (env, r.salt)
+            }
+        }
+        None => {
+            let mut env = EnvView::from_process();
+            let set = apply_profile_defaults(profile, &mut env);
+            println!(
+                "the capsule records no replay inputs (written by an older smallseq): dispatch \
+                 variables from this shell, salt 0{}",
+                defaulted_text(&set)
             );
-            rerun(&checker, &case)?
+            (env, 0)
         }
     };
+    let opts = RunOptions {
+        profile,
+        env,
+        ..RunOptions::default()
+    };
+    let fault = case.meta.get(FAULT);
+    let workers = fault.is_some() || args.isolate || name == "exec" || target::is_gpu(name);
+    let t;
+    let be;
+    let checker = if workers {
+        if !planted.is_empty() && !target::is_gpu(name) {
+            eprintln!(
+                "smallseq: the capsule's planted bugs ({}) run in this process: drop --isolate",
+                planted_text(&planted).trim_start_matches(", planted ")
+            );
+            return Ok(super::EXIT_USAGE);
+        }
+        if let Some(f) = fault {
+            let kind = serde_json::from_str::<serde_json::Value>(f)
+                .ok()
+                .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
+                .unwrap_or_else(|| "fault".into());
+            println!("the capsule records a worker {kind}; rerunning in a worker process");
+        }
+        let targs = TargetArgs {
+            backend: name.clone(),
+            worker: args
+                .worker
+                .clone()
+                .or_else(|| (name == "exec").then(|| recorded_worker(&case)).flatten()),
+            isolate: true,
+            devices: None,
+            case_timeout: args.case_timeout,
+            start_timeout: std::time::Duration::from_secs(600),
+        };
+        let env = if args.current_env {
+            Vec::new()
+        } else {
+            replayed_worker_env(&case)
+        };
+        for (k, v) in &env {
+            println!("replaying the capsule's worker environment: {k}={v}");
+        }
+        t = match target::open_with_env(&targs, profile, Some(1), env) {
+            Ok((t, _)) => t,
+            Err(e) => {
+                eprintln!("smallseq: {e}");
+                return Ok(super::EXIT_USAGE);
+            }
+        };
+        Checker::new(t.runner(), opts)
+    } else {
+        be = match backend::open_planted(name, &planted) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("smallseq: {e}");
+                return Ok(super::EXIT_USAGE);
+            }
+        };
+        Checker::new(Box::new(InProcess::new(be.as_ref())), opts)
+    };
+    let arch = checker.runner.caps().arch.clone().unwrap_or_default();
+    if let Some(r) = replay.as_ref().filter(|r| r.arch != arch) {
+        println!(
+            "note: the capsule's gate was asked about arch {}; this backend is {arch} (a \
+             device's arch cannot be replayed)",
+            r.arch
+        );
+    }
+    let diag = rerun(&checker, &case, salt)?;
     for l in &diag.lines {
         println!("{l}");
     }
     Ok(if diag.failed { 1 } else { 0 })
 }
 
-/// Worker variables a capsule's provenance records (a planted fault, kernel defines): set
-/// for the rerun's worker, so the printed repro command needs no environment of its own.
-fn replayed_worker_env(case: &smallseq::Case) -> Vec<(String, String)> {
-    let Some(p) = case
-        .meta
-        .get(PROVENANCE)
-        .and_then(|p| serde_json::from_str::<std::collections::BTreeMap<String, String>>(p).ok())
-    else {
-        return Vec::new();
-    };
-    let mut env = Vec::new();
-    if let Some(f) = p.get("planted_fault") {
-        env.push((smallseq::worker::serve::FAULT_VAR.to_string(), f.clone()));
+fn planted_text(planted: &[Mutant]) -> String {
+    if planted.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = planted.iter().map(|m| m.name()).collect();
+        format!(", planted {}", names.join(","))
     }
-    if let Some(d) = p.get("defines") {
-        env.push(("SMALLSEQ_KERNEL_DEFINES".to_string(), d.clone()));
-    }
-    env
 }
 
-/// A word quoted for `split_command` when it holds a space.
-fn shell_word(w: &str) -> String {
-    if w.contains(char::is_whitespace) {
-        format!("'{w}'")
+fn defaulted_text(set: &[String]) -> String {
+    if set.is_empty() {
+        String::new()
     } else {
-        w.to_string()
+        format!(" ({} unset here: defaulted by the profile)", set.join(" "))
     }
+}
+
+/// The worker command a fault capsule records, as one line for `--worker`.
+fn recorded_worker(case: &smallseq::Case) -> Option<String> {
+    let f: serde_json::Value = serde_json::from_str(case.meta.get(FAULT)?).ok()?;
+    let words: Vec<String> = f
+        .get("worker")?
+        .as_array()?
+        .iter()
+        .filter_map(|x| x.as_str())
+        .map(|w| {
+            if w.contains(char::is_whitespace) {
+                format!("'{w}'")
+            } else {
+                w.to_string()
+            }
+        })
+        .collect();
+    Some(words.join(" "))
+}
+
+/// Worker variables a capsule's provenance records (a planted worker fault): set for the
+/// rerun's worker, so the printed repro command needs no environment of its own. (Kernel
+/// defines are replayed through this process's environment, which workers inherit.)
+fn replayed_worker_env(case: &smallseq::Case) -> Vec<(String, String)> {
+    case.meta
+        .get(PROVENANCE)
+        .and_then(|p| serde_json::from_str::<std::collections::BTreeMap<String, String>>(p).ok())
+        .and_then(|p| p.get("planted_fault").cloned())
+        .map(|f| vec![(smallseq::worker::serve::FAULT_VAR.to_string(), f)])
+        .unwrap_or_default()
 }

@@ -2,14 +2,14 @@
 
 use anyhow::Result;
 use smallseq::backend;
-use smallseq::case_file::{read_case, write_case, OutputPrecision};
+use smallseq::case_file::{write_case, OutputPrecision};
 use smallseq::dispatch::{EnvView, Profile};
-use smallseq::harness::capsule;
+use smallseq::harness::capsule::{self, COMMIT, PROVENANCE, REPLAY};
 use smallseq::harness::props::run_pair;
 use smallseq::reference::forward_backward;
 use smallseq::wrapper::RunOptions;
 use smallseq::Outputs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Run one case file and write its outputs.
 #[derive(clap::Args, Debug)]
@@ -20,7 +20,7 @@ pub struct RunArgs {
     /// Input case file.
     #[arg(long)]
     pub case: PathBuf,
-    /// Output case file (inputs plus outputs).
+    /// Output case file (inputs plus outputs); must not be the input.
     #[arg(long)]
     pub out: PathBuf,
     /// Dispatch profile.
@@ -28,15 +28,49 @@ pub struct RunArgs {
     pub profile: Profile,
 }
 
-pub fn run(args: &RunArgs) -> Result<i32> {
-    let mut case = match read_case(&args.case) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("smallseq: {e}");
-            return Ok(super::EXIT_USAGE);
-        }
+/// Metadata that describes how an earlier file's outputs were made: dropped before new outputs
+/// are written, so a new file never carries another run's verdict, path or provenance.
+const RUN_META: [&str; 8] = [
+    "smallseq.verdict",
+    "smallseq.backend",
+    "smallseq.path",
+    "smallseq.path_bwd",
+    "smallseq.profile",
+    PROVENANCE,
+    COMMIT,
+    REPLAY,
+];
+
+/// Whether `a` and `b` name the same file (the output may not exist yet).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let full = |p: &Path| {
+        std::fs::canonicalize(p).unwrap_or_else(|_| {
+            let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            std::fs::canonicalize(&dir)
+                .unwrap_or(dir)
+                .join(p.file_name().unwrap_or_default())
+        })
     };
-    let precision = if args.backend == "reference" {
+    full(a) == full(b)
+}
+
+pub fn run(args: &RunArgs) -> Result<i32> {
+    if same_file(&args.case, &args.out) {
+        eprintln!(
+            "smallseq: --out {} is the input case file: write the outputs to another file",
+            args.out.display()
+        );
+        return Ok(super::EXIT_USAGE);
+    }
+    let mut case = match super::open_case(&args.case) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    for key in RUN_META {
+        case.meta.remove(key);
+    }
+    let (precision, path) = if args.backend == "reference" {
         let (f, g) = forward_backward(&case.problem()?);
         case.outputs = Outputs {
             o: Some(f.o),
@@ -47,7 +81,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         };
         case.meta
             .insert("smallseq.backend".into(), "reference".into());
-        OutputPrecision::Reference
+        (OutputPrecision::Reference, None)
     } else {
         let be = match backend::open(&args.backend) {
             Ok(b) => b,
@@ -72,8 +106,34 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         capsule::stamp(&mut case.meta, be.as_ref());
         let path = pair.fwd.path.map_or("none", |p| p.name());
         case.meta.insert("smallseq.path".into(), path.into());
-        OutputPrecision::Device
+        case.meta
+            .insert("smallseq.profile".into(), args.profile.name().into());
+        (OutputPrecision::Device, Some(path))
     };
     write_case(&case, &args.out, precision)?;
+    let o = &case.outputs;
+    let tensors: Vec<&str> = [
+        ("o", o.o.is_some()),
+        ("lse", o.lse.is_some()),
+        ("dq", o.dq.is_some()),
+        ("dk", o.dk.is_some()),
+        ("dv", o.dv.is_some()),
+    ]
+    .iter()
+    .filter(|(_, some)| *some)
+    .map(|(n, _)| *n)
+    .collect();
+    println!(
+        "wrote {}: the inputs of {} and outputs {} from {}{}",
+        args.out.display(),
+        args.case.display(),
+        tensors.join(", "),
+        match precision {
+            OutputPrecision::Reference => "the f64 reference (stored as f64)".to_string(),
+            OutputPrecision::Device =>
+                format!("backend {}, profile {}", args.backend, args.profile),
+        },
+        path.map_or(String::new(), |p| format!(", path {p}"))
+    );
     Ok(0)
 }

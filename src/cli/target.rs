@@ -3,6 +3,8 @@
 
 use smallseq::backend::{self, Backend};
 use smallseq::dispatch::Profile;
+use smallseq::harness::capsule::KERNEL_DEFINES_ENV;
+use smallseq::mutants::Mutant;
 use smallseq::runner::{InProcess, Runner};
 use smallseq::worker::{Pool, PoolConfig, SpawnFor};
 use std::time::Duration;
@@ -116,6 +118,50 @@ pub fn open(
     jobs: Option<usize>,
 ) -> Result<(Target, usize), String> {
     open_with_env(args, profile, jobs, Vec::new())
+}
+
+/// [`open`] with bugs planted: in the CPU backend of this process, or as kernel defines of
+/// GPU workers.
+///
+/// # Errors
+/// As [`open`]; planted bugs where they cannot go (a CPU worker process, `exec`).
+pub fn open_planted(
+    args: &TargetArgs,
+    profile: Profile,
+    jobs: Option<usize>,
+    plant: &[Mutant],
+) -> Result<(Target, usize), String> {
+    if plant.is_empty() {
+        return open(args, profile, jobs);
+    }
+    let workers = args.backend == "exec" || args.isolate || is_gpu(&args.backend);
+    if !workers {
+        let be = backend::open_planted(&args.backend, plant).map_err(|e| e.to_string())?;
+        let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });
+        return Ok((Target::InProcess(be), jobs));
+    }
+    if !is_gpu(&args.backend) {
+        return Err(format!(
+            "--plant puts bugs in the {} backend of this process: drop --isolate (GPU workers \
+             take them as kernel defines)",
+            args.backend
+        ));
+    }
+    let mut defines: Vec<String> = std::env::var(KERNEL_DEFINES_ENV)
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    for m in plant {
+        let d = m
+            .kernel_define()
+            .ok_or_else(|| format!("mutant {m}: the GPU kernels do not carry it"))?;
+        defines.push(d.to_string());
+    }
+    open_with_env(
+        args,
+        profile,
+        jobs,
+        vec![(KERNEL_DEFINES_ENV.to_string(), defines.join(" "))],
+    )
 }
 
 /// [`open`], with variables added to the workers' environment.

@@ -41,7 +41,7 @@ impl FromStr for Arch {
             Ok(Arch(s.to_string()))
         } else {
             Err(format!(
-                "unknown arch {s:?} (expected cpu, sm_NN or gfxNNN)"
+                "unknown arch '{s}' (expected cpu, sm_NN or gfxNNN)"
             ))
         }
     }
@@ -68,6 +68,11 @@ impl EnvView {
     /// Exactly these variables, nothing from the process.
     pub fn from_pairs<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
         EnvView(pairs.into_iter().collect())
+    }
+
+    /// Every variable, in name order.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {

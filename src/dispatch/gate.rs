@@ -56,9 +56,13 @@ impl Dispatcher {
         if te {
             match self.env.get("NVTE_FUSED_ATTN_CK_SMALLSEQ") {
                 Some("1") => {}
-                v => out.push(reason(
+                Some(v) => out.push(reason(
                     Code::Env,
-                    format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = {v:?}"),
+                    format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = '{v}'"),
+                )),
+                None => out.push(reason(
+                    Code::Env,
+                    "NVTE_FUSED_ATTN_CK_SMALLSEQ unset".into(),
                 )),
             }
             if self.arch.name() != "gfx942" {
@@ -72,7 +76,7 @@ impl Dispatcher {
                 None | Some("0") => {}
                 Some(v) => out.push(reason(
                     Code::Env,
-                    format!("SMALLSEQ_FORCE_FALLBACK = {v:?} forces the fallback"),
+                    format!("SMALLSEQ_FORCE_FALLBACK = '{v}' forces the fallback"),
                 )),
             }
             if !self.backend_has_kernel {
@@ -104,8 +108,13 @@ impl Dispatcher {
             out.push(reason(
                 Code::HeadDim,
                 format!(
-                    "head_dim_qk {} / head_dim_v {} not a supported equal pair {dims:?}",
-                    p.head_dim_qk, p.head_dim_v
+                    "head_dim_qk {} / head_dim_v {} not a supported equal pair ({})",
+                    p.head_dim_qk,
+                    p.head_dim_v,
+                    dims.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }

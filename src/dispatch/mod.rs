@@ -46,9 +46,23 @@ impl FromStr for Profile {
         match s {
             "native" => Ok(Profile::Native),
             "te625" => Ok(Profile::Te625),
-            _ => Err(format!("unknown profile {s:?} (expected native or te625)")),
+            _ => Err(format!("unknown profile '{s}' (expected native or te625)")),
         }
     }
+}
+
+/// The variable that switches TE's small-seq path on.
+pub const TE_SWITCH: &str = "NVTE_FUSED_ATTN_CK_SMALLSEQ";
+
+/// Fills in what `profile` needs and `env` leaves unset: under `te625`, TE's small-seq path is
+/// off unless [`TE_SWITCH`] is "1", and a campaign against it without the variable would only
+/// ever test the fallback, so it defaults to "1". Returns the `NAME=VALUE` pairs it set.
+pub fn apply_profile_defaults(profile: Profile, env: &mut EnvView) -> Vec<String> {
+    if profile == Profile::Te625 && env.get(TE_SWITCH).is_none() {
+        env.set(TE_SWITCH, Some("1"));
+        return vec![format!("{TE_SWITCH}=1")];
+    }
+    Vec::new()
 }
 
 /// Which kernel family runs.

@@ -90,7 +90,7 @@ pub static NATIVE: [Rule; 14] = [
         check: Check::Static(|f| {
             let v = f.env.get("SMALLSEQ_FORCE_FALLBACK");
             fail(v.is_none() || v == Some("0"), || {
-                format!("SMALLSEQ_FORCE_FALLBACK = {:?}", v.unwrap_or_default())
+                format!("SMALLSEQ_FORCE_FALLBACK = '{}'", v.unwrap_or_default())
             })
         }),
     },
@@ -202,7 +202,7 @@ pub static TE625: [Rule; 14] = [
         check: Check::Static(|f| {
             let v = f.env.get("NVTE_FUSED_ATTN_CK_SMALLSEQ");
             fail(v == Some("1"), || match v {
-                Some(v) => format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = {v:?}"),
+                Some(v) => format!("NVTE_FUSED_ATTN_CK_SMALLSEQ = '{v}'"),
                 None => "NVTE_FUSED_ATTN_CK_SMALLSEQ unset".into(),
             })
         }),

@@ -50,14 +50,27 @@ pub struct FailureEntry {
     pub detail: String,
     pub capsule: String,
     pub shrunk_capsule: Option<String>,
-    /// Slots and max tokens per side of the shrunk case.
-    pub shrunk_size: Option<(usize, usize)>,
+    pub shrunk_size: Option<ShrunkSize>,
     pub repro: String,
+}
+
+/// The size of a shrunk case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShrunkSize {
+    pub slots: usize,
+    /// The most tokens of any slot, on either side.
+    pub max_tokens: usize,
 }
 
 /// `report.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
+    /// The command line that ran the campaign (set by the CLI; empty from the library).
+    pub command: String,
+    /// The commit the harness was built from.
+    pub commit: Option<String>,
+    pub budget: Budget,
+    pub jobs: usize,
     pub cases: u64,
     pub seed: u64,
     pub backend: String,
@@ -88,6 +101,10 @@ pub struct Report {
     /// Every margin of every tensor, for merging shards (written to `margins.json`).
     #[serde(skip)]
     pub margin_samples: BTreeMap<String, Vec<f64>>,
+    /// Written while the campaign ran (`report_io::PartialReports`): the process has not
+    /// finished it (or was killed); the margins are in the final report only.
+    #[serde(default)]
+    pub partial: bool,
 }
 
 impl Report {
@@ -357,6 +374,11 @@ impl Campaign<'_> {
 
     fn empty_report(&self) -> Report {
         Report {
+            command: String::new(),
+            commit: capsule::build_commit().map(String::from),
+            budget: self.budget,
+            jobs: self.jobs,
+            partial: false,
             cases: 0,
             seed: self.seed,
             backend: self.checker.runner.name().into(),
@@ -463,7 +485,13 @@ impl Merge<'_, '_> {
             let name = format!("case-{i:06}-{}.safetensors", first.prop);
             let cap = self.capsules.join(&name);
             // The capsule is on disk before anything reports the failure.
-            capsule::write(&cap, &case, &run, be, &rep.profile)?;
+            let origin = capsule::Origin {
+                campaign_seed: c.seed,
+                case: i,
+                jobs: c.jobs,
+            };
+            let salt = case_seed(c.seed, i);
+            capsule::write(&cap, &case, &run, &c.checker, salt, Some(origin))?;
             let mut entry = FailureEntry {
                 case: i,
                 property: first.prop.name().into(),
@@ -490,14 +518,18 @@ impl Merge<'_, '_> {
                     let scap = self
                         .capsules
                         .join(name.replace(".safetensors", "-shrunk.safetensors"));
-                    capsule::write(&scap, &small, &srun, be, &rep.profile)?;
+                    // Shrinking checks with salt 0 (shrink.rs).
+                    capsule::write(&scap, &small, &srun, &c.checker, 0, Some(origin))?;
                     let l = &small.layout;
                     let max_tok = (0..l.slots())
                         .map(|s| l.q.len(s).max(l.kv.len(s)))
                         .max()
                         .unwrap_or(0);
                     entry.shrunk_capsule = Some(scap.display().to_string());
-                    entry.shrunk_size = Some((l.slots(), max_tok));
+                    entry.shrunk_size = Some(ShrunkSize {
+                        slots: l.slots(),
+                        max_tokens: max_tok,
+                    });
                     entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
                     *rep.failures.last_mut().expect("just pushed") = entry;
                 }
@@ -553,32 +585,35 @@ pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
 
 /// The one-line command that reproduces a capsule.
 pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
-    let mut cmd = format!("smallseq repro {} --backend {backend}", capsule.display());
+    let mut cmd = format!(
+        "{} repro {} --backend {backend}",
+        super::repro::program(),
+        super::repro::shell_quote(&capsule.display().to_string())
+    );
     if profile != "native" {
         cmd.push_str(&format!(" --profile {profile}"));
     }
     cmd
 }
 
-/// Writes `report.json`, `junit.xml`, `summary.md` and `report.html` into `dir`.
+/// Writes `report.json`, `junit.xml`, `summary.md`, `margins.json` and `report.html` into
+/// `dir`, each atomically.
 ///
 /// # Errors
 /// I/O errors.
 pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
-    let io = |p: &Path| {
-        let p = p.display().to_string();
-        move |source| Error::Io { path: p, source }
-    };
     let json = serde_json::to_string_pretty(rep).expect("report serialises");
-    let rp = dir.join("report.json");
-    std::fs::write(&rp, json).map_err(io(&rp))?;
-    let jp = dir.join("junit.xml");
-    std::fs::write(&jp, junit(rep)).map_err(io(&jp))?;
-    let sp = dir.join("margins.json");
+    // Atomic: a signal or SIGKILL mid-write leaves the previous (partial) report whole.
+    use super::report_io::write_atomic;
+    write_atomic(&dir.join("report.json"), json.as_bytes())?;
+    write_atomic(&dir.join("junit.xml"), junit(rep).as_bytes())?;
     let samples = serde_json::to_string(&rep.margin_samples).expect("margins serialise");
-    std::fs::write(&sp, samples).map_err(io(&sp))?;
-    let mp = dir.join("summary.md");
-    std::fs::write(&mp, markdown(rep)).map_err(io(&mp))?;
+    write_atomic(&dir.join("margins.json"), samples.as_bytes())?;
+    write_atomic(&dir.join("summary.md"), markdown(rep).as_bytes())?;
+    // The page redraws every failure's heat map from the reference: final reports only.
+    if rep.partial {
+        return Ok(());
+    }
     crate::report::write_html(dir, rep)
 }
 
@@ -587,8 +622,11 @@ pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
 pub fn markdown(rep: &Report) -> String {
     let verdict = if rep.failed() {
         format!("**FAILED**: {} failure(s)", rep.failures.len())
+    } else if rep.partial {
+        "**PARTIAL** (written while the campaign ran; it did not finish), no failure so far"
+            .to_string()
     } else if rep.interrupted {
-        "interrupted, no failure so far".to_string()
+        "**INTERRUPTED**, no failure so far".to_string()
     } else {
         "passed".to_string()
     };
@@ -596,6 +634,7 @@ pub fn markdown(rep: &Report) -> String {
         "### smallseq fuzz: backend `{}`, profile `{}`, seed {}\n\n{verdict}. {} cases in {:.1} s ({:.1} cases/s).\n\n",
         rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
     );
+    m.push_str(&super::report_io::markdown_context(rep));
     m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
     for (name, c) in &rep.properties {
         m.push_str(&format!(
@@ -607,6 +646,7 @@ pub fn markdown(rep: &Report) -> String {
     if !missed.is_empty() {
         m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
     }
+    m.push_str(&super::report_io::markdown_skips(rep));
     if !rep.failures.is_empty() {
         m.push_str("\n| case | property | detail | capsule | repro |\n|---:|---|---|---|---|\n");
         for f in &rep.failures {
@@ -634,11 +674,13 @@ fn xml_escape(s: &str) -> String {
 pub fn junit(rep: &Report) -> String {
     let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let fails = rep.properties.values().filter(|c| c.fail > 0).count();
+    let stopped = super::report_io::junit_stopped(rep);
     x.push_str(&format!(
-        "<testsuite name=\"smallseq-fuzz-{}\" tests=\"{}\" failures=\"{}\" time=\"{:.3}\">\n",
+        "<testsuite name=\"smallseq-fuzz-{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" time=\"{:.3}\">\n",
         xml_escape(&rep.backend),
-        rep.properties.len(),
+        rep.properties.len() + usize::from(stopped.is_some()),
         fails,
+        usize::from(stopped.is_some()),
         rep.elapsed_s
     ));
     for (name, c) in &rep.properties {
@@ -659,6 +701,13 @@ pub fn junit(rep: &Report) -> String {
             ));
         }
         x.push_str("  </testcase>\n");
+    }
+    if let Some(msg) = stopped {
+        x.push_str(&format!(
+            "  <testcase classname=\"smallseq.{}\" name=\"campaign\">\n    <error message=\"{}\"/>\n  </testcase>\n",
+            xml_escape(&rep.backend),
+            xml_escape(&msg)
+        ));
     }
     x.push_str("</testsuite>\n");
     x

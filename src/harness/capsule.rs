@@ -1,13 +1,13 @@
 //! Failure capsules: the case, the backend's outputs and the verdict, in one case file,
 //! written atomically before the failure is reported.
 
-use super::props::{CaseRun, Failure};
+use super::props::{CaseRun, Checker, Failure};
 use super::tolerance::Judgement;
 use crate::backend::Backend;
 use crate::case::Case;
 use crate::case_file::{write_case, OutputPrecision};
 use crate::error::Result;
-use crate::runner::Runner;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -75,7 +75,119 @@ pub fn stamp_as(
     }
 }
 
-/// Writes a capsule for `case` with the outputs and verdict of `run` on `backend`.
+/// The metadata key of [`Replay`], a JSON object.
+pub const REPLAY: &str = "smallseq.replay";
+
+/// The variable the CUDA backend reads extra kernel defines from.
+pub const KERNEL_DEFINES_ENV: &str = "SMALLSEQ_KERNEL_DEFINES";
+
+/// Where in a campaign a capsule's case came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub campaign_seed: u64,
+    pub case: u64,
+    /// Cases the campaign checked at once (the case's verdict does not depend on it; recorded
+    /// so a replay can say under what load the failure was seen).
+    pub jobs: usize,
+}
+
+/// Every input the dispatch decision and the kernels saw when a capsule's outputs were made,
+/// so that `smallseq repro` can run the case again under the same ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replay {
+    pub backend: String,
+    pub profile: String,
+    /// The arch the gate was asked about.
+    pub arch: String,
+    /// The dispatch environment as the dispatch saw it: the process's variables and those the
+    /// profile defaulted (`fuzz --profile te625` sets `NVTE_FUSED_ATTN_CK_SMALLSEQ=1`).
+    pub env: BTreeMap<String, String>,
+    /// The kernels' preprocessor defines (CUDA: `SMALLSEQ_KERNEL_DEFINES` and planted bugs).
+    pub kernel_defines: Vec<String>,
+    /// Bugs planted in the CPU backend (`fuzz --plant`), by mutant name.
+    pub planted: Vec<String>,
+    /// The salt the properties ran with (it picks the metamorphic relation and re-poisoning).
+    pub salt: u64,
+    pub origin: Option<Origin>,
+}
+
+impl Replay {
+    /// The inputs of `checker` checking a case with `salt`. Planted bugs and kernel defines
+    /// come from the backend's provenance (`defects` of the plain CPU backend, `defines` of
+    /// the CUDA one), which every way of running a backend reports.
+    pub fn of(checker: &Checker, salt: u64, origin: Option<Origin>) -> Self {
+        let be = checker.runner.as_ref();
+        let provenance = be.provenance();
+        let listed = |key: &str, sep: char| -> Vec<String> {
+            provenance.get(key).map_or_else(Vec::new, |v| {
+                v.split(sep)
+                    .filter(|x| !x.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+        };
+        Replay {
+            backend: be.name().into(),
+            profile: checker.opts.profile.name().into(),
+            arch: be.caps().arch.clone().unwrap_or_default(),
+            env: checker
+                .opts
+                .env
+                .pairs()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            kernel_defines: listed("defines", ' '),
+            // The TE model's defects are what its name opens, not planted.
+            planted: if be.name() == "cpu" {
+                listed("defects", ',')
+            } else {
+                Vec::new()
+            },
+            salt,
+            origin,
+        }
+    }
+
+    /// The record in `meta`: `None` when there is none (a capsule written before replay inputs
+    /// were recorded), an error text when it does not parse.
+    pub fn from_meta(meta: &BTreeMap<String, String>) -> Option<std::result::Result<Self, String>> {
+        meta.get(REPLAY)
+            .map(|s| serde_json::from_str(s).map_err(|e| format!("{REPLAY} does not parse: {e}")))
+    }
+
+    /// One line naming what a replay applies.
+    pub fn describe(&self) -> String {
+        let env = if self.env.is_empty() {
+            "no dispatch variable set".to_string()
+        } else {
+            let vars: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vars.join(" ")
+        };
+        let mut line = format!(
+            "profile {}, arch {}, env {env}, salt {}",
+            self.profile, self.arch, self.salt
+        );
+        if !self.kernel_defines.is_empty() {
+            line.push_str(&format!(
+                ", kernel defines {}",
+                self.kernel_defines.join(" ")
+            ));
+        }
+        if !self.planted.is_empty() {
+            line.push_str(&format!(", planted {}", self.planted.join(",")));
+        }
+        if let Some(o) = self.origin {
+            line.push_str(&format!(
+                " (campaign seed {}, case {}, {} job(s))",
+                o.campaign_seed, o.case, o.jobs
+            ));
+        }
+        line
+    }
+}
+
+/// Writes a capsule for `case` with the outputs and verdict of `run`, made by `checker` with
+/// `salt`, and the [`Replay`] inputs that reproduce it.
 ///
 /// # Errors
 /// I/O errors.
@@ -83,9 +195,11 @@ pub fn write(
     path: &Path,
     case: &Case,
     run: &CaseRun,
-    runner: &dyn Runner,
-    profile: &str,
+    checker: &Checker,
+    salt: u64,
+    origin: Option<Origin>,
 ) -> Result<()> {
+    let runner = checker.runner.as_ref();
     let mut c = case.clone();
     c.outputs = run.outputs.clone();
     stamp_as(&mut c.meta, runner.name(), runner.provenance());
@@ -101,7 +215,13 @@ pub fn write(
             .to_string(),
         );
     }
-    c.meta.insert("smallseq.profile".into(), profile.into());
+    let replay = Replay::of(checker, salt, origin);
+    c.meta
+        .insert("smallseq.profile".into(), replay.profile.clone());
+    c.meta.insert(
+        REPLAY.into(),
+        serde_json::to_string(&replay).expect("replay serialises"),
+    );
     if let Some(p) = run.path_fwd {
         c.meta.insert("smallseq.path".into(), p.name().into());
     }

@@ -67,7 +67,7 @@ impl FromStr for Target {
         Target::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown fuzz target {s:?}"))
+            .ok_or_else(|| format!("unknown fuzz target '{s}'"))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod gen;
 pub mod merge;
 pub mod oracles;
 pub mod props;
+pub mod report_io;
 pub mod repro;
 pub mod rng;
 pub mod shrink;

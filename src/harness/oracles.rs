@@ -403,7 +403,7 @@ pub fn backend_properties(
     let mut msg = format!("{}: {}", f.prop, f.detail);
     if let Some((path, backend)) = capsule {
         let profile = checker.opts.profile.name();
-        match super::capsule::write(path, case, &run, checker.runner.as_ref(), profile) {
+        match super::capsule::write(path, case, &run, checker, salt, None) {
             Ok(()) => msg.push_str(&format!(
                 "\nreproduce: {}",
                 super::campaign::repro_cmd(path, backend, profile)

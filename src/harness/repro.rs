@@ -9,6 +9,31 @@ use crate::case::Case;
 use crate::dispatch::Path;
 use crate::error::Result;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
+
+static PROGRAM: OnceLock<String> = OnceLock::new();
+
+/// Sets how printed repro commands start: `smallseq` when that name finds the running binary
+/// on `PATH`, else the binary's path (the CLI decides; first call wins).
+pub fn set_program(program: String) {
+    let _ = PROGRAM.set(program);
+}
+
+/// The program printed repro commands start with (`smallseq` unless [`set_program`] said
+/// otherwise), quoted for a POSIX shell.
+pub fn program() -> String {
+    shell_quote(PROGRAM.get().map_or("smallseq", String::as_str))
+}
+
+/// `word` as one POSIX shell word: unchanged when it needs no quoting, else in single quotes.
+pub fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
 
 /// What a replay found.
 #[derive(Clone, Debug, Default)]
@@ -39,23 +64,23 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         return Ok(d);
     }
     if let Some(v) = case.meta.get("smallseq.verdict") {
-        d.say(format!("recorded verdict: {v}"));
+        for line in verdict_lines(v) {
+            d.say(line);
+        }
     }
     if let Some(p) = case.meta.get(PROVENANCE) {
-        d.say(format!("produced on: {p}"));
+        let readable = serde_json::from_str::<BTreeMap<String, String>>(p).map(|m| {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            parts.join(", ")
+        });
+        d.say(format!("produced on: {}", readable.as_deref().unwrap_or(p)));
     }
     d.say(harness_line(case));
     let y = oracle(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
+    d.say("judged here (margin = error / threshold; above 1 fails):".into());
     for j in &js {
-        d.say(format!(
-            "{:>4}: max error {:.3e}, threshold {:.3e}, margin {:.3} {}",
-            j.tensor,
-            j.err,
-            j.threshold,
-            j.margin,
-            if j.passed() { "ok" } else { "FAIL" }
-        ));
+        d.say(judgement_line(j));
     }
     if let Outcome::Fail(f) = num {
         d.failed = true;
@@ -99,14 +124,83 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     Ok(d)
 }
 
-/// Runs the case on `checker`'s backend: every property, and a bitwise comparison with the
+/// A margin for people: two decimals, or three significant digits past 1000.
+pub fn margin_text(m: f64) -> String {
+    if m.is_nan() {
+        "undefined".into()
+    } else if m.is_infinite() {
+        "inf".into()
+    } else if m.abs() >= 1000.0 {
+        format!("{m:.2e}")
+    } else {
+        format!("{m:.2}")
+    }
+}
+
+/// One tensor's judgement as a line. dq and dk are judged on each element's error beyond its
+/// rounding allowance (see [`super::tolerance`]), which the line says.
+fn judgement_line(j: &super::tolerance::Judgement) -> String {
+    let what = if matches!(j.tensor.as_str(), "dq" | "dk") {
+        "max error beyond the rounding allowance"
+    } else {
+        "max error"
+    };
+    format!(
+        "  {:>3}: {what} {:.3e}, threshold {:.3e}, margin {} {}",
+        j.tensor,
+        j.err,
+        j.threshold,
+        margin_text(j.margin),
+        if j.passed() { "ok" } else { "FAIL" }
+    )
+}
+
+/// The capsule's `smallseq.verdict` JSON as lines: the failed properties with their details,
+/// then the recorded margins per tensor, rounded.
+pub fn verdict_lines(json: &str) -> Vec<String> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
+        return vec!["recorded verdict: unreadable (not JSON)".into()];
+    };
+    let mut lines = Vec::new();
+    let failures = v["failures"].as_array().cloned().unwrap_or_default();
+    if failures.is_empty() {
+        lines.push("recorded verdict: every property passed".into());
+    }
+    for (i, f) in failures.iter().enumerate() {
+        lines.push(format!(
+            "{} {} failed: {}",
+            if i == 0 { "recorded verdict:" } else { "  and" },
+            f["property"].as_str().unwrap_or("?"),
+            f["detail"].as_str().unwrap_or("")
+        ));
+    }
+    let margin = |x: &serde_json::Value| match x {
+        serde_json::Value::Number(n) => n.as_f64().map_or("?".into(), margin_text),
+        serde_json::Value::String(s) => s.clone(),
+        _ => "?".into(),
+    };
+    if let Some(m) = v["margins"].as_object().filter(|m| !m.is_empty()) {
+        let parts: Vec<String> = m
+            .iter()
+            .map(|(t, x)| format!("{t} {}", margin(x)))
+            .collect();
+        lines.push(format!(
+            "  recorded margins (error / threshold; dq and dk after their rounding allowance): {}",
+            parts.join(", ")
+        ));
+    }
+    lines
+}
+
+/// Runs the case on `checker`'s backend with `salt` (see [`Checker::check`]; a capsule records
+/// the one it failed with): every property, and a bitwise comparison with the
 /// stored outputs when there are any.
 ///
 /// # Errors
 /// An invalid case.
-pub fn rerun(checker: &Checker, case: &Case) -> Result<Diagnosis> {
+pub fn rerun(checker: &Checker, case: &Case, salt: u64) -> Result<Diagnosis> {
     let mut d = Diagnosis::default();
-    let run = checker.check(case, 0)?;
+    let run = checker.check(case, salt)?;
     for (p, o) in &run.outcomes {
         match o {
             Outcome::Pass => d.say(format!("{p}: pass")),
@@ -207,7 +301,7 @@ pub fn compare_provenance(stored: Option<&str>, now: &BTreeMap<String, String>) 
         Err(e) => return Provenance::Unreadable(e.to_string()),
     };
     let keys: BTreeSet<&String> = stored.keys().chain(now.keys()).collect();
-    let shown = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("{v:?}"));
+    let shown = |v: Option<&String>| v.map_or("(none)".to_string(), String::clone);
     let lines: Vec<String> = keys
         .into_iter()
         .filter(|k| stored.get(*k) != now.get(*k))
@@ -257,8 +351,8 @@ mod tests {
         assert_eq!(
             compare_provenance(Some(other), &now()),
             Provenance::Differs(vec![
-                r#"device: capsule "NVIDIA H100", now "NVIDIA H200""#.to_string(),
-                r#"driver: capsule "13.0", now (none)"#.to_string(),
+                "device: capsule NVIDIA H100, now NVIDIA H200".to_string(),
+                "driver: capsule 13.0, now (none)".to_string(),
             ])
         );
         assert!(matches!(

@@ -95,7 +95,11 @@ pub fn attribute(
                     Box::new(crate::runner::InProcess::new(&backend)),
                     opts.clone(),
                 );
-                let run = checker.check(&case, f.case)?;
+                // The salt the capsule's case failed with (the shrunk one: 0).
+                let salt = super::capsule::Replay::from_meta(&case.meta)
+                    .and_then(|r| r.ok())
+                    .map_or(f.case, |r| r.salt);
+                let run = checker.check(&case, salt)?;
                 if run.failures().iter().any(|x| x.prop.name() == f.property) {
                     credited[i] = true;
                     let d = &mut findings[i];

@@ -18,8 +18,12 @@ pub fn write_outputs(path: &Path, tensors: &[(&str, ArrayViewD<'_, f32>)]) -> Re
         .map(|(name, t)| {
             let mut data = Vec::with_capacity(t.len() * 4);
             match t.as_slice() {
-                Some(s) => s.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
-                None => t.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+                Some(s) => s
+                    .iter()
+                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+                None => t
+                    .iter()
+                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
             }
             (name.to_string(), t.shape().to_vec(), data)
         })
