@@ -143,7 +143,10 @@ fn planted_fault(mode: &str, prop: &str) {
     // The printed command, run as printed (without the variable: the capsule records it).
     let line = failures[0]["repro"].as_str().unwrap();
     let words: Vec<&str> = line.split_whitespace().collect();
-    assert!(words[0].ends_with("smallseq") && words[1] == "repro", "{line}");
+    assert!(
+        words[0].ends_with("smallseq") && words[1] == "repro",
+        "{line}"
+    );
     let mut c = Command::new(words[0]);
     c.args(&words[1..]).args(["--case-timeout", "2s"]);
     c.env_remove("SMALLSEQ_MUTANT_FAULT");

@@ -350,6 +350,44 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A later run of a property failed: a failure, except that an external implementation
+    /// declining a derived case (a sub-batch, the MHA equivalent) skips the property.
+    fn run_failed(&self, prop: Prop, what: &str, e: &Error) -> Outcome {
+        match e {
+            Error::Unsupported(why) if self.runner.external() => skip(declined(why)),
+            e => fail(prop, format!("{what}: {e}")),
+        }
+    }
+
+    /// `actual` as judged when the implementation declares that a row with no visible key
+    /// holds something other than the semantics' zeros (`caps.no_key_row`): those rows of O
+    /// and LSE take the semantics' values, and the case's gradients (which such rows feed)
+    /// are not judged; `Caps::not_covered` says so in the report. `None`: judged as it is.
+    fn no_key_rows_as_declared(&self, case: &Case, actual: &Outputs) -> Option<Outputs> {
+        if self.runner.caps().no_key_row == crate::runner::NoKeyRow::Zero {
+            return None;
+        }
+        let rows: Vec<(usize, usize)> = case
+            .visible_rows()
+            .filter(|r| r.keys.is_empty())
+            .map(|r| (r.token, r.head))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let mut o = actual.clone();
+        for &(t, h) in &rows {
+            if let Some(a) = o.o.as_mut() {
+                a.slice_mut(ndarray::s![t, h, ..]).fill(0.0);
+            }
+            if let Some(l) = o.lse.as_mut() {
+                l[(t, h)] = f64::NEG_INFINITY;
+            }
+        }
+        (o.dq, o.dk, o.dv) = (None, None, None);
+        Some(o)
+    }
+
     /// A checker of `runner` under `opts`.
     pub fn new(runner: Box<dyn Runner + 'a>, opts: RunOptions) -> Self {
         Checker { runner, opts }
@@ -426,6 +464,23 @@ impl<'a> Checker<'a> {
         }
         let base = match self.runner.run_pair(case, &self.opts) {
             Ok(p) => p,
+            Err(Error::Unsupported(why)) if self.runner.external() => {
+                // An implementation that is not ours may decline what its capabilities could
+                // not say it lacks (a length limit, causal with Lq != Lk): a skip, with its
+                // words, never a failure.
+                let reason = declined(&why);
+                for p in Prop::ALL.into_iter().skip(1) {
+                    outcomes.push((p, skip(reason.clone())));
+                }
+                return Ok(CaseRun {
+                    outcomes,
+                    judgements: Vec::new(),
+                    outputs: Outputs::default(),
+                    path_fwd: None,
+                    path_bwd: None,
+                    fault: None,
+                });
+            }
             Err(e) => {
                 outcomes.push((
                     Prop::NumericAgreement,
@@ -443,7 +498,8 @@ impl<'a> Checker<'a> {
         };
         let actual = base.outputs();
         let y = oracle(case)?;
-        let (num, judgements) = numeric(case, &actual, &y);
+        let declared = self.no_key_rows_as_declared(case, &actual);
+        let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));
         outcomes.push((
             Prop::EmulationConformance,
@@ -544,7 +600,7 @@ impl<'a> Checker<'a> {
         let mut repoisoned = case.clone();
         poison(&mut repoisoned, &mut Rng::new(salt ^ 0xd0_c0de));
         match self.runner.run_pair(&repoisoned, &self.opts) {
-            Err(e) => fail(Prop::DontCare, format!("re-poisoned run failed: {e}")),
+            Err(e) => self.run_failed(Prop::DontCare, "re-poisoned run failed", &e),
             Ok(p) => {
                 let mut other = p.outputs();
                 // Only valid outputs must be unchanged; don't-care outputs were checked above.
@@ -566,7 +622,7 @@ impl<'a> Checker<'a> {
             ..self.opts.clone()
         };
         match self.runner.run_pair(case, &opts) {
-            Err(e) => fail(Prop::Determinism, format!("rerun failed: {e}")),
+            Err(e) => self.run_failed(Prop::Determinism, "rerun failed", &e),
             Ok(p) => match bitwise_diff(actual, &p.outputs()) {
                 None => Outcome::Pass,
                 Some(d) => fail(
@@ -744,7 +800,9 @@ impl<'a> Checker<'a> {
             let (sub, rows_q, rows_k) = select_slots(case, order, true);
             let p = match self.runner.run_pair(&sub, &self.opts) {
                 Ok(p) => p,
-                Err(e) => return fail(Prop::Metamorphic, format!("{what}: run failed: {e}")),
+                Err(e) => {
+                    return self.run_failed(Prop::Metamorphic, &format!("{what}: run failed"), &e)
+                }
             };
             let kernel = |c: &Case| self.runner.fallback_fwd_kernel(&c.config, &c.layout);
             let bwd_path = |p: &Pair| p.bwd.as_ref().map(|b| b.path);
@@ -810,7 +868,7 @@ impl<'a> Checker<'a> {
         let mha = repeat_kv(case);
         let p = match self.runner.run_pair(&mha, &self.opts) {
             Ok(p) => p,
-            Err(e) => return fail(Prop::Metamorphic, format!("MHA equivalent failed: {e}")),
+            Err(e) => return self.run_failed(Prop::Metamorphic, "MHA equivalent failed", &e),
         };
         let m = p.outputs();
         let g = case.config.params.group_size();
@@ -888,7 +946,7 @@ impl<'a> Checker<'a> {
         }
         let p = match self.runner.run_pair(&scaled, &self.opts) {
             Ok(p) => p,
-            Err(e) => return fail(Prop::Metamorphic, format!("scaled run failed: {e}")),
+            Err(e) => return self.run_failed(Prop::Metamorphic, "scaled run failed", &e),
         };
         let got = p.outputs();
         // Power-of-two scaling commutes with rounding except in the subnormal range, where
@@ -980,6 +1038,15 @@ impl<'a> Checker<'a> {
             Some(m) => fail(Prop::Metamorphic, format!("scaling v (and d_o) by 2: {m}")),
         }
     }
+}
+
+/// The skip reason of a case an external implementation declined; report keys end at the
+/// first colon, so the implementation's words keep theirs out.
+fn declined(why: &str) -> String {
+    format!(
+        "declined by the implementation ({})",
+        why.replace(':', " -")
+    )
 }
 
 /// The verdict of a case a worker fault ended: the fault, every other property skipped.

@@ -228,6 +228,13 @@ impl Caps {
                 .filter(|(ok, _)| !ok)
                 .map(|(_, what)| what.to_string()),
         );
+        if self.no_key_row != NoKeyRow::Zero {
+            v.push(format!(
+                "rows that see no key: O and LSE there, and the gradients of cases with such \
+                 rows (caps.no_key_row is {})",
+                self.no_key_row.name()
+            ));
+        }
         if let Some(h) = &self.head_dims {
             let list: Vec<String> = h.iter().map(|d| d.to_string()).collect();
             v.push(format!("head dims other than {}", list.join(", ")));

@@ -93,6 +93,11 @@ pub trait Runner: Send + Sync {
     fn worker_command(&self) -> Option<Vec<String>> {
         None
     }
+    /// Whether the implementation is not one of ours (`--backend exec`): it may decline a
+    /// case its capabilities admit, which is a skip, not a failure.
+    fn external(&self) -> bool {
+        false
+    }
 }
 
 /// A backend called in this process.
@@ -167,6 +172,9 @@ impl<R: Runner + ?Sized> Runner for &R {
     }
     fn worker_command(&self) -> Option<Vec<String>> {
         (**self).worker_command()
+    }
+    fn external(&self) -> bool {
+        (**self).external()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         (**self).run_pair(case, opts)
@@ -259,6 +267,9 @@ impl Runner for FaultLatch<'_> {
     }
     fn worker_command(&self) -> Option<Vec<String>> {
         self.inner.worker_command()
+    }
+    fn external(&self) -> bool {
+        self.inner.external()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         self.latched(|| self.inner.run_pair(case, opts))

@@ -393,6 +393,9 @@ impl Runner for Pool {
     fn worker_command(&self) -> Option<Vec<String>> {
         Some(self.command.clone())
     }
+    fn external(&self) -> bool {
+        self.cfg.in_tree.is_none()
+    }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         let (inp, out, id) = self.files();
         let _cleanup = Cleanup(&[&inp, &out]);
