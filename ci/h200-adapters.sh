@@ -9,6 +9,17 @@ export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
 log=$out/log.txt
 say() { echo "$*" | tee -a "$log"; }
 if [ "${3:-}" = collect ]; then
+  # While the long campaign finishes: the kernel mutants of issue 21, then the conformance
+  # calibration of every tensor.
+  timeout 300 "$bin" mutants --backend cuda --cases 300 --seed 1 \
+    --only nan-on-overflow,dq-ulp-bias,zeroed-small-row,fallback-small-shapes-2x \
+    --out /tmp/mut-cuda >/tmp/mut-cuda.log 2>&1
+  say "mutants --backend cuda: exit $?"
+  grep -E '^\|' /tmp/mut-cuda.log | tee -a "$log"
+  timeout 200 "$bin" calibrate --backend cuda --cases 2500 --seed 1 --out "$out/calibrate.json" \
+    >/tmp/calibrate.log 2>&1
+  say "calibrate: exit $?"
+  tail -25 /tmp/calibrate.log | tee -a "$log"
   while pgrep -f "fuzz --backend cuda --time" >/dev/null; do sleep 5; done
   say "$(grep -m1 'cases in' /tmp/fuzz-long.log)"
   grep -E '^  [a-z_]+ +pass' /tmp/fuzz-long.log | tee -a "$log"
