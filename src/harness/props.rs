@@ -1360,6 +1360,7 @@ mod tests {
                 max_finite: 65504.0,
                 min_spacing: Dtype::F16.smallest_subnormal(),
                 allowance: None,
+                f32_terms: 0,
             })
         };
         let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
