@@ -32,7 +32,14 @@ fn h200_f32_dq_with_cancelling_ds_is_within_its_rounding_allowance() {
         None,
     );
     let dq = js.iter().find(|j| j.tensor == "dq").unwrap();
-    assert!(dq.margin > 1.1 && dq.margin < 1.12, "margin {}", dq.margin);
+    // The tensor rule's margin as on the device; the per-row rule's is larger (1.39: the
+    // worst row's own emulation error is smaller than the tensor's).
+    let tensor_margin = dq.err / dq.threshold;
+    assert!(
+        tensor_margin > 1.1 && tensor_margin < 1.12,
+        "{tensor_margin}"
+    );
+    assert!(dq.margin >= tensor_margin, "margin {}", dq.margin);
 }
 
 /// The H200's f16 forward where one P of a 5-key row rounded the other way from the emulation
@@ -52,7 +59,13 @@ fn h200_f16_one_flipped_p_conforms_to_the_emulation() {
         d.lines.join("\n")
     );
     let y = oracle(&case).unwrap();
-    let counts = conformance::counts(&case, (true, true), &case.outputs, &y.emulated);
+    let counts = conformance::counts(
+        &case,
+        (true, true),
+        &case.outputs,
+        &y.emulated,
+        y.grads.as_ref(),
+    );
     let o = counts.iter().find(|c| c.tensor == "o").unwrap();
     assert_eq!((o.elements, o.off, o.row), (320, 10, 64));
     assert!(o.rate() > 0.02);

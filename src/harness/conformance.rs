@@ -24,6 +24,7 @@
 use super::conditioning::GradAllowance;
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
+use std::cmp::Ordering::{Equal, Less};
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
 pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
@@ -126,7 +127,9 @@ pub fn counts(
         for (i, &x) in a.indexed_iter().filter(|((t, _, _), _)| valid[*t]) {
             let y = e[i];
             // Half an ulp of the dtype at the emulation's value.
-            if allow.is_some_and(|al| !(al[i] <= u * y.abs())) {
+            // (A NaN allowance, from non-finite inputs, leaves the element out too.)
+            let half_ulp = u * y.abs();
+            if allow.is_some_and(|al| !matches!(al[i].partial_cmp(&half_ulp), Some(Less | Equal))) {
                 c.excluded += 1;
                 continue;
             }

@@ -1523,6 +1523,7 @@ mod tests {
                 max_finite: 65504.0,
                 min_spacing: Dtype::F16.smallest_subnormal(),
                 allowance: None,
+                f32_terms: 0,
             })
         };
         let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
@@ -1598,6 +1599,53 @@ mod tests {
                 "{}",
                 f.detail
             ),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_gqa_relation_allows_the_group_sum_only_on_summed_tensors() {
+        // H = 2 on one kv head (g = 2), head dim 32: every run on the fallback path. The MHA
+        // equivalent's O is `off` high; O is never summed over the group, so it owes one
+        // threshold, not 1 + g.
+        let layout = Layout::packed(&[(3, 3)]);
+        let mut cfg = AttnConfig::new(Dtype::Bf16, 2, 32, Mask::Padding);
+        cfg.params.num_kv_heads = 1;
+        let mut rng = Rng::new(5);
+        let mut t = |n, h| {
+            Array3::from_shape_simple_fn((n, h, 32), || Dtype::Bf16.round(rng.normal() as f32))
+        };
+        let (q, k, v) = (t(3, 2), t(3, 1), t(3, 1));
+        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let verdict = |off: f32| {
+            let mut be = HookedCpu::new();
+            be.after_fwd = Box::new(move |args, out| {
+                let p = &args.config.params;
+                if p.num_heads == p.num_kv_heads {
+                    for x in out.o.body_mut() {
+                        *x = Dtype::Bf16.round(*x * (1.0 + off));
+                    }
+                }
+            });
+            let checker = Checker::isolated(&be);
+            let base = run_pair(&be, &case, &checker.opts).unwrap();
+            assert_eq!(base.fwd.path, Some(Path::Fallback));
+            let actual = base.outputs();
+            let y = oracle(&case).unwrap();
+            let (_, js) = numeric(&case, &actual, &y);
+            checker.gqa_relation(&case, &base, &actual, &js, &y)
+        };
+        assert_eq!(verdict(0.0), Outcome::Pass);
+        // About 1.5 thresholds off: within the (1 + g) = 3 once allowed, beyond the one owed.
+        match verdict(0.05) {
+            Outcome::Fail(f) => {
+                assert!(f.detail.contains("o differs"), "{}", f.detail);
+                assert!(
+                    f.margin < 3.0,
+                    "margin {} (the old rule passed it)",
+                    f.margin
+                );
+            }
             other => panic!("expected a failure, got {other:?}"),
         }
     }
