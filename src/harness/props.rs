@@ -188,6 +188,8 @@ pub struct Yardstick {
     pub lse_magnitude: f64,
     /// The gradients' per-element rounding allowances ([`grad_allowance`]).
     pub grads: Option<GradAllowance>,
+    /// Whether the per-row rule counts ([`crate::backend::judges_rows`]).
+    pub rows: bool,
 }
 
 /// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
@@ -215,12 +217,13 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
         emulated,
         lse_magnitude: score_magnitude(case),
         grads,
+        rows: true,
     })
 }
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
 pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Judgement>) {
-    let js = judge_all(
+    let mut js = judge_all(
         actual,
         &y.reference,
         &y.emulated,
@@ -228,6 +231,9 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
         y.lse_magnitude,
         y.grads.as_ref(),
     );
+    if !y.rows {
+        js = js.into_iter().map(|j| j.without_row_rule()).collect();
+    }
     let worst = js
         .iter()
         .filter(|j| !j.passed())
@@ -497,7 +503,8 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let y = oracle(case)?;
+        let mut y = oracle(case)?;
+        y.rows = self.runner.judges_rows();
         let declared = self.no_key_rows_as_declared(case, &actual);
         let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));
