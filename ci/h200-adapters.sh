@@ -34,6 +34,7 @@ setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shri
   --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
 (timeout 300 python3 -m unittest discover -s adapters/tests -p 'test_frameworks.py' -v \
   >/tmp/smoke.log 2>&1; echo "smoke exit $?" >>/tmp/smoke.log) &
+smoke=$!
 mkdir -p /tmp/ad
 pids=()
 for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
@@ -55,7 +56,8 @@ for f in /tmp/ad/*.log; do
   grep -E '^  [a-z_]+ +pass' "$f" | tee -a "$log"
   grep '^FAIL' "$f" | cut -c1-300 | head -6 | tee -a "$log"
 done
-wait
+# Not a bare `wait`: the long campaign is this shell's child too (setsid did not fork).
+wait "$smoke"
 cp /tmp/smoke.log "$out/smoke.log"
 tar czf "$out/adapters.tar.gz" -C /tmp ad 2>/dev/null
 ls -la "$out" | tee -a "$log"
