@@ -62,11 +62,22 @@ pub enum Mutant {
     /// The workspace is sized with the environment seen at trace time but carved with the one
     /// seen at launch (TE's planner evaluates the env var twice).
     WorkspaceEnvMismatch,
+    // Issue 18: bugs of the classes the harness used to miss (production head counts,
+    // extremes at tile boundaries, backward range, rounding mode).
+    /// Query heads above 16 read kv head `(h & 15) / g`: a 4-bit head field.
+    HeadIndexAbove16,
+    /// The row maximum is taken over the first 16-key tile only (no rescale for the second):
+    /// harmless until a later key's logit exceeds it by enough to overflow `exp`.
+    SoftmaxFirstTileMax,
+    /// f16 backward: dS is rounded without being kept in range first (overflows to ±inf).
+    F16DsUnclamped,
+    /// Small-seq outputs are rounded toward zero instead of to nearest-even.
+    RoundTowardZero,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 27] = [
+    pub const ALL: [Mutant; 31] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -94,6 +105,11 @@ impl Mutant {
         Mutant::BwdMaskIgnored,
         Mutant::LseSecondTileLost,
         Mutant::WorkspaceEnvMismatch,
+        // Issue 18.
+        Mutant::HeadIndexAbove16,
+        Mutant::SoftmaxFirstTileMax,
+        Mutant::F16DsUnclamped,
+        Mutant::RoundTowardZero,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
@@ -137,6 +153,11 @@ impl Mutant {
             Mutant::BwdMaskIgnored => "bwd-mask-ignored",
             Mutant::LseSecondTileLost => "lse-second-tile-lost",
             Mutant::WorkspaceEnvMismatch => "workspace-env-mismatch",
+            // Issue 18.
+            Mutant::HeadIndexAbove16 => "head-index-above-16",
+            Mutant::SoftmaxFirstTileMax => "softmax-first-tile-max",
+            Mutant::F16DsUnclamped => "f16-ds-unclamped",
+            Mutant::RoundTowardZero => "round-toward-zero",
         }
     }
 }

@@ -70,6 +70,8 @@ pub struct Report {
     pub margins: BTreeMap<String, Percentiles>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
+    /// Values drawn per dimension, and those admitted but never drawn (issue 18).
+    pub dimensions: super::coverage::Coverage,
 }
 
 impl Report {
@@ -287,6 +289,7 @@ impl Campaign<'_> {
             margins: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
+            dimensions: super::coverage::Coverage::new(self.checker.opts.profile),
         }
     }
 }
@@ -336,6 +339,7 @@ impl Merge<'_, '_> {
         let c = self.campaign;
         let be = c.checker.backend;
         let rep = &mut self.rep;
+        rep.dimensions.add(&case, &classes, run.path_fwd);
         for class in classes {
             *rep.coverage.entry(class.into()).or_default() += 1;
         }
@@ -490,6 +494,7 @@ pub fn markdown(rep: &Report) -> String {
         "### smallseq fuzz: backend `{}`, profile `{}`, seed {}\n\n{verdict}. {} cases in {:.1} s ({:.1} cases/s).\n\n",
         rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
     );
+    m.push_str(&rep.dimensions.markdown());
     m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
     for (name, c) in &rep.properties {
         m.push_str(&format!(

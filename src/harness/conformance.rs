@@ -62,17 +62,36 @@ impl Count {
     }
 }
 
-/// Per output tensor the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
-/// the [`Count`] of `actual` against `emulated`.
-pub fn counts(
+/// One output tensor of the small-seq path beside its emulation: the kernel's and the
+/// emulation's values, which tokens are valid, and the row length.
+pub struct Paired<'a> {
+    pub tensor: &'static str,
+    pub actual: &'a ndarray::Array3<f64>,
+    pub emulated: &'a ndarray::Array3<f64>,
+    pub valid: Vec<bool>,
+    pub row: usize,
+}
+
+impl Paired<'_> {
+    /// `(actual, emulated)` of every valid element, in storage order (rows contiguous).
+    pub fn pairs(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        self.actual
+            .indexed_iter()
+            .filter(|((t, _, _), _)| self.valid[*t])
+            .map(|(i, &x)| (x, self.emulated[i]))
+    }
+}
+
+/// The output tensors the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
+/// each paired with the emulation's.
+pub fn paired<'a>(
     case: &Case,
     (fwd_small, bwd_small): (bool, bool),
-    actual: &Outputs,
-    emulated: &Outputs,
-) -> Vec<Count> {
+    actual: &'a Outputs,
+    emulated: &'a Outputs,
+) -> Vec<Paired<'a>> {
     let vq = case.layout.q.valid_tokens();
     let vk = case.layout.kv.valid_tokens();
-    let u = case.config.dtype.unit_roundoff();
     let (dqk, dv) = (
         case.config.params.head_dim_qk,
         case.config.params.head_dim_v,
@@ -83,32 +102,47 @@ pub fn counts(
         ("dk", &actual.dk, &emulated.dk, &vk, bwd_small, dqk),
         ("dv", &actual.dv, &emulated.dv, &vk, bwd_small, dv),
     ];
-    let mut out = Vec::new();
-    for (tensor, a, e, valid, on_path, row) in tensors {
-        let (Some(a), Some(e), true) = (a, e, on_path) else {
-            continue;
-        };
-        let pairs = a
-            .indexed_iter()
-            .filter(|((t, _, _), _)| valid[*t])
-            .map(|(i, &x)| (x, e[i]));
-        let (elements, off) = pairs.fold((0usize, 0usize), |(n, off), (x, y)| {
-            let ulp = 2.0 * u * y.abs();
-            let differs = if x.is_finite() && y.is_finite() {
-                (x - y).abs() > ulp * 1.01
-            } else {
-                x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+    tensors
+        .into_iter()
+        .filter_map(|(tensor, a, e, valid, on_path, row)| {
+            let (Some(actual), Some(emulated), true) = (a.as_ref(), e.as_ref(), on_path) else {
+                return None;
             };
-            (n + 1, off + usize::from(differs))
-        });
-        out.push(Count {
-            tensor,
-            elements,
-            off,
-            row,
-        });
-    }
-    out
+            Some(Paired {
+                tensor,
+                actual,
+                emulated,
+                valid: valid.clone(),
+                row,
+            })
+        })
+        .collect()
+}
+
+/// Per output tensor the small-seq path computed, the [`Count`] of `actual` against
+/// `emulated`.
+pub fn counts(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outputs) -> Vec<Count> {
+    let u = case.config.dtype.unit_roundoff();
+    paired(case, small, actual, emulated)
+        .iter()
+        .map(|t| {
+            let (elements, off) = t.pairs().fold((0usize, 0usize), |(n, off), (x, y)| {
+                let ulp = 2.0 * u * y.abs();
+                let differs = if x.is_finite() && y.is_finite() {
+                    (x - y).abs() > ulp * 1.01
+                } else {
+                    x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+                };
+                (n + 1, off + usize::from(differs))
+            });
+            Count {
+                tensor: t.tensor,
+                elements,
+                off,
+                row: t.row,
+            }
+        })
+        .collect()
 }
 
 /// The property's verdict on `counts` under the per-tensor rate budgets `budget` (None: that

@@ -2,7 +2,9 @@
 //! towards the places bugs live: slot boundaries 16/17/18, empty and trailing slots, padded
 //! spans, GQA, causal masks, windows, unsupported dims and dtypes, poison in don't-care tokens.
 
+use super::data_class::{self, DataClass};
 use super::rng::{Draw, Rng};
+use super::shapes;
 use crate::case::{bshd_layout, Case};
 use crate::config::{AttnConfig, Bias, LayoutKind};
 use crate::dispatch::Profile;
@@ -57,6 +59,8 @@ pub struct Geometry {
     pub poison: bool,
     /// Built from JAX-style segment ids (several segments per row, padding inside).
     pub segment_split: bool,
+    /// Data shaped against the tile structure, on top of `dist`.
+    pub data: DataClass,
 }
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
@@ -189,9 +193,20 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
 /// A geometry for the campaign's profile. Under `te625` most cases are shaped for TE's
 /// small-seq gate (bf16, H == Hkv in {16, 32}, D in {128, 256}, padding-class masks, padded
 /// spans around 17), so the small-seq path and its defects are reached at all; the rest
-/// roam like the native campaign. The native profile draws exactly [`draw_geometry`].
+/// roam like the native campaign. The native profile draws production-shaped geometries
+/// ([`shapes`]) in [`shapes::SHARE_PERCENT`] of its cases and [`draw_geometry`] in the rest,
+/// and shapes the data of either against the tile structure ([`DataClass::draw`]).
 pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
-    if profile == Profile::Native || d.percent(30) {
+    if profile == Profile::Native {
+        let mut g = if d.percent(shapes::SHARE_PERCENT) {
+            shapes::draw_production(d)
+        } else {
+            draw_geometry(d)
+        };
+        g.data = DataClass::draw(d);
+        return g;
+    }
+    if d.percent(30) {
         return draw_geometry(d);
     }
     let heads = d.weighted(&[(45, 16), (35, 32), (10, 8), (10, 4)]);
@@ -232,7 +247,7 @@ pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
 }
 
 /// The data-side choices every geometry ends with.
-fn with_data<D: Draw>(
+pub(super) fn with_data<D: Draw>(
     d: &mut D,
     config: AttnConfig,
     layout: Layout,
@@ -245,6 +260,7 @@ fn with_data<D: Draw>(
         dist: d.pick(&DataDist::ALL),
         poison: d.percent(70),
         segment_split,
+        data: DataClass::Plain,
     }
 }
 
@@ -400,6 +416,13 @@ pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
     let mut case = Case::new(g.config.clone(), g.layout.clone(), q, k, v, d_o)?;
     if g.poison {
         poison(&mut case, &mut rng.fork(7));
+    }
+    // Shaping touches valid rows only, poisoning don't-care rows only: the order is free, and
+    // plain cases draw exactly what they drew before the classes existed.
+    if g.data != DataClass::Plain {
+        data_class::apply(&mut case, g.data, &mut rng.fork(11));
+        case.meta
+            .insert("smallseq.data_class".into(), g.data.name().into());
     }
     case.meta
         .insert("smallseq.seed".into(), data_seed.to_string());

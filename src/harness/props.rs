@@ -31,10 +31,12 @@ pub enum Prop {
     Determinism,
     Metamorphic,
     EmulationConformance,
+    /// Issue 18: deviations from the emulation symmetric in sign (`super::bias`).
+    RoundingBias,
 }
 
 impl Prop {
-    pub const ALL: [Prop; 8] = [
+    pub const ALL: [Prop; 9] = [
         Prop::Eligibility,
         Prop::FallbackEquivalence,
         Prop::NumericAgreement,
@@ -43,6 +45,7 @@ impl Prop {
         Prop::Determinism,
         Prop::Metamorphic,
         Prop::EmulationConformance,
+        Prop::RoundingBias,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +58,7 @@ impl Prop {
             Prop::Determinism => "determinism",
             Prop::Metamorphic => "metamorphic",
             Prop::EmulationConformance => "emulation_conformance",
+            Prop::RoundingBias => "rounding_bias",
         }
     }
 }
@@ -366,6 +370,16 @@ impl<'a> Checker<'a> {
             Prop::EmulationConformance,
             self.emulation_conformance(case, &base, &actual, &y.emulated),
         ));
+        outcomes.push((Prop::RoundingBias, {
+            let bias = |t: &str| super::bias::bias_budget_of(be.name(), t);
+            match base.fwd.path {
+                Some(Path::SmallSeq) => super::bias::judge(
+                    &super::bias::signs(case, base.small_seq(), &actual, &y.emulated),
+                    bias,
+                ),
+                _ => skip("not on the small-seq path"),
+            }
+        }));
         outcomes.push((Prop::Workspace, self.workspace(case, &base)));
         outcomes.push((Prop::DontCare, self.dont_care(case, &actual, salt)));
         outcomes.push((Prop::Determinism, self.determinism(case, &actual)));

@@ -123,6 +123,8 @@ impl CpuBackend {
     fn kv_head(&self, p: &AttnParams, h: usize) -> usize {
         if self.has(Mutant::KvHeadModulo) {
             h % p.num_kv_heads
+        } else if self.has(Mutant::HeadIndexAbove16) && h >= 16 {
+            (h & 15) / p.group_size()
         } else {
             h / p.group_size()
         }
@@ -137,6 +139,21 @@ impl CpuBackend {
                 .collect()
         } else {
             lane.to_vec()
+        }
+    }
+
+    /// Rounds a small-seq output to the dtype at store: to nearest-even, or toward zero under
+    /// [`Mutant::RoundTowardZero`].
+    fn round_out(&self, dtype: Dtype, x: f32) -> f32 {
+        let r = dtype.round(x);
+        if !self.has(Mutant::RoundTowardZero) || dtype == Dtype::F32 || r.abs() <= x.abs() {
+            return r;
+        }
+        // One step of the dtype toward zero: both 16-bit types are sign-magnitude, so the
+        // magnitude's bit pattern less one is the next value down (inf becomes the largest).
+        match dtype {
+            Dtype::Bf16 => bf16::from_bits(bf16::from_f32(r).to_bits() - 1).to_f32(),
+            _ => half::f16::from_bits(half::f16::from_f32(r).to_bits() - 1).to_f32(),
         }
     }
 

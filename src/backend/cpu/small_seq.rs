@@ -8,6 +8,7 @@ use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
 use crate::mutants::Mutant;
 use crate::workspace::names;
+use smallseq_reference::Dtype;
 use rayon::prelude::*;
 
 /// Rows (and columns) per tile.
@@ -66,7 +67,12 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     let mut m = Vec::with_capacity(s.len());
     let mut l = Vec::with_capacity(s.len());
     for row in &s {
-        let mx = row
+        let seen = if be.has(Mutant::SoftmaxFirstTileMax) && row[..row.len().min(TILE)].iter().any(Option::is_some) {
+            &row[..row.len().min(TILE)]
+        } else {
+            &row[..]
+        };
+        let mx = seen
             .iter()
             .flatten()
             .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -146,7 +152,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         };
                         acc.iter_mut().zip(&vals[c]).for_each(|(x, v)| *x += pr * v);
                     }
-                    orow.iter_mut().zip(acc).for_each(|(y, x)| *y = dt.round(x));
+                    orow.iter_mut()
+                        .zip(acc)
+                        .for_each(|(y, x)| *y = be.round_out(dt, x));
                 }
             }
             res
@@ -220,7 +228,11 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     };
                     let mut dq = vec![0f32; d];
                     for c in 0..g.lk {
-                        let ds = dt.round_saturating(pr[c] * (dp[c] - delta));
+                        let ds = if be.has(Mutant::F16DsUnclamped) && dt == Dtype::F16 {
+                            dt.round(pr[c] * (dp[c] - delta))
+                        } else {
+                            dt.round_saturating(pr[c] * (dp[c] - delta))
+                        };
                         dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
                         dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
@@ -235,11 +247,11 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let dst = &mut r.dq[(i * heads + h) * d..(i * heads + h + 1) * d];
                     dst.iter_mut()
                         .zip(dq)
-                        .for_each(|(y, x)| *y = dt.round(x * qscale));
+                        .for_each(|(y, x)| *y = be.round_out(dt, x * qscale));
                 }
             }
-            r.dk.iter_mut().for_each(|x| *x = dt.round(*x * scale));
-            r.dv.iter_mut().for_each(|x| *x = dt.round(*x));
+            r.dk.iter_mut().for_each(|x| *x = be.round_out(dt, *x * scale));
+            r.dv.iter_mut().for_each(|x| *x = be.round_out(dt, *x));
             r
         })
         .collect();
