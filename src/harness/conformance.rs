@@ -76,9 +76,11 @@ impl Paired<'_> {
     /// `(actual, emulated)` of every valid element, in storage order (rows contiguous).
     pub fn pairs(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
         self.actual
-            .indexed_iter()
-            .filter(|((t, _, _), _)| self.valid[*t])
-            .map(|(i, &x)| (x, self.emulated[i]))
+            .outer_iter()
+            .zip(self.emulated.outer_iter())
+            .zip(&self.valid)
+            .filter(|(_, v)| **v)
+            .flat_map(|((a, e), _)| a.into_iter().copied().zip(e.into_iter().copied()))
     }
 }
 

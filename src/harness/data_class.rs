@@ -63,15 +63,15 @@ impl DataClass {
             .find(|c| c.name() == name)
     }
 
-    /// The native campaign's mix: a shaped class in 45 % of cases.
+    /// The native campaign's mix: a shaped class in half of the cases.
     pub fn draw<D: Draw>(d: &mut D) -> DataClass {
         d.weighted(&[
-            (55, DataClass::Plain),
-            (10, DataClass::MaxOnTileEdge),
-            (10, DataClass::ExpOverflowRow),
-            (8, DataClass::NearTieOnEdge),
-            (8, DataClass::DovMaxOnEdge),
-            (9, DataClass::BwdRangeStress),
+            (50, DataClass::Plain),
+            (8, DataClass::MaxOnTileEdge),
+            (15, DataClass::ExpOverflowRow),
+            (7, DataClass::NearTieOnEdge),
+            (7, DataClass::DovMaxOnEdge),
+            (13, DataClass::BwdRangeStress),
         ])
     }
 }
