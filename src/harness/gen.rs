@@ -61,25 +61,29 @@ pub struct Geometry {
     pub segment_split: bool,
     /// Data shaped against the tile structure, on top of `dist`.
     pub data: DataClass,
+    /// Drawn by [`shapes::draw_production`].
+    pub production: bool,
 }
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
 const MAX_TOKENS: usize = 1024;
 
-fn draw_len<D: Draw>(d: &mut D) -> usize {
-    d.weighted(&[
-        (30, LenKind::Uniform),
-        (30, LenKind::Boundary),
-        (6, LenKind::Long),
-        (6, LenKind::Zero),
-    ])
-    .draw(d)
+/// A slot length; with `edges` (data shaped against the tiles) mostly one of the tile edges.
+fn draw_len<D: Draw>(d: &mut D, edges: bool) -> usize {
+    let weights = if edges {
+        [(10, LenKind::Uniform), (60, LenKind::Edge), (3, LenKind::Long), (3, LenKind::Zero)]
+    } else {
+        [(30, LenKind::Uniform), (30, LenKind::Boundary), (6, LenKind::Long), (6, LenKind::Zero)]
+    };
+    d.weighted(&weights).draw(d)
 }
 
 #[derive(Clone, Copy)]
 enum LenKind {
     Uniform,
     Boundary,
+    /// The tile edges, 17 most often (for data aimed at them).
+    Edge,
     Long,
     Zero,
 }
@@ -89,6 +93,7 @@ impl LenKind {
         match self {
             LenKind::Uniform => d.range(1, 17),
             LenKind::Boundary => d.pick(&[1, 2, 15, 16, 17, 18, 17, 16]),
+            LenKind::Edge => d.pick(&[15, 16, 17, 17, 17, 16, 1, 18]),
             LenKind::Long => d.range(18, 80),
             LenKind::Zero => 0,
         }
@@ -97,6 +102,11 @@ impl LenKind {
 
 /// Draws a geometry.
 pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
+    draw_geometry_with(d, false)
+}
+
+/// Draws a geometry; with `edges`, THD slot lengths favour the tile edges 15, 16, 17.
+pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     // A third of the cases are shaped for the small-seq path, so its properties
     // (fallback equivalence above all) run often; the rest roam the whole input space.
     let eligible = d.percent(35);
@@ -167,10 +177,10 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
             segment_split = true;
             segment_layout(d).unwrap_or_else(|| {
                 layout_kind = LayoutKind::Thd;
-                thd_layout(d)
+                thd_layout(d, edges)
             })
         }
-        LayoutKind::Thd => thd_layout(d),
+        LayoutKind::Thd => thd_layout(d, edges),
     };
     let config = AttnConfig {
         dtype,
@@ -198,13 +208,15 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
 /// and shapes the data of either against the tile structure ([`DataClass::draw`]).
 pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
     if profile == Profile::Native {
-        let mut g = if d.percent(shapes::SHARE_PERCENT) {
-            shapes::draw_production(d)
+        // The class first: data aimed at the tile edges needs slots that reach them.
+        let data = DataClass::draw(d);
+        let edges = data.aims_at_tile_edges();
+        let g = if d.percent(shapes::SHARE_PERCENT) {
+            shapes::draw_production(d, edges)
         } else {
-            draw_geometry(d)
+            draw_geometry_with(d, edges)
         };
-        g.data = DataClass::draw(d);
-        return g;
+        return Geometry { data, ..g };
     }
     if d.percent(30) {
         return draw_geometry(d);
@@ -261,6 +273,7 @@ pub(super) fn with_data<D: Draw>(
         poison: d.percent(70),
         segment_split,
         data: DataClass::Plain,
+        production: false,
     }
 }
 
@@ -298,7 +311,7 @@ fn te_layout<D: Draw>(d: &mut D) -> Layout {
     }
 }
 
-fn thd_layout<D: Draw>(d: &mut D) -> Layout {
+fn thd_layout<D: Draw>(d: &mut D, edges: bool) -> Layout {
     let b = match d.weighted(&[(4, 0u8), (40, 1), (45, 2), (11, 3)]) {
         0 => 0,
         1 => d.range(1, 4),
@@ -314,7 +327,7 @@ fn thd_layout<D: Draw>(d: &mut D) -> Layout {
     let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
     for i in 0..b {
         let unused = i >= b - trailing;
-        let mut lens = [draw_len(d), draw_len(d)];
+        let mut lens = [draw_len(d, edges), draw_len(d, edges)];
         if d.percent(10) {
             lens[0] = lens[0].min(1); // cross-attention with one query
         }

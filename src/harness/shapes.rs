@@ -18,10 +18,10 @@ pub const ELEMENT_BUDGET: usize = 1 << 16;
 /// Share of native cases drawn here, in percent.
 pub const SHARE_PERCENT: u64 = 15;
 
-/// Draws a production-shaped geometry.
-pub fn draw_production<D: Draw>(d: &mut D) -> Geometry {
+/// Draws a production-shaped geometry; with `edges`, slot lengths favour 15, 16, 17.
+pub fn draw_production<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     let dtype = d.pick(&[Dtype::Bf16, Dtype::F16]);
-    let group = d.weighted(&[(65, 1), (7, 2), (7, 4), (7, 8), (7, 16), (7, 3)]);
+    let group = d.weighted(&[(75, 1), (5, 2), (5, 4), (5, 8), (5, 16), (5, 3)]);
     let kv_heads = if group == 1 {
         d.weighted(&[(15, 8), (30, 16), (30, 32), (10, 40), (15, 64)])
     } else {
@@ -44,21 +44,24 @@ pub fn draw_production<D: Draw>(d: &mut D) -> Geometry {
         config.layout = LayoutKind::Bshd;
         bshd_layout((max_tokens / s).clamp(1, 3), s, s)
     } else {
-        slots_within(d, max_tokens)
+        slots_within(d, max_tokens, edges)
     };
-    with_data(d, config, layout, false)
+    Geometry {
+        production: true,
+        ..with_data(d, config, layout, false)
+    }
 }
 
-/// Up to 8 THD slots of at most 17 tokens (half of them on the tile edges 15, 16, 17), as
-/// many as fit in `max_tokens` per side; padded gaps now and then.
-fn slots_within<D: Draw>(d: &mut D, max_tokens: usize) -> Layout {
+/// Up to 8 THD slots of at most 17 tokens (half of them on the tile edges 15, 16, 17; with
+/// `edges`, 85 %), as many as fit in `max_tokens` per side; padded gaps now and then.
+fn slots_within<D: Draw>(d: &mut D, max_tokens: usize, edges: bool) -> Layout {
     let padded = d.percent(35);
     let want = d.range(1, 8);
     let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
     for _ in 0..want {
         let mut lens = [0usize; 2];
         for l in &mut lens {
-            *l = if d.percent(50) {
+            *l = if d.percent(if edges { 85 } else { 50 }) {
                 d.pick(&[15, 16, 17])
             } else {
                 d.range(1, 17)
