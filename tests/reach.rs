@@ -41,7 +41,10 @@ fn production_shapes_and_every_data_class_are_drawn_in_their_shares() {
     let share = production as f64 / n as f64;
     let want = shapes::SHARE_PERCENT as f64 / 100.0;
     assert!((share - want).abs() < 0.02, "production share {share}");
-    assert!(wide as f64 > 0.4 * production as f64, "{wide} of {production} above 16 heads");
+    assert!(
+        wide as f64 > 0.4 * production as f64,
+        "{wide} of {production} above 16 heads"
+    );
     for g in [1, 2, 4, 8, 16] {
         assert!(groups.contains(&g), "GQA group {g} never drawn");
     }
@@ -62,7 +65,12 @@ fn production_shapes_and_every_data_class_are_drawn_in_their_shares() {
 fn row_maxima(case: &smallseq::case::Case, slot: usize, h: usize) -> Vec<(usize, f64, f64)> {
     let p = &case.config.params;
     let (l, g) = (&case.layout, p.group_size());
-    let (oq, lq, ok, lk) = (l.q.offset(slot), l.q.len(slot), l.kv.offset(slot), l.kv.len(slot));
+    let (oq, lq, ok, lk) = (
+        l.q.offset(slot),
+        l.q.len(slot),
+        l.kv.offset(slot),
+        l.kv.len(slot),
+    );
     (0..lq)
         .filter_map(|r| {
             let mut s: Vec<(usize, f64)> = (0..lk)
@@ -70,7 +78,11 @@ fn row_maxima(case: &smallseq::case::Case, slot: usize, h: usize) -> Vec<(usize,
                 .map(|c| {
                     let q = case.q.slice(ndarray::s![oq + r, h, ..]);
                     let k = case.k.slice(ndarray::s![ok + c, h / g, ..]);
-                    let d: f64 = q.iter().zip(k).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let d: f64 = q
+                        .iter()
+                        .zip(k)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
                     (c, p.scale * d)
                 })
                 .collect();
@@ -86,7 +98,8 @@ fn cases_of(class: DataClass, want: usize) -> Vec<(u64, smallseq::case::Case)> {
         .filter_map(|i| {
             let cs = case_seed(SEED, i);
             let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
-            let long = (0..g.layout.slots()).any(|s| g.layout.kv.len(s) == 17 && g.layout.q.len(s) > 0);
+            let long =
+                (0..g.layout.slots()).any(|s| g.layout.kv.len(s) == 17 && g.layout.q.len(s) > 0);
             (g.data == class && long).then(|| (i, build(&g, cs ^ 0xda7a).unwrap()))
         })
         .take(want)
@@ -130,19 +143,35 @@ fn range_stress_drives_f16_ds_past_the_dtype_limit() {
             let (oq, lq, ok, lk) = (l.q.offset(s), l.q.len(s), l.kv.offset(s), l.kv.len(s));
             for h in 0..p.num_heads {
                 for r in 0..lq {
-                    let vis: Vec<usize> = (0..lk).filter(|&c| visible(p.mask, p.window, r, c, lq, lk)).collect();
+                    let vis: Vec<usize> = (0..lk)
+                        .filter(|&c| visible(p.mask, p.window, r, c, lq, lk))
+                        .collect();
                     if vis.is_empty() {
                         continue;
                     }
                     let dot = |a: ndarray::ArrayView1<f32>, b: ndarray::ArrayView1<f32>| -> f64 {
-                        a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+                        a.iter()
+                            .zip(b)
+                            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                            .sum()
                     };
                     let q = case.q.slice(ndarray::s![oq + r, h, ..]);
-                    let sc: Vec<f64> = vis.iter().map(|&c| p.scale * dot(q, case.k.slice(ndarray::s![ok + c, h / g, ..]))).collect();
+                    let sc: Vec<f64> = vis
+                        .iter()
+                        .map(|&c| p.scale * dot(q, case.k.slice(ndarray::s![ok + c, h / g, ..])))
+                        .collect();
                     let m = sc.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
                     let l_: f64 = sc.iter().map(|x| (x - m).exp()).sum();
                     let pr: Vec<f64> = sc.iter().map(|x| (x - m).exp() / l_).collect();
-                    let dp: Vec<f64> = vis.iter().map(|&c| dot(d_o.slice(ndarray::s![oq + r, h, ..]), case.v.slice(ndarray::s![ok + c, h / g, ..]))).collect();
+                    let dp: Vec<f64> = vis
+                        .iter()
+                        .map(|&c| {
+                            dot(
+                                d_o.slice(ndarray::s![oq + r, h, ..]),
+                                case.v.slice(ndarray::s![ok + c, h / g, ..]),
+                            )
+                        })
+                        .collect();
                     let big_d: f64 = pr.iter().zip(&dp).map(|(a, b)| a * b).sum();
                     for (a, b) in pr.iter().zip(&dp) {
                         worst = worst.max((a * (b - big_d)).abs());
@@ -152,7 +181,11 @@ fn range_stress_drives_f16_ds_past_the_dtype_limit() {
         }
         past += usize::from(worst > 65504.0);
     }
-    assert!(past * 2 > f16.len(), "{past} of {} f16 cases push dS past 65504", f16.len());
+    assert!(
+        past * 2 > f16.len(),
+        "{past} of {} f16 cases push dS past 65504",
+        f16.len()
+    );
 }
 
 /// Small-seq cases of the native campaign with at least 45 rows per tensor.
@@ -162,7 +195,9 @@ fn judged_cases(n: usize) -> Vec<smallseq::case::Case> {
             let cs = case_seed(SEED + 1, i);
             let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
             let p = &g.config.params;
-            let eligible = g.production && p.num_heads == p.num_kv_heads && g.config.layout == smallseq::config::LayoutKind::Thd;
+            let eligible = g.production
+                && p.num_heads == p.num_kv_heads
+                && g.config.layout == smallseq::config::LayoutKind::Thd;
             let rows = g.layout.q.cu.last().copied().unwrap_or(0) as usize * p.num_heads;
             (eligible && rows >= 64 && g.backward).then(|| build(&g, cs ^ 0xda7a).unwrap())
         })
@@ -182,10 +217,18 @@ fn rounding_bias_passes_the_cpu_backend_and_fails_rounding_toward_zero() {
         }
         judged += 1;
         for (p, o) in &run.outcomes {
-            assert!(!matches!(o, Outcome::Fail(_)), "case {i}: the CPU backend fails {p}: {o:?}");
+            assert!(
+                !matches!(o, Outcome::Fail(_)),
+                "case {i}: the CPU backend fails {p}: {o:?}"
+            );
         }
         let bias = |run: &smallseq::harness::props::CaseRun| {
-            run.outcomes.iter().find(|(p, _)| *p == Prop::RoundingBias).unwrap().1.clone()
+            run.outcomes
+                .iter()
+                .find(|(p, _)| *p == Prop::RoundingBias)
+                .unwrap()
+                .1
+                .clone()
         };
         match bias(&run) {
             Outcome::Pass => passed += 1,
@@ -198,7 +241,12 @@ fn rounding_bias_passes_the_cpu_backend_and_fails_rounding_toward_zero() {
         }
         // The same outputs are within every tolerance of the reference (emulation_conformance
         // sees them only where an output overflows: nearest-even gives inf, the mutant 65,504).
-        let o = &run.outcomes.iter().find(|(q, _)| *q == Prop::NumericAgreement).unwrap().1;
+        let o = &run
+            .outcomes
+            .iter()
+            .find(|(q, _)| *q == Prop::NumericAgreement)
+            .unwrap()
+            .1;
         assert!(!matches!(o, Outcome::Fail(_)), "case {i}: {o:?}");
     }
     assert!(judged >= 6, "only {judged} small-seq cases");

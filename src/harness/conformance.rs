@@ -123,7 +123,12 @@ pub fn paired<'a>(
 
 /// Per output tensor the small-seq path computed, the [`Count`] of `actual` against
 /// `emulated`.
-pub fn counts(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outputs) -> Vec<Count> {
+pub fn counts(
+    case: &Case,
+    small: (bool, bool),
+    actual: &Outputs,
+    emulated: &Outputs,
+) -> Vec<Count> {
     let u = case.config.dtype.unit_roundoff();
     paired(case, small, actual, emulated)
         .iter()

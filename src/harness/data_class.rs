@@ -105,9 +105,15 @@ pub fn apply(case: &mut Case, class: DataClass, rng: &mut Rng) {
             let c = edge_key(case, &s, rng);
             match class {
                 DataClass::Plain => {}
-                DataClass::MaxOnTileEdge => max_on(case, &s, hk, heads, c, rng.unit() * 8.0 + 4.0, rng),
+                DataClass::MaxOnTileEdge => {
+                    max_on(case, &s, hk, heads, c, rng.unit() * 8.0 + 4.0, rng)
+                }
                 DataClass::ExpOverflowRow => {
-                    let c = if s.lk > TILE { rng.range(TILE, s.lk - 1) } else { c };
+                    let c = if s.lk > TILE {
+                        rng.range(TILE, s.lk - 1)
+                    } else {
+                        c
+                    };
                     max_on(case, &s, hk, heads, c, rng.unit() * 300.0 + 100.0, rng);
                 }
                 DataClass::NearTieOnEdge => near_tie(case, &s, hk, heads, rng),
@@ -165,8 +171,14 @@ fn signs(n: usize, rng: &mut Rng) -> Vec<f32> {
 }
 
 fn dot(a: &Array3<f32>, ra: usize, ha: usize, b: &Array3<f32>, rb: usize, hb: usize) -> f64 {
-    let (x, y) = (a.slice(ndarray::s![ra, ha, ..]), b.slice(ndarray::s![rb, hb, ..]));
-    x.iter().zip(y).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum()
+    let (x, y) = (
+        a.slice(ndarray::s![ra, ha, ..]),
+        b.slice(ndarray::s![rb, hb, ..]),
+    );
+    x.iter()
+        .zip(y)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
 }
 
 /// Aligns the group's query rows with a sign pattern and sets key `c` along it, so every query
@@ -303,12 +315,15 @@ fn range_stress(
             let Some(Some(sc)) = logits.get(c).copied() else {
                 continue;
             };
-            let m = logits.iter().flatten().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let m = logits
+                .iter()
+                .flatten()
+                .fold(f64::NEG_INFINITY, |a, &b| a.max(b));
             let l: f64 = logits.iter().flatten().map(|x| (x - m).exp()).sum();
             let pc = (sc - m).exp() / l;
             let spread = (pc * (1.0 - pc)).max(1e-3);
-            let b = (target * (1.1 + 0.9 * rng.unit()) / (spread * f64::from(a) * dv as f64))
-                .min(cap);
+            let b =
+                (target * (1.1 + 0.9 * rng.unit()) / (spread * f64::from(a) * dv as f64)).min(cap);
             d_o.slice_mut(ndarray::s![s.oq + r, h, ..])
                 .iter_mut()
                 .zip(&w)

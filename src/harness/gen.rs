@@ -71,9 +71,19 @@ const MAX_TOKENS: usize = 1024;
 /// A slot length; with `edges` (data shaped against the tiles) mostly one of the tile edges.
 fn draw_len<D: Draw>(d: &mut D, edges: bool) -> usize {
     let weights = if edges {
-        [(10, LenKind::Uniform), (60, LenKind::Edge), (3, LenKind::Long), (3, LenKind::Zero)]
+        [
+            (10, LenKind::Uniform),
+            (60, LenKind::Edge),
+            (3, LenKind::Long),
+            (3, LenKind::Zero),
+        ]
     } else {
-        [(30, LenKind::Uniform), (30, LenKind::Boundary), (6, LenKind::Long), (6, LenKind::Zero)]
+        [
+            (30, LenKind::Uniform),
+            (30, LenKind::Boundary),
+            (6, LenKind::Long),
+            (6, LenKind::Zero),
+        ]
     };
     d.weighted(&weights).draw(d)
 }

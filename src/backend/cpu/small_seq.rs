@@ -8,8 +8,8 @@ use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
 use crate::mutants::Mutant;
 use crate::workspace::names;
-use smallseq_reference::Dtype;
 use rayon::prelude::*;
+use smallseq_reference::Dtype;
 
 /// Rows (and columns) per tile.
 const TILE: usize = 16;
@@ -67,7 +67,9 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     let mut m = Vec::with_capacity(s.len());
     let mut l = Vec::with_capacity(s.len());
     for row in &s {
-        let seen = if be.has(Mutant::SoftmaxFirstTileMax) && row[..row.len().min(TILE)].iter().any(Option::is_some) {
+        let seen = if be.has(Mutant::SoftmaxFirstTileMax)
+            && row[..row.len().min(TILE)].iter().any(Option::is_some)
+        {
             &row[..row.len().min(TILE)]
         } else {
             &row[..]
@@ -250,7 +252,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         .for_each(|(y, x)| *y = be.round_out(dt, x * qscale));
                 }
             }
-            r.dk.iter_mut().for_each(|x| *x = be.round_out(dt, *x * scale));
+            r.dk.iter_mut()
+                .for_each(|x| *x = be.round_out(dt, *x * scale));
             r.dv.iter_mut().for_each(|x| *x = be.round_out(dt, *x));
             r
         })
