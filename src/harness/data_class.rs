@@ -132,6 +132,21 @@ struct SlotRows {
     lk: usize,
 }
 
+/// What a class aims at in one slot: a kv head, its group's query heads, and a key.
+struct Aim {
+    hk: usize,
+    heads: std::ops::Range<usize>,
+    c: usize,
+}
+
+/// Sets row `row`, head `head` of `t` to `f(old, w)` per dimension along the signs `w`.
+fn along(t: &mut Array3<f32>, row: usize, head: usize, w: &[f32], f: impl Fn(f32, f32) -> f32) {
+    t.slice_mut(ndarray::s![row, head, ..])
+        .iter_mut()
+        .zip(w)
+        .for_each(|(x, &w)| *x = f(*x, w));
+}
+
 /// A tile-edge index below `len`: 15, 16, 17 (1-based) where they exist, else the last.
 fn edge_index<D: Draw>(len: usize, d: &mut D) -> usize {
     let at: Vec<usize> = [TILE - 2, TILE - 1, TILE]
@@ -183,52 +198,38 @@ fn dot(a: &Array3<f32>, ra: usize, ha: usize, b: &Array3<f32>, rb: usize, hb: us
 
 /// Aligns the group's query rows with a sign pattern and sets key `c` along it, so every query
 /// row's logit at `c` is at least `margin` above its largest other logit.
-fn max_on(
-    case: &mut Case,
-    s: &SlotRows,
-    hk: usize,
-    heads: std::ops::Range<usize>,
-    c: usize,
-    margin: f64,
-    rng: &mut Rng,
-) {
+fn max_on(case: &mut Case, s: &SlotRows, aim: Aim, margin: f64, rng: &mut Rng) {
     let dt = case.config.dtype;
     let scale = case.config.params.scale;
     let w = signs(case.q.shape()[2], rng);
     let mut qmin = f64::INFINITY;
     let mut other = 0.0f64;
-    for h in heads {
+    for h in aim.heads {
         for r in s.oq..s.oq + s.lq {
-            let mut row = case.q.slice_mut(ndarray::s![r, h, ..]);
-            row.iter_mut()
-                .zip(&w)
-                .for_each(|(x, w)| *x = dt.round(w * x.abs().max(0.25)));
+            along(&mut case.q, r, h, &w, |x, w| {
+                dt.round(w * x.abs().max(0.25))
+            });
+            let row = case.q.slice(ndarray::s![r, h, ..]);
             qmin = qmin.min(row.iter().map(|x| f64::from(x.abs())).sum());
-            for j in (0..s.lk).filter(|&j| j != c) {
-                other = other.max((scale * dot(&case.q, r, h, &case.k, s.ok + j, hk)).abs());
+            for j in (0..s.lk).filter(|&j| j != aim.c) {
+                other = other.max((scale * dot(&case.q, r, h, &case.k, s.ok + j, aim.hk)).abs());
             }
         }
     }
     let m = ((other + margin) / (scale * qmin)).min(f64::from(dt.max_finite()) / 4.0);
-    let mut key = case.k.slice_mut(ndarray::s![s.ok + c, hk, ..]);
-    key.iter_mut()
-        .zip(&w)
-        .for_each(|(x, w)| *x = dt.round_f64(f64::from(*w) * m));
+    along(&mut case.k, s.ok + aim.c, aim.hk, &w, |_, w| {
+        dt.round_f64(f64::from(w) * m)
+    });
 }
 
 /// Keys `c` and `c + 1` across a tile boundary hold the row maximum, tied or one ulp apart.
-fn near_tie(
-    case: &mut Case,
-    s: &SlotRows,
-    hk: usize,
-    heads: std::ops::Range<usize>,
-    rng: &mut Rng,
-) {
+fn near_tie(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
     if s.lk < 2 {
         return;
     }
     let c = edge_index(s.lk - 1, rng).min(s.lk - 2);
-    max_on(case, s, hk, heads, c, rng.unit() * 6.0 + 2.0, rng);
+    let hk = aim.hk;
+    max_on(case, s, Aim { c, ..aim }, rng.unit() * 6.0 + 2.0, rng);
     let dt = case.config.dtype;
     let src = case.k.slice(ndarray::s![s.ok + c, hk, ..]).to_owned();
     let mut dst = case.k.slice_mut(ndarray::s![s.ok + c + 1, hk, ..]);
@@ -246,34 +247,20 @@ fn next_down(dt: Dtype, x: f32) -> f32 {
 }
 
 /// The largest `|dO·V|` of the slot at a tile-edge query row and key `c`.
-fn dov_max(
-    case: &mut Case,
-    s: &SlotRows,
-    hk: usize,
-    heads: std::ops::Range<usize>,
-    c: usize,
-    rng: &mut Rng,
-) {
+fn dov_max(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
     let dt = case.config.dtype;
     let w = signs(case.v.shape()[2], rng);
     let vmax = case
         .v
-        .slice(ndarray::s![s.ok..s.ok + s.lk, hk, ..])
+        .slice(ndarray::s![s.ok..s.ok + s.lk, aim.hk, ..])
         .iter()
         .fold(1.0f32, |m, x| m.max(x.abs()));
     let a = dt.round((8.0 * vmax).min(dt.max_finite() / 4.0));
-    case.v
-        .slice_mut(ndarray::s![s.ok + c, hk, ..])
-        .iter_mut()
-        .zip(&w)
-        .for_each(|(x, w)| *x = w * a);
+    along(&mut case.v, s.ok + aim.c, aim.hk, &w, |_, w| w * a);
     let r = s.oq + edge_index(s.lq, rng);
     if let Some(d_o) = case.d_o.as_mut() {
-        for h in heads {
-            d_o.slice_mut(ndarray::s![r, h, ..])
-                .iter_mut()
-                .zip(&w)
-                .for_each(|(x, w)| *x = dt.round(w * x.abs().max(0.25)));
+        for h in aim.heads {
+            along(d_o, r, h, &w, |x, w| dt.round(w * x.abs().max(0.25)));
         }
     }
 }
@@ -281,14 +268,7 @@ fn dov_max(
 /// Sets V at key `c` and every query row's dO along one sign pattern, sized from the row's own
 /// P at `c` so that `P·(1 − P)·dP`, about the row's largest |dS|, lands at 1.1–2× the range
 /// target.
-fn range_stress(
-    case: &mut Case,
-    s: &SlotRows,
-    hk: usize,
-    heads: std::ops::Range<usize>,
-    c: usize,
-    rng: &mut Rng,
-) {
+fn range_stress(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
     let dt = case.config.dtype;
     let p = case.config.params.clone();
     let target = f64::from(dt.max_finite()).min(2f64.powi(64));
@@ -296,23 +276,19 @@ fn range_stress(
     let dv = case.v.shape()[2];
     let w = signs(dv, rng);
     let a = 64.0f32;
-    case.v
-        .slice_mut(ndarray::s![s.ok + c, hk, ..])
-        .iter_mut()
-        .zip(&w)
-        .for_each(|(x, w)| *x = w * a);
+    along(&mut case.v, s.ok + aim.c, aim.hk, &w, |_, w| w * a);
     let Some(d_o) = case.d_o.as_mut() else {
         return;
     };
-    for h in heads {
+    for h in aim.heads {
         for r in 0..s.lq {
             let logits: Vec<Option<f64>> = (0..s.lk)
                 .map(|j| {
                     visible(p.mask, p.window, r, j, s.lq, s.lk)
-                        .then(|| p.scale * dot(&case.q, s.oq + r, h, &case.k, s.ok + j, hk))
+                        .then(|| p.scale * dot(&case.q, s.oq + r, h, &case.k, s.ok + j, aim.hk))
                 })
                 .collect();
-            let Some(Some(sc)) = logits.get(c).copied() else {
+            let Some(Some(sc)) = logits.get(aim.c).copied() else {
                 continue;
             };
             let m = logits
@@ -324,10 +300,7 @@ fn range_stress(
             let spread = (pc * (1.0 - pc)).max(1e-3);
             let b =
                 (target * (1.1 + 0.9 * rng.unit()) / (spread * f64::from(a) * dv as f64)).min(cap);
-            d_o.slice_mut(ndarray::s![s.oq + r, h, ..])
-                .iter_mut()
-                .zip(&w)
-                .for_each(|(x, w)| *x = dt.round_f64(f64::from(*w) * b));
+            along(d_o, s.oq + r, h, &w, |_, w| dt.round_f64(f64::from(w) * b));
         }
     }
 }
