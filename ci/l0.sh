@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 echo "== fmt"; cargo fmt --all -- --check; (cd fuzz && cargo fmt -- --check)
 echo "== clippy"; cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests"; cargo test --workspace --release
-echo "== mutants"; cargo run --release -- mutants --cases 150 --seed 1 --out target/l0/mutants
+echo "== mutants"; cargo run --release -- mutants --cases 300 --seed 1 --out target/l0/mutants
 echo "== fuzz"; cargo run --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
 echo "== cargo-fuzz targets"; ci/fuzz.sh "${SMALLSEQ_FUZZ_SECONDS:-20}"

@@ -45,7 +45,8 @@ struct Lean {
     voting_rows: usize,
     /// Of those, rows whose net deviation is away from zero.
     away_rows: usize,
-    /// Largest `|k/n − 1/2|` of one tensor, either statistic (what a budget must cover).
+    /// Largest `|k/n − 1/2|` of one tensor, either statistic, over votes of at least 45 rows
+    /// (what a budget must cover).
     max_excess: f64,
     /// Sum of the signed deviations of differing elements, in ulps, and their count.
     signed_ulps: f64,
@@ -63,7 +64,9 @@ impl Lean {
         self.tensors += 1;
         self.voting_rows += s.away.n;
         self.away_rows += s.away.k;
-        for v in [s.up, s.away].iter().filter(|v| v.n > 0) {
+        // A lean of a handful of rows is chance; only votes a unanimous one could fail count.
+        let enough = bias::min_rows(0.0).unwrap_or(usize::MAX);
+        for v in [s.up, s.away].iter().filter(|v| v.n >= enough) {
             self.max_excess = self.max_excess.max(v.excess().abs());
         }
         self.signed_ulps += s.signed_ulps;
