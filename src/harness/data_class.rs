@@ -30,7 +30,7 @@ pub enum DataClass {
     NearTieOnEdge,
     /// The largest `|dO·V|` at a tile-edge query and key.
     DovMaxOnEdge,
-    /// `dS = P·(dP − D)` driven past the dtype's range (f16: 1.1–2× 65,504; bf16 and f32:
+    /// `dS = P·(dP − D)` driven past the dtype's range (f16: 1.05–1.4× 65,504; bf16 and f32:
     /// about 2^64, where f32 accumulations stay finite) through large, aligned dO and V.
     BwdRangeStress,
 }
@@ -103,22 +103,21 @@ pub fn apply(case: &mut Case, class: DataClass, rng: &mut Rng) {
         for hk in 0..p.num_kv_heads {
             let heads = hk * g..(hk + 1) * g;
             let c = edge_key(case, &s, rng);
+            let aim = Aim { hk, heads, c };
             match class {
                 DataClass::Plain => {}
-                DataClass::MaxOnTileEdge => {
-                    max_on(case, &s, hk, heads, c, rng.unit() * 8.0 + 4.0, rng)
-                }
+                DataClass::MaxOnTileEdge => max_on(case, &s, aim, rng.unit() * 8.0 + 4.0, rng),
                 DataClass::ExpOverflowRow => {
                     let c = if s.lk > TILE {
                         rng.range(TILE, s.lk - 1)
                     } else {
                         c
                     };
-                    max_on(case, &s, hk, heads, c, rng.unit() * 300.0 + 100.0, rng);
+                    max_on(case, &s, Aim { c, ..aim }, rng.unit() * 300.0 + 100.0, rng);
                 }
-                DataClass::NearTieOnEdge => near_tie(case, &s, hk, heads, rng),
-                DataClass::DovMaxOnEdge => dov_max(case, &s, hk, heads, c, rng),
-                DataClass::BwdRangeStress => range_stress(case, &s, hk, heads, c, rng),
+                DataClass::NearTieOnEdge => near_tie(case, &s, aim, rng),
+                DataClass::DovMaxOnEdge => dov_max(case, &s, aim, rng),
+                DataClass::BwdRangeStress => range_stress(case, &s, aim, rng),
             }
         }
     }
@@ -266,8 +265,8 @@ fn dov_max(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
 }
 
 /// Sets V at key `c` and every query row's dO along one sign pattern, sized from the row's own
-/// P at `c` so that `P·(1 − P)·dP`, about the row's largest |dS|, lands at 1.1–2× the range
-/// target.
+/// P at `c` so that `P·(1 − P)·dP`, about the row's largest |dS|, lands at 1.05–1.4× the range
+/// target: past it, but not so far that the saturating kernels' own error hides everything.
 fn range_stress(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
     let dt = case.config.dtype;
     let p = case.config.params.clone();
@@ -298,8 +297,8 @@ fn range_stress(case: &mut Case, s: &SlotRows, aim: Aim, rng: &mut Rng) {
             let l: f64 = logits.iter().flatten().map(|x| (x - m).exp()).sum();
             let pc = (sc - m).exp() / l;
             let spread = (pc * (1.0 - pc)).max(1e-3);
-            let b =
-                (target * (1.1 + 0.9 * rng.unit()) / (spread * f64::from(a) * dv as f64)).min(cap);
+            let b = (target * (1.05 + 0.35 * rng.unit()) / (spread * f64::from(a) * dv as f64))
+                .min(cap);
             along(d_o, s.oq + r, h, &w, |_, w| dt.round_f64(f64::from(w) * b));
         }
     }
