@@ -399,6 +399,30 @@ mod tests {
         })
     }
 
+    /// CPU fuzz seed 2043, case 1632: an f16 dK whose reference is -15,822, stored as +inf by a
+    /// path whose noise (the emulation's own error 41,600) exceeds its distance to the limit.
+    #[test]
+    fn a_stored_infinity_is_judged_as_the_limit_and_nan_never_passes() {
+        let max = f64::from(Dtype::F16.max_finite());
+        // One element whose emulation is 41,600 off: threshold 4 x 41,600 + floor.
+        let j = triple_with(f64::INFINITY, -15_822.0, -15_822.0 + 41_600.0);
+        assert!((j.err - (max + 15_822.0)).abs() < 1e-9, "{j:?}");
+        assert!(j.passed(), "{j:?}");
+        // Without the noise the same infinity fails, and NaN fails whatever the noise.
+        assert!(!triple(f64::INFINITY, -15_822.0).passed());
+        assert!(!triple_with(f64::NAN, -15_822.0, -15_822.0 + 41_600.0).passed());
+    }
+
+    /// CPU fuzz seed 2043, case 1564: a dK of 60,644 whose own rounding allowance reaches the
+    /// limit may be stored as the infinity of its sign.
+    #[test]
+    fn an_elements_allowance_is_headroom_at_the_limit() {
+        let at = |allowance| one_element(Dtype::F16, f64::INFINITY, 60_644.0, 60_644.0, allowance);
+        assert!(!at(None).passed());
+        assert!(!at(Some(1_000.0)).passed());
+        assert!(at(Some(5_000.0)).passed());
+    }
+
     #[test]
     fn subnormal_outputs_get_a_few_subnormal_spacings() {
         // bf16 dK at its smallest normal (CPU fuzz seed 2036, case 45052, mixed-path
