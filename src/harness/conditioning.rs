@@ -30,8 +30,16 @@
 //! paths (CPU fuzz seed 2043, cases 1564 and 1632, near-tied keys of large data).
 
 use crate::case::Case;
-use ndarray::{s, Array2, Array3};
+use ndarray::{s, Array2, Array3, ArrayView1};
 use smallseq_reference::Dtype;
+
+/// `Σ |a·b|` in f64: the magnitude a dot product's f32 rounding scales with.
+fn abs_dot(a: ArrayView1<f32>, b: ArrayView1<f32>) -> f64 {
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| (f64::from(*x) * f64::from(*y)).abs())
+        .sum()
+}
 
 /// Allowances of `dq [Tq, H, Dqk]` and `dk [Tk, Hkv, Dqk]`, in the tensors' units.
 #[derive(Clone, Debug)]
@@ -69,13 +77,7 @@ pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
             .iter()
             .map(|&c| {
                 let prob = case.probability(&row, c, lse_r);
-                let v = case.v.slice(s![c, hk, ..]);
-                let a: f64 = d_o_r
-                    .iter()
-                    .zip(v.iter())
-                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                    .sum();
-                (prob, a)
+                (prob, abs_dot(d_o_r, case.v.slice(s![c, hk, ..])))
             })
             .collect();
         let big_a: f64 = pa.iter().map(|(prob, a)| prob * a).sum();
@@ -83,15 +85,7 @@ pub fn grad_allowance(case: &Case, lse: &Array2<f64>) -> Option<GradAllowance> {
         let score_mag = row
             .keys
             .iter()
-            .map(|&c| {
-                let k = case.k.slice(s![c, hk, ..]);
-                let m: f64 = q_r
-                    .iter()
-                    .zip(k.iter())
-                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                    .sum();
-                p.scale.abs() * m
-            })
+            .map(|&c| p.scale.abs() * abs_dot(q_r, case.k.slice(s![c, hk, ..])))
             .fold(0.0f64, f64::max);
         let widen = 1.0 + (score_mag + lse_r.abs()) / terms;
         for (&c, &(prob, a)) in row.keys.iter().zip(&pa) {
