@@ -87,9 +87,8 @@ fn window(w: Window) -> &'static str {
 }
 
 impl Coverage {
-    /// Every dimension with its admitted values at zero, for a campaign on `backend` under
-    /// `profile` (the backends admit the same general surface; the profile sets the
-    /// small-seq gate's).
+    /// Every dimension with its admitted values at zero, for a campaign under `profile` (every
+    /// backend admits the same general surface; the profile sets the small-seq gate's).
     pub fn new(profile: Profile) -> Self {
         let (ss_heads, ss_dims): (&[&str], &[&str]) = match profile {
             Profile::Native => (&HEAD_BUCKETS, &["64", "128", "256"]),
