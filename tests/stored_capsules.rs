@@ -52,7 +52,13 @@ fn h200_f16_one_flipped_p_conforms_to_the_emulation() {
         d.lines.join("\n")
     );
     let y = oracle(&case).unwrap();
-    let counts = conformance::counts(&case, (true, true), &case.outputs, &y.emulated);
+    let counts = conformance::counts(
+        &case,
+        (true, true),
+        &case.outputs,
+        &y.emulated,
+        y.grads.as_ref(),
+    );
     let o = counts.iter().find(|c| c.tensor == "o").unwrap();
     assert_eq!((o.elements, o.off, o.row), (320, 10, 64));
     assert!(o.rate() > 0.02);
