@@ -24,6 +24,7 @@
 use super::conditioning::GradAllowance;
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
+use std::cmp::Ordering;
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
 pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
@@ -165,7 +166,9 @@ pub fn counts(
             for (x, y) in t.pairs() {
                 // Half an ulp of the dtype at the emulation's value.
                 if let Some(al) = allow.as_mut().and_then(Iterator::next) {
-                    if !(al <= u * y.abs()) {
+                    // NaN on either side is no proof the allowance is small: excluded.
+                    let within = al.partial_cmp(&(u * y.abs()));
+                    if !matches!(within, Some(Ordering::Less | Ordering::Equal)) {
                         c.excluded += 1;
                         continue;
                     }

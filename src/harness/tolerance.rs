@@ -92,13 +92,15 @@ fn same_non_finite(x: f64, e: f64) -> bool {
     (x.is_infinite() && x == e) || (x.is_nan() && e.is_nan())
 }
 
+/// (token, head, dim: None for lse), value, expected.
+type At = ((usize, usize, Option<usize>), f64, f64);
+
 /// The largest error of one (token, head) row (of lse: one element), where it is, and the
 /// row's `max |reference|` (finite values).
 #[derive(Clone, Debug, Default)]
 struct RowMax {
     err: f64,
-    /// (token, head, dim: None for lse), value, expected.
-    at: Option<((usize, usize, Option<usize>), f64, f64)>,
+    at: Option<At>,
     mag: f64,
 }
 
