@@ -74,11 +74,22 @@ pub enum Mutant {
     ZeroedSmallRow,
     /// The fallback forward's O is twice the right value on slots of at most 17 keys.
     FallbackSmallShapes2x,
+    // Issue 18: bugs of the classes the harness used to miss (production head counts,
+    // extremes at tile boundaries, backward range, rounding mode).
+    /// Query heads above 16 read kv head `(h & 15) / g`: a 4-bit head field.
+    HeadIndexAbove16,
+    /// The row maximum is taken over the first 16-key tile only (no rescale for the second):
+    /// harmless until a later key's logit exceeds it by enough to overflow `exp`.
+    SoftmaxFirstTileMax,
+    /// f16 backward: dS is rounded without being kept in range first (overflows to ±inf).
+    F16DsUnclamped,
+    /// Small-seq outputs are rounded toward zero instead of to nearest-even.
+    RoundTowardZero,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 32] = [
+    pub const ALL: [Mutant; 36] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -112,6 +123,11 @@ impl Mutant {
         Mutant::DqUlpBias,
         Mutant::ZeroedSmallRow,
         Mutant::FallbackSmallShapes2x,
+        // Issue 18.
+        Mutant::HeadIndexAbove16,
+        Mutant::SoftmaxFirstTileMax,
+        Mutant::F16DsUnclamped,
+        Mutant::RoundTowardZero,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
@@ -168,6 +184,11 @@ impl Mutant {
             Mutant::DqUlpBias => "dq-ulp-bias",
             Mutant::ZeroedSmallRow => "zeroed-small-row",
             Mutant::FallbackSmallShapes2x => "fallback-small-shapes-2x",
+            // Issue 18.
+            Mutant::HeadIndexAbove16 => "head-index-above-16",
+            Mutant::SoftmaxFirstTileMax => "softmax-first-tile-max",
+            Mutant::F16DsUnclamped => "f16-ds-unclamped",
+            Mutant::RoundTowardZero => "round-toward-zero",
         }
     }
 }

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use smallseq::backend;
 use smallseq::dispatch::{Path, Profile};
+use smallseq::harness::bias::{self, Signs};
 use smallseq::harness::campaign::case_seed;
 use smallseq::harness::conformance::{self, CONFORMANCE_TENSORS};
 use smallseq::harness::gen::{build, draw_geometry_for};
@@ -34,6 +35,48 @@ pub struct CalibrateArgs {
     pub out: Option<PathBuf>,
 }
 
+/// Rounding bias per dtype, head dim and tensor (`rounding_bias`): how far the rows' votes
+/// lean from a half, and the largest margin under the backend's current bias budget.
+#[derive(Default, Serialize)]
+struct Lean {
+    /// Tensors with enough rows for the sign test.
+    tensors: usize,
+    /// Rows voting (net deviation from the emulation not zero), over all those tensors.
+    voting_rows: usize,
+    /// Of those, rows whose net deviation is away from zero.
+    away_rows: usize,
+    /// Largest `|k/n − 1/2|` of one tensor, either statistic, over votes of at least 45 rows
+    /// (what a budget must cover).
+    max_excess: f64,
+    /// Sum of the signed deviations of differing elements, in ulps, and their count.
+    signed_ulps: f64,
+    differing: usize,
+    /// Largest margin under the current budget (above 1 fails the property).
+    max_margin: Option<f64>,
+}
+
+impl Lean {
+    fn add(&mut self, s: &Signs, budget: Option<f64>) {
+        // Uncalibrated backends are measured against no budget at all.
+        let Some(m) = s.margin(budget.unwrap_or(0.0)) else {
+            return;
+        };
+        self.tensors += 1;
+        self.voting_rows += s.away.n;
+        self.away_rows += s.away.k;
+        // A lean of a handful of rows is chance; only votes a unanimous one could fail count.
+        let enough = bias::min_rows(0.0).unwrap_or(usize::MAX);
+        for v in [s.up, s.away].iter().filter(|v| v.n >= enough) {
+            self.max_excess = self.max_excess.max(v.excess().abs());
+        }
+        self.signed_ulps += s.signed_ulps;
+        self.differing += s.differing;
+        if budget.is_some() {
+            self.max_margin = Some(self.max_margin.map_or(m, |x| x.max(m)));
+        }
+    }
+}
+
 #[derive(Default, Serialize)]
 struct Rates {
     /// Tensors judged (enough elements and rows, `Count::judged`).
@@ -46,6 +89,7 @@ struct Rates {
     /// Largest `off / allowance` under the backend's current budget (above 1 fails the
     /// property); None where the tensor is not judged.
     max_margin: Option<f64>,
+    bias: Lean,
 }
 
 pub fn run(args: &CalibrateArgs) -> Result<i32> {
@@ -111,6 +155,16 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 r.max_margin = Some(r.max_margin.map_or(m, |x| x.max(m)));
             }
         }
+        for s in bias::signs(&case, pair.small_seq(), &pair.outputs(), &y.emulated) {
+            let key = format!(
+                "{} d{} {}",
+                case.config.dtype.name(),
+                case.config.params.head_dim_qk,
+                s.tensor
+            );
+            let budget = bias::bias_budget_of(be.name(), s.tensor);
+            rates.entry(key).or_default().bias.add(&s, budget);
+        }
     }
     bar.finish_and_clear();
     println!(
@@ -167,6 +221,32 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         })
         .collect();
     println!("largest rate per tensor: {}", per_tensor.join(", "));
+    println!(
+        "\nrounding bias (sign test at false-alarm rate {:e} per tensor; budget = excess over a half):",
+        bias::FALSE_ALARM
+    );
+    println!(
+        "{:22} {:>8} {:>11} {:>7} {:>11} {:>10} {:>10}",
+        "dtype d tensor",
+        "tensors",
+        "voting rows",
+        "away %",
+        "max excess",
+        "mean ulp",
+        "max margin"
+    );
+    for (k, r) in rates.iter().filter(|(_, r)| r.bias.tensors > 0) {
+        let b = &r.bias;
+        println!(
+            "{k:22} {:>8} {:>11} {:>7.1} {:>11.3} {:>+10.3} {:>10}",
+            b.tensors,
+            b.voting_rows,
+            100.0 * b.away_rows as f64 / b.voting_rows.max(1) as f64,
+            b.max_excess,
+            b.signed_ulps / b.differing.max(1) as f64,
+            b.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
+        );
+    }
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
             .with_context(|| format!("writing {}", out.display()))?;

@@ -135,6 +135,8 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
         dist,
         poison: false,
         segment_split: false,
+        data: smallseq::harness::data_class::DataClass::Plain,
+        production: false,
     };
     let case = build(&g, a.seed).map_err(|e| e.to_string())?;
     write_case(&case, &a.out, OutputPrecision::Device).map_err(|e| e.to_string())?;

@@ -40,7 +40,7 @@ pub struct TargetArgs {
 /// An opened target.
 pub enum Target {
     InProcess(Box<dyn Backend>),
-    Workers(Pool),
+    Workers(Box<Pool>),
 }
 
 impl Target {
@@ -48,7 +48,7 @@ impl Target {
     pub fn runner(&self) -> Box<dyn Runner + '_> {
         match self {
             Target::InProcess(be) => Box::new(InProcess::new(be.as_ref())),
-            Target::Workers(p) => Box::new(p),
+            Target::Workers(p) => Box::new(p.as_ref()),
         }
     }
 
@@ -224,7 +224,7 @@ pub fn open_with_env(
         in_tree,
     })
     .map_err(|e| e.to_string())?;
-    Ok((Target::Workers(pool), jobs))
+    Ok((Target::Workers(Box::new(pool)), jobs))
 }
 
 /// Workers when `--jobs` is not given: one per core (each judges its cases on a host thread

@@ -105,6 +105,9 @@ pub struct Report {
     /// finished it (or was killed); the margins are in the final report only.
     #[serde(default)]
     pub partial: bool,
+    /// Values drawn per dimension, and those admitted but never drawn (issue 18).
+    #[serde(default)]
+    pub dimensions: super::coverage::Coverage,
 }
 
 impl Report {
@@ -401,6 +404,7 @@ impl Campaign<'_> {
             not_covered: self.checker.runner.caps().not_covered(),
             shard: self.shard.is_split().then(|| self.shard.to_string()),
             margin_samples: BTreeMap::new(),
+            dimensions: super::coverage::Coverage::new(self.checker.opts.profile),
         }
     }
 }
@@ -452,6 +456,7 @@ impl Merge<'_, '_> {
         let c = self.campaign;
         let be = c.checker.runner.as_ref();
         let rep = &mut self.rep;
+        rep.dimensions.add(&case, &classes, run.path_fwd);
         for class in classes {
             *rep.coverage.entry(class.into()).or_default() += 1;
         }
@@ -635,6 +640,7 @@ pub fn markdown(rep: &Report) -> String {
         rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
     );
     m.push_str(&super::report_io::markdown_context(rep));
+    m.push_str(&rep.dimensions.markdown());
     m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
     for (name, c) in &rep.properties {
         m.push_str(&format!(

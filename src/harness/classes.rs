@@ -1,11 +1,13 @@
 //! Coverage classes: the places bugs live, tagged per case and counted in reports.
 
+use super::data_class::DataClass;
 use super::gen::has_dont_care;
 use crate::case::Case;
 use smallseq_reference::{Dtype, Window};
 
-/// Every class name, in report order.
-pub const ALL: [&str; 17] = [
+/// Every class name, in report order: the geometry's, then the data classes
+/// ([`DataClass::SHAPED`]) and production head counts (issue 18).
+pub const ALL: [&str; 23] = [
     "batch0",
     "empty_slot",
     "trailing_unused",
@@ -23,6 +25,12 @@ pub const ALL: [&str; 17] = [
     "causal",
     "window",
     "poison",
+    "max_on_tile_edge",
+    "exp_overflow_row",
+    "near_tie_on_edge",
+    "dov_max_on_edge",
+    "bwd_range_stress",
+    "heads_gt16",
 ];
 
 /// The classes a case hits. `segment_split` and `poison` come from how it was generated.
@@ -70,5 +78,10 @@ pub fn classify(case: &Case, segment_split: bool, poisoned: bool) -> Vec<&'stati
     tag("causal", p.mask.causal().is_some());
     tag("window", p.window != Window::NONE);
     tag("poison", poisoned && has_dont_care(case));
+    let data = case.meta.get("smallseq.data_class");
+    for class in DataClass::SHAPED {
+        tag(class.name(), data.is_some_and(|d| d == class.name()));
+    }
+    tag("heads_gt16", p.num_heads > 16);
     c
 }

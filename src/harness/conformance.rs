@@ -24,7 +24,7 @@
 use super::conditioning::GradAllowance;
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
-use std::cmp::Ordering::{Equal, Less};
+use std::cmp::Ordering;
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
 pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
@@ -73,78 +73,118 @@ impl Count {
     }
 }
 
-/// Per output tensor the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
-/// the [`Count`] of `actual` against `emulated`; dq and dk without the elements whose
-/// allowance in `grads` dominates (see the module's doc).
-pub fn counts(
+/// One output tensor of the small-seq path beside its emulation: the kernel's and the
+/// emulation's values, which tokens are valid, and the row length.
+pub struct Paired<'a> {
+    pub tensor: &'static str,
+    pub actual: &'a ndarray::Array3<f64>,
+    pub emulated: &'a ndarray::Array3<f64>,
+    pub valid: Vec<bool>,
+    pub row: usize,
+}
+
+impl Paired<'_> {
+    /// `(actual, emulated)` of every valid element, in storage order (rows contiguous).
+    pub fn pairs(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        self.over_valid(self.actual)
+            .zip(self.over_valid(self.emulated))
+    }
+
+    /// The elements of `x` (shaped as this tensor) at valid tokens, in storage order.
+    pub fn over_valid<'b>(&'b self, x: &'b ndarray::Array3<f64>) -> impl Iterator<Item = f64> + 'b {
+        x.outer_iter()
+            .zip(&self.valid)
+            .filter(|(_, v)| **v)
+            .flat_map(|(a, _)| a.into_iter().copied())
+    }
+}
+
+/// The output tensors the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
+/// each paired with the emulation's.
+pub fn paired<'a>(
     case: &Case,
     (fwd_small, bwd_small): (bool, bool),
-    actual: &Outputs,
-    emulated: &Outputs,
-    grads: Option<&GradAllowance>,
-) -> Vec<Count> {
+    actual: &'a Outputs,
+    emulated: &'a Outputs,
+) -> Vec<Paired<'a>> {
     let vq = case.layout.q.valid_tokens();
     let vk = case.layout.kv.valid_tokens();
-    let u = case.config.dtype.unit_roundoff();
     let (dqk, dv) = (
         case.config.params.head_dim_qk,
         case.config.params.head_dim_v,
     );
     let tensors = [
-        ("o", &actual.o, &emulated.o, &vq, fwd_small, dv, None),
-        (
-            "dq",
-            &actual.dq,
-            &emulated.dq,
-            &vq,
-            bwd_small,
-            dqk,
-            grads.map(|g| &g.dq),
-        ),
-        (
-            "dk",
-            &actual.dk,
-            &emulated.dk,
-            &vk,
-            bwd_small,
-            dqk,
-            grads.map(|g| &g.dk),
-        ),
-        ("dv", &actual.dv, &emulated.dv, &vk, bwd_small, dv, None),
+        ("o", &actual.o, &emulated.o, &vq, fwd_small, dv),
+        ("dq", &actual.dq, &emulated.dq, &vq, bwd_small, dqk),
+        ("dk", &actual.dk, &emulated.dk, &vk, bwd_small, dqk),
+        ("dv", &actual.dv, &emulated.dv, &vk, bwd_small, dv),
     ];
-    let mut out = Vec::new();
-    for (tensor, a, e, valid, on_path, row, allow) in tensors {
-        let (Some(a), Some(e), true) = (a, e, on_path) else {
-            continue;
-        };
-        let mut c = Count {
-            tensor,
-            elements: 0,
-            off: 0,
-            row,
-            excluded: 0,
-        };
-        for (i, &x) in a.indexed_iter().filter(|((t, _, _), _)| valid[*t]) {
-            let y = e[i];
-            // Half an ulp of the dtype at the emulation's value.
-            // (A NaN allowance, from non-finite inputs, leaves the element out too.)
-            let half_ulp = u * y.abs();
-            if allow.is_some_and(|al| !matches!(al[i].partial_cmp(&half_ulp), Some(Less | Equal))) {
-                c.excluded += 1;
-                continue;
-            }
-            let ulp = 2.0 * u * y.abs();
-            let differs = if x.is_finite() && y.is_finite() {
-                (x - y).abs() > ulp * 1.01
-            } else {
-                x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+    tensors
+        .into_iter()
+        .filter_map(|(tensor, a, e, valid, on_path, row)| {
+            let (Some(actual), Some(emulated), true) = (a.as_ref(), e.as_ref(), on_path) else {
+                return None;
             };
-            c.elements += 1;
-            c.off += usize::from(differs);
-        }
-        out.push(c);
-    }
-    out
+            Some(Paired {
+                tensor,
+                actual,
+                emulated,
+                valid: valid.clone(),
+                row,
+            })
+        })
+        .collect()
+}
+
+/// Per output tensor the small-seq path computed, the [`Count`] of `actual` against
+/// `emulated`; dq and dk without the elements whose allowance in `grads` dominates (see the
+/// module's doc).
+pub fn counts(
+    case: &Case,
+    small: (bool, bool),
+    actual: &Outputs,
+    emulated: &Outputs,
+    grads: Option<&GradAllowance>,
+) -> Vec<Count> {
+    let u = case.config.dtype.unit_roundoff();
+    paired(case, small, actual, emulated)
+        .iter()
+        .map(|t| {
+            let allow = grads.and_then(|g| match t.tensor {
+                "dq" => Some(&g.dq),
+                "dk" => Some(&g.dk),
+                _ => None,
+            });
+            let mut allow = allow.map(|al| t.over_valid(al));
+            let mut c = Count {
+                tensor: t.tensor,
+                elements: 0,
+                off: 0,
+                row: t.row,
+                excluded: 0,
+            };
+            for (x, y) in t.pairs() {
+                // Half an ulp of the dtype at the emulation's value.
+                if let Some(al) = allow.as_mut().and_then(Iterator::next) {
+                    // NaN on either side is no proof the allowance is small: excluded.
+                    let within = al.partial_cmp(&(u * y.abs()));
+                    if !matches!(within, Some(Ordering::Less | Ordering::Equal)) {
+                        c.excluded += 1;
+                        continue;
+                    }
+                }
+                let ulp = 2.0 * u * y.abs();
+                let differs = if x.is_finite() && y.is_finite() {
+                    (x - y).abs() > ulp * 1.01
+                } else {
+                    x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+                };
+                c.elements += 1;
+                c.off += usize::from(differs);
+            }
+            c
+        })
+        .collect()
 }
 
 /// The property's verdict on `counts` under the per-tensor rate budgets `budget` (None: that

@@ -2,7 +2,9 @@
 //! towards the places bugs live: slot boundaries 16/17/18, empty and trailing slots, padded
 //! spans, GQA, causal masks, windows, unsupported dims and dtypes, poison in don't-care tokens.
 
+use super::data_class::{self, DataClass};
 use super::rng::{Draw, Rng};
+use super::shapes;
 use crate::case::{bshd_layout, Case};
 use crate::config::{AttnConfig, Bias, LayoutKind};
 use crate::dispatch::Profile;
@@ -57,25 +59,41 @@ pub struct Geometry {
     pub poison: bool,
     /// Built from JAX-style segment ids (several segments per row, padding inside).
     pub segment_split: bool,
+    /// Data shaped against the tile structure, on top of `dist`.
+    pub data: DataClass,
+    /// Drawn by [`shapes::draw_production`].
+    pub production: bool,
 }
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
 const MAX_TOKENS: usize = 1024;
 
-fn draw_len<D: Draw>(d: &mut D) -> usize {
-    d.weighted(&[
-        (30, LenKind::Uniform),
-        (30, LenKind::Boundary),
-        (6, LenKind::Long),
-        (6, LenKind::Zero),
-    ])
-    .draw(d)
+/// A slot length; with `edges` (data shaped against the tiles) mostly one of the tile edges.
+fn draw_len<D: Draw>(d: &mut D, edges: bool) -> usize {
+    let weights = if edges {
+        [
+            (10, LenKind::Uniform),
+            (60, LenKind::Edge),
+            (3, LenKind::Long),
+            (3, LenKind::Zero),
+        ]
+    } else {
+        [
+            (30, LenKind::Uniform),
+            (30, LenKind::Boundary),
+            (6, LenKind::Long),
+            (6, LenKind::Zero),
+        ]
+    };
+    d.weighted(&weights).draw(d)
 }
 
 #[derive(Clone, Copy)]
 enum LenKind {
     Uniform,
     Boundary,
+    /// The tile edges, 17 most often (for data aimed at them).
+    Edge,
     Long,
     Zero,
 }
@@ -85,6 +103,7 @@ impl LenKind {
         match self {
             LenKind::Uniform => d.range(1, 17),
             LenKind::Boundary => d.pick(&[1, 2, 15, 16, 17, 18, 17, 16]),
+            LenKind::Edge => d.pick(&[15, 16, 17, 17, 17, 16, 1, 18]),
             LenKind::Long => d.range(18, 80),
             LenKind::Zero => 0,
         }
@@ -93,6 +112,11 @@ impl LenKind {
 
 /// Draws a geometry.
 pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
+    draw_geometry_with(d, false)
+}
+
+/// Draws a geometry; with `edges`, THD slot lengths favour the tile edges 15, 16, 17.
+pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     // A third of the cases are shaped for the small-seq path, so its properties
     // (fallback equivalence above all) run often; the rest roam the whole input space.
     let eligible = d.percent(35);
@@ -163,10 +187,10 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
             segment_split = true;
             segment_layout(d).unwrap_or_else(|| {
                 layout_kind = LayoutKind::Thd;
-                thd_layout(d)
+                thd_layout(d, edges)
             })
         }
-        LayoutKind::Thd => thd_layout(d),
+        LayoutKind::Thd => thd_layout(d, edges),
     };
     let config = AttnConfig {
         dtype,
@@ -189,9 +213,22 @@ pub fn draw_geometry<D: Draw>(d: &mut D) -> Geometry {
 /// A geometry for the campaign's profile. Under `te625` most cases are shaped for TE's
 /// small-seq gate (bf16, H == Hkv in {16, 32}, D in {128, 256}, padding-class masks, padded
 /// spans around 17), so the small-seq path and its defects are reached at all; the rest
-/// roam like the native campaign. The native profile draws exactly [`draw_geometry`].
+/// roam like the native campaign. The native profile draws production-shaped geometries
+/// ([`shapes`]) in [`shapes::SHARE_PERCENT`] of its cases and [`draw_geometry`] in the rest,
+/// and shapes the data of either against the tile structure ([`DataClass::draw`]).
 pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
-    if profile == Profile::Native || d.percent(30) {
+    if profile == Profile::Native {
+        // The class first: data aimed at the tile edges needs slots that reach them.
+        let data = DataClass::draw(d);
+        let edges = data.aims_at_tile_edges();
+        let g = if d.percent(shapes::SHARE_PERCENT) {
+            shapes::draw_production(d, edges)
+        } else {
+            draw_geometry_with(d, edges)
+        };
+        return Geometry { data, ..g };
+    }
+    if d.percent(30) {
         return draw_geometry(d);
     }
     let heads = d.weighted(&[(45, 16), (35, 32), (10, 8), (10, 4)]);
@@ -232,7 +269,7 @@ pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
 }
 
 /// The data-side choices every geometry ends with.
-fn with_data<D: Draw>(
+pub(super) fn with_data<D: Draw>(
     d: &mut D,
     config: AttnConfig,
     layout: Layout,
@@ -245,6 +282,8 @@ fn with_data<D: Draw>(
         dist: d.pick(&DataDist::ALL),
         poison: d.percent(70),
         segment_split,
+        data: DataClass::Plain,
+        production: false,
     }
 }
 
@@ -282,7 +321,7 @@ fn te_layout<D: Draw>(d: &mut D) -> Layout {
     }
 }
 
-fn thd_layout<D: Draw>(d: &mut D) -> Layout {
+fn thd_layout<D: Draw>(d: &mut D, edges: bool) -> Layout {
     let b = match d.weighted(&[(4, 0u8), (40, 1), (45, 2), (11, 3)]) {
         0 => 0,
         1 => d.range(1, 4),
@@ -298,7 +337,7 @@ fn thd_layout<D: Draw>(d: &mut D) -> Layout {
     let mut sides = [(vec![0i32], vec![0i32]), (vec![0i32], vec![0i32])];
     for i in 0..b {
         let unused = i >= b - trailing;
-        let mut lens = [draw_len(d), draw_len(d)];
+        let mut lens = [draw_len(d, edges), draw_len(d, edges)];
         if d.percent(10) {
             lens[0] = lens[0].min(1); // cross-attention with one query
         }
@@ -400,6 +439,13 @@ pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
     let mut case = Case::new(g.config.clone(), g.layout.clone(), q, k, v, d_o)?;
     if g.poison {
         poison(&mut case, &mut rng.fork(7));
+    }
+    // Shaping touches valid rows only, poisoning don't-care rows only: the order is free, and
+    // plain cases draw exactly what they drew before the classes existed.
+    if g.data != DataClass::Plain {
+        data_class::apply(&mut case, g.data, &mut rng.fork(11));
+        case.meta
+            .insert("smallseq.data_class".into(), g.data.name().into());
     }
     case.meta
         .insert("smallseq.seed".into(), data_seed.to_string());

@@ -32,6 +32,8 @@ pub enum Prop {
     Determinism,
     Metamorphic,
     EmulationConformance,
+    /// Issue 18: deviations from the emulation symmetric in sign (`super::bias`).
+    RoundingBias,
     /// The worker process exited, was killed, broke the protocol or lost its device.
     Crash,
     /// The worker process did not answer within the case timeout.
@@ -39,7 +41,7 @@ pub enum Prop {
 }
 
 impl Prop {
-    pub const ALL: [Prop; 10] = [
+    pub const ALL: [Prop; 11] = [
         Prop::Eligibility,
         Prop::FallbackEquivalence,
         Prop::NumericAgreement,
@@ -48,6 +50,7 @@ impl Prop {
         Prop::Determinism,
         Prop::Metamorphic,
         Prop::EmulationConformance,
+        Prop::RoundingBias,
         Prop::Crash,
         Prop::Hang,
     ];
@@ -62,6 +65,7 @@ impl Prop {
             Prop::Determinism => "determinism",
             Prop::Metamorphic => "metamorphic",
             Prop::EmulationConformance => "emulation_conformance",
+            Prop::RoundingBias => "rounding_bias",
             Prop::Crash => "crash",
             Prop::Hang => "hang",
         }
@@ -512,6 +516,16 @@ impl<'a> Checker<'a> {
             Prop::EmulationConformance,
             self.emulation_conformance(case, &base, &actual, &y.emulated, y.grads.as_ref()),
         ));
+        outcomes.push((Prop::RoundingBias, {
+            let bias = |t: &str| super::bias::bias_budget_of(self.runner.name(), t);
+            match base.fwd.path {
+                Some(Path::SmallSeq) => super::bias::judge(
+                    &super::bias::signs(case, base.small_seq(), &actual, &y.emulated),
+                    bias,
+                ),
+                _ => skip("not on the small-seq path"),
+            }
+        }));
         outcomes.push((Prop::Workspace, self.workspace(case, &base)));
         outcomes.push((Prop::DontCare, self.dont_care(case, &actual, salt)));
         outcomes.push((Prop::Determinism, self.determinism(case, &actual)));

@@ -126,8 +126,9 @@ enum Yard<'a> {
 /// Max error per row over tokens flagged valid, and where it is. Past the dtype's limit only
 /// an infinity of the reference's sign or the saturated value passes ([`both_past_limit`]);
 /// an infinity of the reference's sign is no error where the reference lies within
-/// `headroom` of the limit; a shared non-finite value, see [`Yard`]. Each element's error is
-/// reduced by its `allow`ance, when given.
+/// `headroom` plus the element's allowance of the limit, and elsewhere is judged as the limit
+/// in its direction; a shared non-finite value, see [`Yard`]. Each element's error is reduced
+/// by its `allow`ance, when given.
 #[allow(clippy::too_many_arguments)]
 fn max_err(
     a: &ArrayD<f64>,
@@ -169,7 +170,12 @@ fn max_err(
         if both_past_limit(x, y, max_finite) {
             continue;
         }
-        let reference_overflows = !y.is_finite() || y.abs() + headroom >= max_finite;
+        // A non-finite allowance (from non-finite inputs) excuses nothing.
+        let allowed = allow.map(|al| al[flat]).filter(|a| a.is_finite());
+        // The element's own allowance is headroom too: a value that noise may carry past the
+        // limit may be stored as the infinity of its sign.
+        let room = headroom + allowed.unwrap_or(0.0);
+        let reference_overflows = !y.is_finite() || y.abs() + room >= max_finite;
         let shared = match yard_e {
             None => !x.is_finite(),
             Some(e) => reference_overflows && same_non_finite(x, e[flat]),
@@ -180,10 +186,19 @@ fn max_err(
         if x.is_infinite() && x.signum() == y.signum() && reference_overflows {
             continue;
         }
-        // A non-finite allowance (from non-finite inputs) excuses nothing.
-        let e = match allow.map(|al| al[flat]).filter(|a| a.is_finite()) {
-            Some(a) => (elem_err(x, y) - a).max(0.0),
-            None => elem_err(x, y),
+        // A stored infinity says the value before the store was at or past the limit in its
+        // direction: its error is at least that of the limit itself (with a finite reference),
+        // which a threshold wider than the distance to the limit covers (an f16 dK of -15,822
+        // whose noise, measured by the emulation's error of 41,600, carried it past +65,504:
+        // CPU fuzz seed 2043, case 1632). NaN still fails.
+        let at = if x.is_infinite() && y.is_finite() {
+            x.signum() * max_finite
+        } else {
+            x
+        };
+        let e = match allowed {
+            Some(a) => (elem_err(at, y) - a).max(0.0),
+            None => elem_err(at, y),
         };
         if e > row.err || (row.at.is_none() && e.is_nan()) {
             let dim = (shape.len() > 2).then_some(flat % inner);
@@ -544,6 +559,30 @@ mod tests {
             allowance: allowance.map(|a| arr3(&[[[a]]]).into_dyn()),
             f32_terms: 0,
         })
+    }
+
+    /// CPU fuzz seed 2043, case 1632: an f16 dK whose reference is -15,822, stored as +inf by a
+    /// path whose noise (the emulation's own error 41,600) exceeds its distance to the limit.
+    #[test]
+    fn a_stored_infinity_is_judged_as_the_limit_and_nan_never_passes() {
+        let max = f64::from(Dtype::F16.max_finite());
+        // One element whose emulation is 41,600 off: threshold 4 x 41,600 + floor.
+        let j = triple_with(f64::INFINITY, -15_822.0, -15_822.0 + 41_600.0);
+        assert!((j.err - (max + 15_822.0)).abs() < 1e-9, "{j:?}");
+        assert!(j.passed(), "{j:?}");
+        // Without the noise the same infinity fails, and NaN fails whatever the noise.
+        assert!(!triple(f64::INFINITY, -15_822.0).passed());
+        assert!(!triple_with(f64::NAN, -15_822.0, -15_822.0 + 41_600.0).passed());
+    }
+
+    /// CPU fuzz seed 2043, case 1564: a dK of 60,644 whose own rounding allowance reaches the
+    /// limit may be stored as the infinity of its sign.
+    #[test]
+    fn an_elements_allowance_is_headroom_at_the_limit() {
+        let at = |allowance| one_element(Dtype::F16, f64::INFINITY, 60_644.0, 60_644.0, allowance);
+        assert!(!at(None).passed());
+        assert!(!at(Some(1_000.0)).passed());
+        assert!(at(Some(5_000.0)).passed());
     }
 
     #[test]

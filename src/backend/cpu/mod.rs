@@ -134,6 +134,8 @@ impl CpuBackend {
     fn kv_head(&self, p: &AttnParams, h: usize) -> usize {
         if self.has(Mutant::KvHeadModulo) {
             h % p.num_kv_heads
+        } else if self.has(Mutant::HeadIndexAbove16) && h >= 16 {
+            (h & 15) / p.group_size()
         } else {
             h / p.group_size()
         }
@@ -148,6 +150,25 @@ impl CpuBackend {
                 .collect()
         } else {
             lane.to_vec()
+        }
+    }
+
+    /// A small-seq output before [`Self::store`]: unchanged, or under
+    /// [`Mutant::RoundTowardZero`] already rounded to the dtype toward zero (exactly
+    /// representable, so the store's rounding keeps it).
+    fn toward_zero(&self, dtype: Dtype, x: f32) -> f32 {
+        if !self.has(Mutant::RoundTowardZero) || dtype == Dtype::F32 {
+            return x;
+        }
+        let r = dtype.round(x);
+        if r.abs() <= x.abs() {
+            return r;
+        }
+        // One step of the dtype toward zero: both 16-bit types are sign-magnitude, so the
+        // magnitude's bit pattern less one is the next value down (inf becomes the largest).
+        match dtype {
+            Dtype::Bf16 => bf16::from_bits(bf16::from_f32(r).to_bits() - 1).to_f32(),
+            _ => half::f16::from_bits(half::f16::from_f32(r).to_bits() - 1).to_f32(),
         }
     }
 

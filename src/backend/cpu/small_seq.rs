@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::mutants::Mutant;
 use crate::workspace::names;
 use rayon::prelude::*;
+use smallseq_reference::Dtype;
 
 /// Rows (and columns) per tile.
 const TILE: usize = 16;
@@ -66,7 +67,14 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     let mut m = Vec::with_capacity(s.len());
     let mut l = Vec::with_capacity(s.len());
     for row in &s {
-        let mx = row
+        let seen = if be.has(Mutant::SoftmaxFirstTileMax)
+            && row[..row.len().min(TILE)].iter().any(Option::is_some)
+        {
+            &row[..row.len().min(TILE)]
+        } else {
+            &row[..]
+        };
+        let mx = seen
             .iter()
             .flatten()
             .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -148,7 +156,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     }
                     orow.iter_mut()
                         .zip(acc)
-                        .for_each(|(y, x)| *y = be.store(dt, x));
+                        .for_each(|(y, x)| *y = be.store(dt, be.toward_zero(dt, x)));
                 }
             }
             res
@@ -222,7 +230,11 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     };
                     let mut dq = vec![0f32; d];
                     for c in 0..g.lk {
-                        let ds = dt.round_saturating(pr[c] * (dp[c] - delta));
+                        let ds = if be.has(Mutant::F16DsUnclamped) && dt == Dtype::F16 {
+                            dt.round(pr[c] * (dp[c] - delta))
+                        } else {
+                            dt.round_saturating(pr[c] * (dp[c] - delta))
+                        };
                         if be.has(Mutant::DqHalfAccumulation) {
                             dq.iter_mut()
                                 .zip(&k[c])
@@ -247,13 +259,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     } else {
                         1.0
                     };
-                    dst.iter_mut()
-                        .zip(dq)
-                        .for_each(|(y, x)| *y = be.store(dt, x * qscale * bias));
+                    dst.iter_mut().zip(dq).for_each(|(y, x)| {
+                        *y = be.store(dt, be.toward_zero(dt, x * qscale * bias))
+                    });
                 }
             }
-            r.dk.iter_mut().for_each(|x| *x = be.store(dt, *x * scale));
-            r.dv.iter_mut().for_each(|x| *x = be.store(dt, *x));
+            r.dk.iter_mut()
+                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x * scale)));
+            r.dv.iter_mut()
+                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x)));
             if be.has(Mutant::ZeroedSmallRow) && g.lk >= 2 {
                 let at = ((g.lk - 1) * heads + heads - 1) * d;
                 r.dk[at..at + d].fill(0.0);

@@ -1,0 +1,333 @@
+//! Coverage that says what was not tried: per dimension of the case model (dtype, heads, GQA
+//! group, head dims, mask, window, layout, slot counts, length classes, data, path, and the
+//! head counts and dims that reached the small-seq path), the values a campaign drew and how
+//! often, and every value the backend's surface admits that it never drew.
+//!
+//! Unbounded dimensions are bucketed (`17-32` heads), so "admitted" is a finite list: the
+//! buckets every backend runs (the fallback takes any geometry of `semantics.md` §1), and for
+//! the small-seq dimensions the values the profile's gate admits (native: any head count,
+//! D ∈ {64, 128, 256}; te625: H ∈ {16, 32}, D ∈ {128, 256}).
+
+use crate::case::Case;
+use crate::dispatch::{Path, Profile};
+use serde::{Deserialize, Serialize};
+use smallseq_reference::{Dtype, Mask, Window};
+use std::collections::BTreeMap;
+
+/// One dimension: every value drawn with its count, and the admitted values never drawn.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Dimension {
+    pub hit: BTreeMap<String, u64>,
+    pub not_drawn: Vec<String>,
+}
+
+/// `report.json`'s `dimensions`: one [`Dimension`] per name.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Coverage(pub BTreeMap<String, Dimension>);
+
+const HEAD_BUCKETS: [&str; 9] = ["1", "2", "3", "4", "5-8", "9-16", "17-32", "33-64", "65+"];
+const GROUP_BUCKETS: [&str; 6] = ["1", "2", "3", "4", "5-8", "9-16"];
+const DIMS: [&str; 8] = ["16", "32", "64", "128", "192", "256", "512", "other"];
+const SLOTS: [&str; 5] = ["0", "1", "2-4", "5-16", "17+"];
+const LENGTHS: [&str; 8] = ["0", "1", "2-14", "15", "16", "17", "18", "19+"];
+const WINDOWS: [&str; 4] = ["none", "left", "right", "both"];
+const LAYOUTS: [&str; 4] = ["thd_packed", "thd_padded", "thd_segments", "bshd"];
+const DISTS: [&str; 5] = ["randn", "small_ints", "spiky", "near_tie", "large"];
+const DATA: [&str; 6] = [
+    "plain",
+    "max_on_tile_edge",
+    "exp_overflow_row",
+    "near_tie_on_edge",
+    "dov_max_on_edge",
+    "bwd_range_stress",
+];
+const PATHS: [&str; 2] = ["small_seq", "fallback"];
+
+fn heads(n: usize) -> String {
+    bucket(
+        n,
+        &[
+            (5, 8, "5-8"),
+            (9, 16, "9-16"),
+            (17, 32, "17-32"),
+            (33, 64, "33-64"),
+        ],
+    )
+    .unwrap_or_else(|| if n > 64 { "65+".into() } else { n.to_string() })
+}
+
+fn bucket(n: usize, ranges: &[(usize, usize, &str)]) -> Option<String> {
+    ranges
+        .iter()
+        .find(|(lo, hi, _)| (*lo..=*hi).contains(&n))
+        .map(|(_, _, name)| name.to_string())
+}
+
+fn dim(d: usize) -> String {
+    if DIMS.contains(&d.to_string().as_str()) {
+        d.to_string()
+    } else {
+        "other".into()
+    }
+}
+
+fn length(l: usize) -> String {
+    bucket(l, &[(2, 14, "2-14")])
+        .unwrap_or_else(|| if l > 18 { "19+".into() } else { l.to_string() })
+}
+
+fn window(w: Window) -> &'static str {
+    match (w == Window::NONE, w.left >= 0, w.right >= 0) {
+        (true, ..) => "none",
+        (false, true, true) => "both",
+        (false, true, false) => "left",
+        _ => "right",
+    }
+}
+
+impl Coverage {
+    /// Every dimension with its admitted values at zero, for a campaign under `profile` (every
+    /// backend admits the same general surface; the profile sets the small-seq gate's).
+    pub fn new(profile: Profile) -> Self {
+        let (ss_heads, ss_dims): (&[&str], &[&str]) = match profile {
+            Profile::Native => (&HEAD_BUCKETS, &["64", "128", "256"]),
+            Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
+        };
+        let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
+        let dims: [(&'static str, &[&str]); 18] = [
+            ("dtype", &["bf16", "f16", "f32"]),
+            ("heads", &HEAD_BUCKETS),
+            ("kv_heads", &HEAD_BUCKETS),
+            ("group", &GROUP_BUCKETS),
+            ("head_dim", &DIMS),
+            ("head_dim_v", &DIMS),
+            ("mask", &mask_names),
+            ("window", &WINDOWS),
+            ("layout", &LAYOUTS),
+            ("slots", &SLOTS),
+            ("len_q", &LENGTHS),
+            ("len_kv", &LENGTHS),
+            ("dist", &DISTS),
+            ("data_class", &DATA),
+            ("backward", &["yes", "no"]),
+            ("path", &PATHS),
+            ("small_seq_heads", ss_heads),
+            ("small_seq_head_dim", ss_dims),
+        ];
+        Coverage(
+            dims.into_iter()
+                .map(|(name, values)| {
+                    let d = Dimension {
+                        hit: values.iter().map(|v| (v.to_string(), 0)).collect(),
+                        not_drawn: values.iter().map(|v| v.to_string()).collect(),
+                    };
+                    (name.to_string(), d)
+                })
+                .collect(),
+        )
+    }
+
+    fn count(&mut self, dimension: &str, value: &str) {
+        let d = match self.0.get_mut(dimension) {
+            Some(d) => d,
+            None => self.0.entry(dimension.to_string()).or_default(),
+        };
+        *d.hit.entry(value.to_string()).or_default() += 1;
+        d.not_drawn.retain(|v| v != value);
+    }
+
+    /// Counts one case: its geometry, its coverage `classes` (for segment layouts) and the
+    /// forward's path (None: not run).
+    pub fn add(&mut self, case: &Case, classes: &[&str], path: Option<Path>) {
+        let p = &case.config.params;
+        let l = &case.layout;
+        let dtype = match case.config.dtype {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+        };
+        self.count("dtype", dtype);
+        self.count("heads", &heads(p.num_heads));
+        self.count("kv_heads", &heads(p.num_kv_heads));
+        self.count("group", &heads(p.num_heads / p.num_kv_heads.max(1)));
+        self.count("head_dim", &dim(p.head_dim_qk));
+        self.count("head_dim_v", &dim(p.head_dim_v));
+        self.count("mask", p.mask.name());
+        self.count("window", window(p.window));
+        let layout = if case.config.layout == crate::config::LayoutKind::Bshd {
+            "bshd"
+        } else if classes.contains(&"segment_split") {
+            "thd_segments"
+        } else if l.q.padded.is_some() || l.kv.padded.is_some() {
+            "thd_padded"
+        } else {
+            "thd_packed"
+        };
+        self.count("layout", layout);
+        let b = l.slots();
+        self.count(
+            "slots",
+            &bucket(b, &[(2, 4, "2-4"), (5, 16, "5-16")]).unwrap_or_else(|| {
+                if b > 16 {
+                    "17+".into()
+                } else {
+                    b.to_string()
+                }
+            }),
+        );
+        for (name, side) in [("len_q", &l.q), ("len_kv", &l.kv)] {
+            let mut seen: Vec<String> = (0..b).map(|i| length(side.len(i))).collect();
+            seen.sort();
+            seen.dedup();
+            seen.iter().for_each(|v| self.count(name, v));
+        }
+        let meta = |k: &str, default: &str| case.meta.get(k).cloned().unwrap_or(default.into());
+        self.count("dist", &meta("smallseq.dist", "randn"));
+        self.count("data_class", &meta("smallseq.data_class", "plain"));
+        self.count("backward", if case.d_o.is_some() { "yes" } else { "no" });
+        self.count("path", path.map_or("none", |p| p.name()));
+        if path == Some(Path::SmallSeq) {
+            self.count("small_seq_heads", &heads(p.num_heads));
+            self.count("small_seq_head_dim", &dim(p.head_dim_qk));
+        }
+    }
+
+    /// Every admitted value never drawn, as `(dimension, value)`.
+    pub fn gaps(&self) -> Vec<(&str, &str)> {
+        self.0
+            .iter()
+            .flat_map(|(d, v)| v.not_drawn.iter().map(move |x| (d.as_str(), x.as_str())))
+            .collect()
+    }
+
+    /// Adds `other`'s counts (another shard of the same campaign): a value admitted by either
+    /// stays a gap only where neither drew it.
+    pub fn merge(&mut self, other: &Coverage) {
+        for (name, o) in &other.0 {
+            let d = self.0.entry(name.clone()).or_default();
+            for (v, n) in &o.hit {
+                *d.hit.entry(v.clone()).or_default() += n;
+            }
+            for v in &o.not_drawn {
+                if !d.not_drawn.contains(v) {
+                    d.not_drawn.push(v.clone());
+                }
+            }
+            let hit = &d.hit;
+            d.not_drawn
+                .retain(|v| hit.get(v).copied().unwrap_or(0) == 0);
+        }
+    }
+
+    /// Markdown for `summary.md`: the gaps first, then each dimension's counts.
+    pub fn markdown(&self) -> String {
+        let gaps = self.gaps();
+        let mut m = if gaps.is_empty() {
+            "Every admitted value of every dimension was drawn.\n\n".to_string()
+        } else {
+            let mut by_dim: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for (d, v) in gaps {
+                by_dim.entry(d).or_default().push(v);
+            }
+            let mut m = String::from("**Not tried** (admitted, never drawn):\n\n");
+            for (d, vs) in by_dim {
+                m.push_str(&format!("- {d}: {}\n", vs.join(", ")));
+            }
+            m.push('\n');
+            m
+        };
+        m.push_str("| dimension | values drawn (cases) |\n|---|---|\n");
+        for (d, v) in &self.0 {
+            let drawn: Vec<String> = v
+                .hit
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(x, n)| format!("{x} {n}"))
+                .collect();
+            m.push_str(&format!("| {d} | {} |\n", drawn.join(", ")));
+        }
+        m.push('\n');
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::gen::{build, draw_geometry_for};
+    use crate::harness::rng::Rng;
+
+    fn campaign(profile: Profile, n: u64) -> Coverage {
+        let mut c = Coverage::new(profile);
+        for i in 0..n {
+            let g = draw_geometry_for(&mut Rng::new(i), profile);
+            let case = build(&g, i).unwrap();
+            let classes = crate::harness::classes::classify(&case, g.segment_split, g.poison);
+            c.add(&case, &classes, None);
+        }
+        c
+    }
+
+    #[test]
+    fn an_admitted_value_never_drawn_is_flagged_and_shown_first() {
+        let mut c = campaign(Profile::Native, 300);
+        // No case was run, so no path and no small-seq head count was drawn.
+        let gaps = c.gaps();
+        assert!(gaps.contains(&("path", "small_seq")));
+        assert!(gaps.contains(&("small_seq_head_dim", "256")));
+        assert!(!gaps.iter().any(|(d, _)| *d == "dtype"));
+        let md = c.markdown();
+        assert!(md.starts_with("**Not tried**"));
+        assert!(md.contains("- path: small_seq, fallback\n"));
+        let case = build(&draw_geometry_for(&mut Rng::new(3), Profile::Native), 3).unwrap();
+        c.add(&case, &[], Some(Path::Fallback));
+        assert!(!c.gaps().contains(&("path", "fallback")));
+        assert_eq!(c.0["path"].hit["fallback"], 1);
+    }
+
+    #[test]
+    fn merged_shards_sum_counts_and_keep_only_common_gaps() {
+        let mut a = Coverage::new(Profile::Native);
+        let mut b = Coverage::new(Profile::Native);
+        let case = build(&draw_geometry_for(&mut Rng::new(3), Profile::Native), 3).unwrap();
+        a.add(&case, &[], Some(Path::Fallback));
+        a.add(&case, &[], Some(Path::Fallback));
+        b.add(&case, &[], Some(Path::SmallSeq));
+        let dtype = a.0["dtype"]
+            .hit
+            .iter()
+            .find(|(_, n)| **n > 0)
+            .map(|(v, _)| v.clone())
+            .unwrap();
+        let mut m = a.clone();
+        m.merge(&b);
+        assert_eq!(m.0["path"].hit["fallback"], 2);
+        assert_eq!(m.0["path"].hit["small_seq"], 1);
+        assert_eq!(m.0["dtype"].hit[&dtype], 3);
+        assert!(!m.gaps().contains(&("path", "small_seq")));
+        assert!(!m.gaps().contains(&("path", "fallback")));
+        // Drawn by neither shard: still a gap, listed once.
+        let never: Vec<_> = a.0["dtype"].not_drawn.clone();
+        assert_eq!(m.0["dtype"].not_drawn, never);
+        // A report read back keeps the same coverage.
+        let back: Coverage = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+        // Merging into an empty one (a report written before issue 18) is the other's copy.
+        let mut e = Coverage::default();
+        e.merge(&m);
+        assert_eq!(e, m);
+    }
+
+    #[test]
+    fn the_profile_sets_the_small_seq_surface() {
+        let c = Coverage::new(Profile::Te625);
+        assert_eq!(c.0["small_seq_head_dim"].not_drawn, ["128", "256"]);
+        assert_eq!(heads(48), "33-64");
+        assert_eq!(heads(3), "3");
+        assert_eq!(heads(200), "65+");
+        assert_eq!(length(17), "17");
+        assert_eq!(length(40), "19+");
+        assert_eq!(dim(96), "other");
+    }
+}
