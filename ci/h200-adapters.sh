@@ -9,6 +9,17 @@ export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
 log=$out/log.txt
 say() { echo "$*" | tee -a "$log"; }
 if [ "${3:-}" = collect ]; then
+  # While the long campaign finishes: the kernel mutants of issue 21, then the conformance
+  # calibration of every tensor.
+  timeout 300 "$bin" mutants --backend cuda --cases 300 --seed 1 \
+    --only nan-on-overflow,dq-ulp-bias,zeroed-small-row,fallback-small-shapes-2x \
+    --out /tmp/mut-cuda >/tmp/mut-cuda.log 2>&1
+  say "mutants --backend cuda: exit $?"
+  grep -E '^\|' /tmp/mut-cuda.log | tee -a "$log"
+  timeout 200 "$bin" calibrate --backend cuda --cases 2500 --seed 1 --out "$out/calibrate.json" \
+    >/tmp/calibrate.log 2>&1
+  say "calibrate: exit $?"
+  tail -25 /tmp/calibrate.log | tee -a "$log"
   while pgrep -f "fuzz --backend cuda --time" >/dev/null; do sleep 5; done
   say "$(grep -m1 'cases in' /tmp/fuzz-long.log)"
   grep -E '^  [a-z_]+ +pass' /tmp/fuzz-long.log | tee -a "$log"
@@ -23,6 +34,7 @@ setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shri
   --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
 (timeout 300 python3 -m unittest discover -s adapters/tests -p 'test_frameworks.py' -v \
   >/tmp/smoke.log 2>&1; echo "smoke exit $?" >>/tmp/smoke.log) &
+smoke=$!
 mkdir -p /tmp/ad
 pids=()
 for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
@@ -44,7 +56,8 @@ for f in /tmp/ad/*.log; do
   grep -E '^  [a-z_]+ +pass' "$f" | tee -a "$log"
   grep '^FAIL' "$f" | cut -c1-300 | head -6 | tee -a "$log"
 done
-wait
+# Not a bare `wait`: the long campaign is this shell's child too (setsid did not fork).
+wait "$smoke"
 cp /tmp/smoke.log "$out/smoke.log"
 tar czf "$out/adapters.tar.gz" -C /tmp ad 2>/dev/null
 ls -la "$out" | tee -a "$log"

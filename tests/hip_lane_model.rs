@@ -85,8 +85,15 @@ fn gfx942_wavefront_model() {
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
+/// Kernel mutants the model cannot see, with why: its data never overflows f16/bf16. The
+/// device campaign sees it (`smallseq mutants --backend cuda`).
+const MODEL_BLIND_MUTANTS: &[(&str, &str)] = &[(
+    "nan-on-overflow",
+    "the model's data never overflows the output type",
+)];
+
 /// The kernels' planted bugs (`SMALLSEQ_MUTANT_*`, the catalogue's GPU side) are live: the
-/// model's end-to-end check against its double reference fails with each one.
+/// model's end-to-end check against its double reference fails with each one it can see.
 #[test]
 fn kernel_mutants_fail_the_model() {
     let Some(cc) = clang_or_skip("kernel_mutants_fail_the_model") else {
@@ -96,6 +103,10 @@ fn kernel_mutants_fail_the_model() {
         let Some(define) = m.kernel_define() else {
             continue;
         };
+        if let Some((_, why)) = MODEL_BLIND_MUTANTS.iter().find(|(n, _)| *n == m.name()) {
+            eprintln!("{}: not judged by the model ({why})", m.name());
+            continue;
+        }
         // The kernel mutants are planted in the small-seq kernels: the tiled fallback's block
         // jobs (most of the model's run time) are left out of these runs.
         let (ok, stdout) = build_and_run(

@@ -98,6 +98,11 @@ pub trait Runner: Send + Sync {
     fn external(&self) -> bool {
         false
     }
+    /// Whether the per-row tolerance rule counts for its outputs
+    /// ([`crate::backend::judges_rows`]).
+    fn judges_rows(&self) -> bool {
+        crate::backend::judges_rows(self.name())
+    }
 }
 
 /// A backend called in this process.
@@ -175,6 +180,9 @@ impl<R: Runner + ?Sized> Runner for &R {
     }
     fn external(&self) -> bool {
         (**self).external()
+    }
+    fn judges_rows(&self) -> bool {
+        (**self).judges_rows()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         (**self).run_pair(case, opts)
@@ -270,6 +278,9 @@ impl Runner for FaultLatch<'_> {
     }
     fn external(&self) -> bool {
         self.inner.external()
+    }
+    fn judges_rows(&self) -> bool {
+        self.inner.judges_rows()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         self.latched(|| self.inner.run_pair(case, opts))

@@ -396,6 +396,12 @@ impl Runner for Pool {
     fn external(&self) -> bool {
         self.cfg.in_tree.is_none()
     }
+    fn judges_rows(&self) -> bool {
+        self.cfg
+            .in_tree
+            .as_deref()
+            .is_some_and(crate::backend::judges_rows)
+    }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         let (inp, out, id) = self.files();
         let _cleanup = Cleanup(&[&inp, &out]);
