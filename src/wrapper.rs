@@ -144,7 +144,7 @@ fn prepare(
     case: &Case,
     opts: &RunOptions,
     dir: Direction,
-) -> Result<(Decision, Option<Path>, Plan, DevBuf)> {
+) -> Result<(Option<Path>, Plan, DevBuf)> {
     case.validate()?;
     let decision = decide(backend, case, opts);
     if let Some(why) = case.config.unsupported_reason() {
@@ -189,7 +189,7 @@ fn prepare(
         ws.put(r.offset, case.layout.q.max_len() as f32);
         ws.put(r.offset + 1, case.layout.kv.max_len() as f32);
     }
-    Ok((decision, path, plan, ws))
+    Ok((path, plan, ws))
 }
 
 fn path_name(p: Option<Path>) -> &'static str {
@@ -255,7 +255,7 @@ fn to3(buf: &DevBuf, shape: [usize; 3]) -> Array3<f32> {
 /// Invalid cases, unsupported configs (dropout, bias), forced paths the gate declines, and
 /// backend failures.
 pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdResult> {
-    let (_, path, plan, workspace) = prepare(backend, case, opts, Direction::Fwd)?;
+    let (path, plan, workspace) = prepare(backend, case, opts, Direction::Fwd)?;
     let p = &case.config.params;
     let (tq, h, dv) = (case.layout.q.tokens, p.num_heads, p.head_dim_v);
     let valid = case.layout.q.valid_tokens();
@@ -309,7 +309,7 @@ pub fn bwd(
         .d_o
         .as_ref()
         .ok_or_else(|| Error::config("backward needs d_o in the case"))?;
-    let (_, path, plan, workspace) = prepare(backend, case, opts, Direction::Bwd)?;
+    let (path, plan, workspace) = prepare(backend, case, opts, Direction::Bwd)?;
     let p = &case.config.params;
     let (tq, tk) = (case.layout.q.tokens, case.layout.kv.tokens);
     let (h, hkv, dqk, dv) = (p.num_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_v);

@@ -96,6 +96,11 @@ pub fn split_command(s: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
+/// Whether `args` put cases in worker processes: `exec`, `--isolate`, or a GPU backend.
+pub fn in_workers(args: &TargetArgs) -> bool {
+    args.backend == "exec" || args.isolate || is_gpu(&args.backend)
+}
+
 /// Whether `name` is a GPU backend (cases run in workers by default there).
 pub fn is_gpu(name: &str) -> bool {
     matches!(name, "cuda" | "hip")
@@ -134,7 +139,7 @@ pub fn open_planted(
     if plant.is_empty() {
         return open(args, profile, jobs);
     }
-    let workers = args.backend == "exec" || args.isolate || is_gpu(&args.backend);
+    let workers = in_workers(args);
     if !workers {
         let be = backend::open_planted(&args.backend, plant).map_err(|e| e.to_string())?;
         let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });
@@ -177,7 +182,7 @@ pub fn open_with_env(
     if args.backend != "exec" && args.worker.is_some() {
         return Err("--worker is for --backend exec".into());
     }
-    let workers = args.backend == "exec" || args.isolate || is_gpu(&args.backend);
+    let workers = in_workers(args);
     if !workers {
         let be = backend::open(&args.backend).map_err(|e| e.to_string())?;
         let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });

@@ -317,6 +317,18 @@ impl Pool {
         }
     }
 
+    /// The backward of a reply: its gradients, path and workspace report.
+    fn bwd_result(&self, got: Outputs, reply: &Reply) -> Result<BwdResult> {
+        let name = self.name();
+        Ok(BwdResult {
+            dq: f32_3(got.dq, name, "dq")?,
+            dk: f32_3(got.dk, name, "dk")?,
+            dv: f32_3(got.dv, name, "dv")?,
+            path: self.path(reply.path.as_ref().and_then(|p| p.bwd.as_deref()))?,
+            workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
+        })
+    }
+
     fn workspace(&self, w: Option<&WorkspaceReport>) -> WorkspaceReport {
         w.filter(|_| self.caps.reports_workspace)
             .cloned()
@@ -415,31 +427,24 @@ impl Runner for Pool {
             self.caps.harness_options,
         );
         let reply = self.call(case, req, None)?;
-        let got = read_outputs_file(&out, case)?;
+        let mut got = read_outputs_file(&out, case)?;
         let name = self.name();
         let (tq, h) = (case.layout.q.tokens, case.config.params.num_heads);
-        let lse = match got.lse {
+        let lse = match got.lse.take() {
             Some(l) => l.mapv(|x| x as f32),
             None if self.caps.lse => return Err(missing(name, "lse")),
             None => Array2::from_elem((tq, h), f32::NAN),
         };
         let paths = reply.path.clone().unwrap_or_default();
-        let ws = reply.workspace.clone().unwrap_or_default();
         let fwd = FwdResult {
-            o: f32_3(got.o, name, "o")?,
+            o: f32_3(got.o.take(), name, "o")?,
             lse,
             path: self.path(paths.fwd.as_deref())?,
             workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.fwd)),
         };
         let bwd = match case.d_o {
             None => None,
-            Some(_) => Some(BwdResult {
-                dq: f32_3(got.dq, name, "dq")?,
-                dk: f32_3(got.dk, name, "dk")?,
-                dv: f32_3(got.dv, name, "dv")?,
-                path: self.path(paths.bwd.as_deref())?,
-                workspace: self.workspace(Some(&ws.bwd)),
-            }),
+            Some(_) => Some(self.bwd_result(got, &reply)?),
         };
         Ok(Pair {
             fwd,
@@ -469,16 +474,7 @@ impl Runner for Pool {
         )?;
         let req = run_request(id, &inp, &out, self.want(case, false), opts, true);
         let reply = self.call(case, req, Some(&from))?;
-        let got = read_outputs_file(&out, case)?;
-        let name = self.name();
-        let paths = reply.path.clone().unwrap_or_default();
-        Ok(BwdResult {
-            dq: f32_3(got.dq, name, "dq")?,
-            dk: f32_3(got.dk, name, "dk")?,
-            dv: f32_3(got.dv, name, "dv")?,
-            path: self.path(paths.bwd.as_deref())?,
-            workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
-        })
+        self.bwd_result(read_outputs_file(&out, case)?, &reply)
     }
 }
 
