@@ -2,15 +2,10 @@
 # Installs what `.ci/run` needs beyond a Rust toolchain, each only when missing:
 #   - Debian's clang-19, lld-19, llvm-19 and libamdhip64-dev (apt-get; root, or sudo): the HIP
 #     compile check, and the host model of a gfx942 wavefront (tests/hip_lane_model.rs);
-#   - cargo-fuzz (`cargo install`, from crates.io): the fuzz targets;
 #   - NVRTC and ptxas wheels from PyPI (python3 -m pip download) into target/cuda-tools: the
 #     CUDA compile check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/hip-packages.sh
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "   installing cargo-fuzz (cargo install)"
-  cargo install -q cargo-fuzz --locked
-fi
 ci/cuda-tools.sh
-echo "   clang-19, lld-19, llvm-19, libamdhip64-dev, cargo-fuzz and the CUDA tools are present"
+echo "   clang-19, lld-19, llvm-19, libamdhip64-dev and the CUDA tools are present"
