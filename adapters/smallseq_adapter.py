@@ -37,6 +37,7 @@ to stdout cannot corrupt the protocol stream.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -257,8 +258,8 @@ def encode_tensor(arr: np.ndarray, dtype: str) -> Tuple[str, List[int], bytes]:
     if dtype not in table:
         raise Internal(f"encode_tensor: unknown dtype {dtype}")
     st, np_dt = table[dtype]
-    if dtype in ("f16", "f32"):
-        arr = round_to_dtype(arr, dtype)
+    # numpy's float casts round to nearest even, overflow to inf and keep subnormals: the
+    # same values as `round_to_dtype` (tested), without its frexp/ldexp passes per output.
     return st, shape, np.ascontiguousarray(arr, dtype=np_dt).tobytes()
 
 
@@ -393,7 +394,8 @@ class Side:
     def slots(self) -> int:
         return len(self.cu) - 1
 
-    @property
+    # Cached: conversions read these once per slot, and a side never changes (frozen).
+    @functools.cached_property
     def lens(self) -> np.ndarray:
         return np.diff(self.cu)
 
@@ -416,14 +418,22 @@ class Side:
 
     def token_index(self) -> np.ndarray:
         """Buffer rows of the valid tokens, slot by slot (the packed order)."""
+        return self._token_index.copy()
+
+    @functools.cached_property
+    def _token_index(self) -> np.ndarray:
         if not self.slots:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([np.arange(o, o + n) for o, n in zip(self.starts, self.lens)])
 
     def valid(self) -> np.ndarray:
         """[T] bool: valid tokens; every other row is a don't-care token."""
+        return self._valid.copy()
+
+    @functools.cached_property
+    def _valid(self) -> np.ndarray:
         m = np.zeros(self.tokens, dtype=bool)
-        m[self.token_index()] = True
+        m[self._token_index] = True
         return m
 
 

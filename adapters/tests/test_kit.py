@@ -49,6 +49,11 @@ class FloatFormats(unittest.TestCase):
             np.testing.assert_array_equal(kit.round_to_dtype(x, "f16"), x.astype(np.float16).astype(np.float64))
         y = x * 1e20
         np.testing.assert_array_equal(kit.round_to_dtype(y, "f32"), y.astype(np.float32).astype(np.float64))
+        # encode_tensor casts instead of calling round_to_dtype: the same bytes
+        with np.errstate(over="ignore"):
+            for arr, dt, np_dt in ((x, "f16", "<f2"), (y, "f32", "<f4")):
+                want = kit.round_to_dtype(arr, dt).astype(np_dt).tobytes()
+                self.assertEqual(kit.encode_tensor(arr, dt)[2], want, dt)
 
     def test_bf16_rounding_agrees_with_bit_rounding_from_f32(self):
         rng = np.random.default_rng(4)
