@@ -38,7 +38,10 @@ class Standalone(unittest.TestCase):
         args = dict(lens_q=[3, 2], lens_kv=[4, 2], dtype="bf16", mask="causal_bottom_right", gaps_q=[1, 0], seed=4)
         args.update(kw)
         case = make_case(**args)
-        case.meta["smallseq.verdict"] = json.dumps({"property": prop, "detail": detail})
+        # as capsule.rs writes it: null where nothing is known, "inf" for an infinite margin
+        verdict = {"property": prop, "detail": detail, "worst": None,
+                   "failures": [{"property": prop, "detail": detail, "margin": "inf"}], "margins": {"o": 2.5}}
+        case.meta["smallseq.verdict"] = json.dumps(verdict)
         case.meta["smallseq.backend"] = "test"
         path = os.path.join(self.d, name)
         kit.write_case(path, case, numpy_reference.attention(case, frozenset(kit.OUTPUTS)))
