@@ -202,10 +202,7 @@ def check_relation(adapter, case, base, want, prop, detail) -> bool:
 def main(adapter: kit.Adapter, case: kit.Case, verdict: dict) -> int:
     prop = verdict.get("property") or "numeric_agreement"
     detail = verdict.get("detail") or ""
-    if adapter.setup is not None:
-        adapter.setup(adapter)
-    if adapter.no_key_lse == kit.PROBE:
-        kit.resolve_probe(adapter)
+    kit.start(adapter)
     print(f"implementation: {adapter.name} ({adapter.version}); no-key LSE declared {adapter.no_key_lse}")
     for k, v in sorted(adapter.provenance.items()):
         print(f"  {k}: {v}")

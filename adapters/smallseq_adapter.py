@@ -1096,14 +1096,20 @@ def resolve_probe(adapter: Adapter):
     log(f"no-key LSE convention measured: {adapter.no_key_lse}")
 
 
-def serve(adapter: Adapter, stdin=None, stdout=None) -> int:
-    """Handshake, then one reply per request line until `shutdown` or end of input."""
-    out = stdout if stdout is not None else _claim_stdout()
-    inp = stdin if stdin is not None else sys.stdin
+def start(adapter: Adapter):
+    """What runs once before the first case: the adapter's `setup`, then a `probe`d no-key
+    LSE convention measured. Whatever drives `adapter.run` outside `serve` calls this first."""
     if adapter.setup is not None:
         adapter.setup(adapter)
     if adapter.no_key_lse == PROBE:
         resolve_probe(adapter)
+
+
+def serve(adapter: Adapter, stdin=None, stdout=None) -> int:
+    """Handshake, then one reply per request line until `shutdown` or end of input."""
+    out = stdout if stdout is not None else _claim_stdout()
+    inp = stdin if stdin is not None else sys.stdin
+    start(adapter)
     out.write(json.dumps(handshake(adapter)) + "\n")
     out.flush()
     for line in inp:

@@ -83,9 +83,8 @@ sys.path.insert(0, "adapters")
 import smallseq_adapter as kit, torch_sdpa
 for k in ("efficient", "cudnn"):
     a = torch_sdpa.adapter(["--kernel", k])
-    a.setup(a)
     try:
-        kit.resolve_probe(a)
+        kit.start(a)
         print(f"no-key LSE of torch_sdpa --kernel {k}: {a.no_key_lse} ({a.version})")
     except SystemExit as e:
         print(f"no-key LSE of torch_sdpa --kernel {k}: {e}")
