@@ -19,6 +19,9 @@ mkdir -p "$out"
 start=$(date +%s)
 deadline=$(( start + minutes * 60 - 15 ))
 left() { echo $(( deadline - $(date +%s) )); }
+# cap N: N seconds, or less so that no step ends later than 50 s past the deadline (the
+# call stays under MINUTES + 35 s whatever hangs)
+cap() { local c=$(( $(left) + 50 )); [ "$c" -lt 2 ] && c=2; [ "$1" -lt "$c" ] && c=$1; echo "$c"; }
 log=$out/triage.log
 say() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$log"; }
 export PYTHONUNBUFFERED=1 SMALLSEQ_JAX_CACHE=/tmp/smallseq-jax-cache
@@ -44,7 +47,7 @@ tar_group() {
       fi
     done < <(find "$work/$name/capsules" -name '*-shrunk.safetensors' -printf '%s %p\n' 2>/dev/null | sort -n)
   done
-  timeout 20 tar czf "$dest" -C "$work" -T "$list"
+  timeout "$(cap 20)" tar czf "$dest" -C "$work" -T "$list"
   say "wrote $(basename "$dest"): $n shrunk capsules, $dropped left out (size), $(stat -c %s "$dest") bytes"
 }
 
@@ -58,7 +61,7 @@ if [ "$(left)" -gt 300 ]; then
   say "speed: $speed_adapter, --jobs $speed_jobs, 60 s, no shrinking"
   timeout -k 10 150 "$bin" fuzz --backend exec --worker "python3 $speed_adapter" --time 60s --seed 17 \
     --jobs "$speed_jobs" --shrink-time 0s --out "$work/speed" > "$work/speed.log" 2>&1
-  say "speed: exit $?; $(python3 ci/triage.py line speed "$work/speed/report.json")"
+  say "speed: exit $?; $(timeout 10 python3 ci/triage.py line speed "$work/speed/report.json")"
   timeout 30 tar czf "$out/speed.tar.gz" -C "$work" speed/report.json speed/summary.md speed.log 2>/dev/null
 fi
 
@@ -110,7 +113,7 @@ while :; do
   if [ $(( ( $(date +%s) - start ) % 60 )) -lt 20 ]; then
     for spec in "${specs[@]}"; do
       name=${spec%%|*}
-      say "  $(python3 ci/triage.py line "$name" "$work/$name/report.json")"
+      say "  $(timeout 10 python3 ci/triage.py line "$name" "$work/$name/report.json")"
     done
   fi
 done
@@ -118,7 +121,7 @@ wait "$probe"; sed 's/^/  /' "$work/probe.log" | tail -4 | tee -a "$log"
 say "campaigns done"
 for spec in "${specs[@]}"; do
   name=${spec%%|*}
-  say "$(python3 ci/triage.py line "$name" "$work/$name/report.json")"
+  say "$(timeout 10 python3 ci/triage.py line "$name" "$work/$name/report.json")"
   [ -e "$work/$name/report.json" ] || tail -n 3 "$work/$name.log" | cut -c1-400 | sed 's/^/  /' | tee -a "$log"
   grep -E '^  [a-z_]+ +pass' "$work/$name.log" | awk '$5 > 0' | sed 's/^/  /' | tee -a "$log"
 done
@@ -131,7 +134,7 @@ todo=$work/kinds.tsv
 : > "$todo"
 for spec in "${specs[@]}"; do
   name=${spec%%|*} script=${spec#*|}
-  timeout 20 python3 ci/triage.py kinds "$work/$name/report.json" 4 \
+  timeout "$(cap 20)" python3 ci/triage.py kinds "$work/$name/report.json" 4 \
     | awk -F'\t' -v n="$name" -v s="$script" '{ print NR "\t" n "\t" s "\t" $0 }' >> "$todo"
 done
 sort -s -n -k1,1 "$todo" | while IFS=$'\t' read -r i name script kind count cap; do
@@ -140,9 +143,10 @@ sort -s -n -k1,1 "$todo" | while IFS=$'\t' read -r i name script kind count cap;
   mkdir -p "$work/$name/standalone"
   repro=$work/$name/standalone/repro-$i.py
   # shellcheck disable=SC2086 # the adapter's flags are words
-  timeout 20 python3 adapters/standalone.py "$cap" --adapter "$adapter_py" $flags -o "$repro" \
+  timeout "$(cap 20)" python3 adapters/standalone.py "$cap" --adapter "$adapter_py" $flags -o "$repro" \
     > "$repro.gen.log" 2>&1 || { say "$name kind $i: could not write the script"; continue; }
-  budget=$(( $(left) - 10 )); [ "$budget" -gt 45 ] && budget=45
+  budget=$(( $(left) - 5 )); [ "$budget" -gt 45 ] && budget=45
+  [ "$budget" -ge 5 ] || { say "standalone: out of time"; break; }
   timeout -k 5 "$budget" python3 "$repro" > "$repro.out" 2>&1
   rc=$?
   verdict=$(case $rc in 1) echo reproduced;; 0) echo "not reproduced";; 2) echo refused;; 3) echo "script failed";; *) echo "exit $rc";; esac)
