@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 import smallseq_adapter as kit  # noqa: E402
 
 
-def attention(case: kit.Case, want: frozenset) -> dict:
+def attention64(case: kit.Case, want: frozenset) -> dict:
+    """The outputs in `want` in f64, unrounded (the reference a standalone repro compares to)."""
     c = case.config
     g = c.group
     q, k, v = (x.astype(np.float64) for x in (case.q, case.k, case.v))
@@ -58,21 +59,25 @@ def attention(case: kit.Case, want: frozenset) -> dict:
             # heads h = j*g .. j*g+g-1 share kv head j: sum the group
             dk[ok : ok + lk] = dke.reshape(lk, hkv, g, -1).sum(axis=2)
             dv[ok : ok + lk] = dve.reshape(lk, hkv, g, -1).sum(axis=2)
-    return {
-        name: (kit.round_to_dtype(a, "f32") if name == "lse" else kit.round_to_dtype(a, c.dtype))
-        for name, a in out.items()
-        if name in want
-    }
+    return {name: a for name, a in out.items() if name in want}
 
 
-def adapter() -> kit.Adapter:
+def attention(case: kit.Case, want: frozenset) -> dict:
+    """`attention64`, rounded once: LSE to f32, the others to the case dtype."""
+    dt = case.config.dtype
+    return {n: kit.round_to_dtype(a, "f32" if n == "lse" else dt) for n, a in attention64(case, want).items()}
+
+
+def adapter(argv=None) -> kit.Adapter:
+    args = kit.arg_parser(__doc__).parse_args([] if argv is None else argv)
     caps = kit.Caps(
         dtypes=list(kit.DTYPES), masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
         max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu",
     )
     prov = {"implementation": "adapters/numpy_reference.py (f64, rounded once)"}
-    return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov)
+    return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov,
+                       no_key_lse=args.no_key_lse)
 
 
 if __name__ == "__main__":
-    sys.exit(kit.serve(adapter()))
+    sys.exit(kit.serve(adapter(sys.argv[1:])))

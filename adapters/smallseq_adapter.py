@@ -22,7 +22,9 @@ Honesty rules the kit enforces (see docs/adapters.md):
   the implementation returns what the implementation wrote there, untouched.
 - Rows with no visible key (§1: O = 0, LSE = -inf): the kit never rewrites O, dQ, dK or dV.
   An adapter declares, once, the LSE value its implementation writes for such a row
-  (`Adapter.no_key_lse`: "-inf", "+inf" as flash-attention does, or "nan"); in rows that the
+  (`Adapter.no_key_lse`: "-inf", "+inf" as flash-attention does, "nan", or "0" as PyTorch's
+  memory-efficient kernel does; "probe" measures it at start on a case made for it, for
+  implementations that document none); in rows that the
   *case* says see no key, exactly that value is mapped to -inf, the same meaning in the
   semantics' convention. Any other value is left alone, so a deviation reaches the campaign
   as a mismatch. The declaration is recorded in the handshake's provenance (`no_key_lse`), and
@@ -35,6 +37,7 @@ to stdout cannot corrupt the protocol stream.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -74,7 +77,9 @@ CONFIG_KEYS = (
     "scale",
     "layout",
 )
-NO_KEY_LSE = ("-inf", "+inf", "nan")
+NO_KEY_LSE = ("-inf", "+inf", "nan", "0")
+# Also accepted on adapters' command lines: measure the convention at start (`probe_no_key_lse`).
+PROBE = "probe"
 
 
 # ----------------------------------------------------------------------------------------
@@ -253,8 +258,8 @@ def encode_tensor(arr: np.ndarray, dtype: str) -> Tuple[str, List[int], bytes]:
     if dtype not in table:
         raise Internal(f"encode_tensor: unknown dtype {dtype}")
     st, np_dt = table[dtype]
-    if dtype in ("f16", "f32"):
-        arr = round_to_dtype(arr, dtype)
+    # numpy's float casts round to nearest even, overflow to inf and keep subnormals: the
+    # same values as `round_to_dtype` (tested), without its frexp/ldexp passes per output.
     return st, shape, np.ascontiguousarray(arr, dtype=np_dt).tobytes()
 
 
@@ -389,7 +394,8 @@ class Side:
     def slots(self) -> int:
         return len(self.cu) - 1
 
-    @property
+    # Cached: conversions read these once per slot, and a side never changes (frozen).
+    @functools.cached_property
     def lens(self) -> np.ndarray:
         return np.diff(self.cu)
 
@@ -412,14 +418,22 @@ class Side:
 
     def token_index(self) -> np.ndarray:
         """Buffer rows of the valid tokens, slot by slot (the packed order)."""
+        return self._token_index.copy()
+
+    @functools.cached_property
+    def _token_index(self) -> np.ndarray:
         if not self.slots:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([np.arange(o, o + n) for o, n in zip(self.starts, self.lens)])
 
     def valid(self) -> np.ndarray:
         """[T] bool: valid tokens; every other row is a don't-care token."""
+        return self._valid.copy()
+
+    @functools.cached_property
+    def _valid(self) -> np.ndarray:
         m = np.zeros(self.tokens, dtype=bool)
-        m[self.token_index()] = True
+        m[self._token_index] = True
         return m
 
 
@@ -770,7 +784,7 @@ def lse_to_thd(lse, side: Side, layout: str, base: str = "e", packed: bool = Fal
 
 def map_no_key_lse(lse: np.ndarray, no_key: np.ndarray, convention: Optional[str]) -> Tuple[np.ndarray, int]:
     """In rows the case says see no key, replaces exactly the declared convention value
-    ("+inf" or "nan") by -inf; returns the LSE and how many entries were mapped. Every other
+    ("+inf", "nan" or "0") by -inf; returns the LSE and how many entries were mapped. Every other
     value, there or elsewhere, is left as the implementation wrote it."""
     if convention is None or convention == "-inf":
         return lse, 0
@@ -778,12 +792,48 @@ def map_no_key_lse(lse: np.ndarray, no_key: np.ndarray, convention: Optional[str
         hit = np.isposinf(lse)
     elif convention == "nan":
         hit = np.isnan(lse)
+    elif convention == "0":
+        hit = lse == 0
     else:
         raise Internal(f"no_key_lse = {convention}: expected one of {', '.join(NO_KEY_LSE)}")
     hit &= no_key[:, None]
     out = lse.copy()
     out[hit] = -np.inf
     return out, int(hit.sum())
+
+
+def no_key_probe_case(dtype: str = "bf16", head_dim: int = 64) -> "Case":
+    """A case whose first two query rows see no key: one slot, 4 queries, 2 keys,
+    bottom-right causal (row r sees keys c <= r - 2). The other rows see one or two keys."""
+    rng = np.random.default_rng(0)
+    cfg = Config(dtype, 1, 1, head_dim, head_dim, "causal_bottom_right", (-1, -1), 1.0 / math.sqrt(head_dim))
+
+    def x(n):
+        return round_to_dtype(rng.standard_normal((n, 1, head_dim)), dtype).astype(np.float32)
+
+    sq, skv = make_side(np.array([0, 4])), make_side(np.array([0, 2]))
+    return Case(cfg, x(4), x(2), x(2), None, sq, skv, {"smallseq.seed": "0"})
+
+
+def classify_no_key_lse(values) -> str:
+    """The convention (one of `NO_KEY_LSE`) that every value in `values` (the LSE an
+    implementation wrote in rows with no visible key) follows; `Internal` when they follow
+    none, or not the same one: such an implementation has no convention to declare."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    for name, test in (("-inf", np.isneginf), ("+inf", np.isposinf), ("nan", np.isnan), ("0", lambda a: a == 0)):
+        if v.size and bool(np.all(test(v))):
+            return name
+    raise Internal(f"no single no-key LSE convention: rows without keys hold {', '.join(repr(float(a)) for a in v[:8])}")
+
+
+def probe_no_key_lse(run: "RunFn", dtype: str = "bf16", head_dim: int = 64) -> str:
+    """Runs `run` on `no_key_probe_case` and returns the convention its no-key rows follow,
+    for an implementation whose convention is documented nowhere (cuDNN): measured once at
+    start, declared in the handshake, and then mapped exactly like a declared one."""
+    case = no_key_probe_case(dtype, head_dim)
+    out = run(case, frozenset(["o", "lse"]))
+    lse = np.asarray(out["lse"], dtype=np.float64)
+    return classify_no_key_lse(lse[case.no_key_rows()])
 
 
 # ----------------------------------------------------------------------------------------
@@ -894,13 +944,14 @@ def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[s
 
 def arg_parser(doc: str, no_key_lse: Optional[str] = "-inf"):
     """An argument parser for an adapter's command line, with the options every adapter has:
-    `--no-key-lse`, the LSE value its implementation writes in a row with no visible key, and
+    `--no-key-lse`, the LSE value its implementation writes in a row with no visible key
+    (or `probe`: measured at start by `probe_no_key_lse`), and
     `--devices N`, declared as `caps.devices` (the campaign then starts a worker per device
     with CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES set to it)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-    ap.add_argument("--no-key-lse", default=no_key_lse, choices=NO_KEY_LSE)
+    ap.add_argument("--no-key-lse", default=no_key_lse, choices=NO_KEY_LSE + (PROBE,))
     ap.add_argument("--devices", type=int, default=1)
     return ap
 
@@ -968,7 +1019,9 @@ def _request_fields(req: dict, adapter: Adapter):
 
 
 def handle(req: dict, adapter: Adapter) -> dict:
-    """Runs one `run` request; returns the reply (without catching: see `reply_for`)."""
+    """Runs one `run` request; returns the reply (without catching: see `reply_for`).
+    `elapsed_us` spans reading the case file to writing the outputs, as the protocol says."""
+    t0 = time.perf_counter()
     want, env = _request_fields(req, adapter)
     case = read_case(req["case"])
     why = adapter.caps.outside(case)
@@ -982,13 +1035,12 @@ def handle(req: dict, adapter: Adapter) -> dict:
     if grads and case.d_o is None:
         raise Invalid(f"want names {', '.join(grads)} but the case has no d_o")
     with _env(env):
-        t0 = time.perf_counter()
         produced = adapter.run(case, frozenset(want))
-        elapsed = time.perf_counter() - t0
     outs, mapped = finish_outputs(case, produced, want, adapter)
     if mapped:
         log(f"id {req.get('id')}: mapped {mapped} LSE entries of no-key rows from {adapter.no_key_lse} to -inf")
     write_safetensors(req["out"], {n: encode_tensor(a, "f32") for n, a in outs.items()})
+    elapsed = time.perf_counter() - t0
     return {"id": req["id"], "ok": True, "elapsed_us": int(round(elapsed * 1e6))}
 
 
@@ -1025,12 +1077,39 @@ def reply_for(line: str, adapter: Adapter) -> Tuple[Optional[dict], bool]:
     return {"id": rid, "ok": False, "error": err}, False
 
 
+def resolve_probe(adapter: Adapter):
+    """Replaces `no_key_lse = "probe"` by the convention measured on the implementation (in a
+    dtype and head dim its caps declare) and records that it was measured. An implementation
+    that follows no single convention cannot be served: the worker exits before its
+    handshake, saying why."""
+    caps = adapter.caps
+    dtype = next((d for d in ("bf16", "f16", "f32") if d in caps.dtypes), None)
+    dims = caps.head_dims or [64]
+    dim = 64 if 64 in dims else dims[0]
+    if dtype is None or "causal_bottom_right" not in caps.masks or not caps.lse:
+        raise SystemExit(f"{adapter.name}: --no-key-lse probe needs lse and causal_bottom_right in its caps")
+    try:
+        adapter.no_key_lse = probe_no_key_lse(adapter.run, dtype, dim)
+    except WorkerError as e:
+        raise SystemExit(f"{adapter.name}: --no-key-lse probe failed ({e.kind}): {e}") from None
+    adapter.provenance["no_key_lse_source"] = f"probe ({dtype}, head dim {dim})"
+    log(f"no-key LSE convention measured: {adapter.no_key_lse}")
+
+
+def start(adapter: Adapter):
+    """What runs once before the first case: the adapter's `setup`, then a `probe`d no-key
+    LSE convention measured. Whatever drives `adapter.run` outside `serve` calls this first."""
+    if adapter.setup is not None:
+        adapter.setup(adapter)
+    if adapter.no_key_lse == PROBE:
+        resolve_probe(adapter)
+
+
 def serve(adapter: Adapter, stdin=None, stdout=None) -> int:
     """Handshake, then one reply per request line until `shutdown` or end of input."""
     out = stdout if stdout is not None else _claim_stdout()
     inp = stdin if stdin is not None else sys.stdin
-    if adapter.setup is not None:
-        adapter.setup(adapter)
+    start(adapter)
     out.write(json.dumps(handshake(adapter)) + "\n")
     out.flush()
     for line in inp:

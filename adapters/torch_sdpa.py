@@ -24,9 +24,15 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   pad-between-seqs tokens, so NaN/Inf poison reaches keys every row has masked out (not
   query rows: SDPA cannot know a query row is padding). Don't-care outputs are written 0
   (LSE -inf): torch never computed them.
-- No-key rows: math, efficient and cudnn were seen to write O = 0 (external-apis.md §0b);
-  the LSE each writes there is declared with --no-key-lse (default -inf, +inf on flash)
-  and recorded in the handshake; the campaign reports any other value.
+- No-key rows: math, efficient and cudnn were seen to write O = 0 (external-apis.md §0b).
+  The LSE each writes there is declared per kernel (`NO_KEY_LSE`; --no-key-lse overrides)
+  and recorded in the handshake; the kit maps exactly that value to -inf in the rows the
+  case says see no key, and the campaign reports any other value:
+  flash +inf (FA2's `lse = sum == 0 ? INFINITY : ...`); efficient measured at start
+  (`probe`: PyTorch's memory-efficient kernel sets a fully masked row's max to 0 and its sum
+  to 1 since the safe-softmax change of torch 2.5, so 0 is expected; read from source, not
+  yet run); cudnn measured at start (cuDNN documents no value: the H200 campaign of
+  2026-12-01 saw an LSE other than -inf there, FINDINGS.md item 3); math has no LSE.
 - Cases with no query token at all are answered without a launch (all outputs zero).
 
 Cannot express: dropout, bias; windows on flash; top-left/bottom-right causal with
@@ -45,6 +51,8 @@ import smallseq_adapter as kit  # noqa: E402
 
 FUSED_DIMS = [16, 32, 64, 128, 192, 256]
 NODE = {"efficient": "Efficient", "flash": "Flash", "cudnn": "Cudnn"}
+# What each kernel writes into the LSE of a row with no visible key (see the header).
+NO_KEY_LSE = {"math": "-inf", "flash": "+inf", "efficient": kit.PROBE, "cudnn": kit.PROBE}
 
 
 def caps_for(kernel: str) -> kit.Caps:
@@ -223,7 +231,7 @@ def adapter(argv=None) -> kit.Adapter:
     ap.add_argument("--carry-poison", action="store_true")
     args = ap.parse_args(argv)
     impl = TorchSdpa(args.kernel, args.carry_poison)
-    no_key_lse = args.no_key_lse or ("+inf" if args.kernel == "flash" else "-inf")
+    no_key_lse = args.no_key_lse or NO_KEY_LSE[args.kernel]
     caps = caps_for(args.kernel)
     caps.devices = args.devices
     return kit.Adapter(f"torch-sdpa-{args.kernel}", "torch", caps, impl.run,

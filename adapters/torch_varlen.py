@@ -12,7 +12,8 @@
   every slot has Lq == Lk; other top-left cases are `unsupported`.
 - LSE: `return_aux=AuxRequest(lse=True)`; its layout is read off its shape (`[H, T]` on
   CUDA, `[T, H]`, or `[B, H, max_q]` on ROCm). FA kernels write +inf for rows with no key
-  (external-apis.md §1.4), so `--no-key-lse` defaults to +inf.
+  (external-apis.md §1.4), so `--no-key-lse` defaults to +inf on flash; cuDNN documents no
+  value, so on cudnn it is measured at start (`probe`, recorded in the handshake).
 - Backward: autograd through varlen_attn's registered backward.
 - Don't-care tokens: varlen_attn has no padded offsets, so `padded_offsets` is false (the
   campaign sends no gaps between slots). Tail slack past `cu_seqlens[-1]`: `--tail trim`
@@ -174,10 +175,11 @@ def flash_forward(torch, q, k, v, cu_q, cu_k, mq, mk, scale, left, right):
 
 
 def adapter(argv=None) -> kit.Adapter:
-    ap = kit.arg_parser(__doc__, no_key_lse="+inf")
+    ap = kit.arg_parser(__doc__, no_key_lse=None)
     ap.add_argument("--kernel", default="flash", choices=["flash", "cudnn"])
     ap.add_argument("--tail", default="trim", choices=["trim", "pass"])
     args = ap.parse_args(argv)
+    no_key_lse = args.no_key_lse or ("+inf" if args.kernel == "flash" else kit.PROBE)
     impl = TorchVarlen(args.kernel, args.tail)
     caps = kit.Caps(
         dtypes=["bf16", "f16"], masks=list(kit.MASKS), window=args.kernel == "flash",
@@ -185,7 +187,7 @@ def adapter(argv=None) -> kit.Adapter:
     )
     caps.devices = args.devices
     return kit.Adapter(f"torch-varlen-{args.kernel}", "torch", caps, impl.run,
-                       no_key_lse=args.no_key_lse, setup=impl.setup)
+                       no_key_lse=no_key_lse, setup=impl.setup)
 
 
 if __name__ == "__main__":

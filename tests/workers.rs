@@ -76,6 +76,7 @@ fn workers_judge_like_the_process_for_any_jobs() {
         String::from_utf8_lossy(&o.stderr)
     );
     let want = verdict(&report(&inproc));
+    assert!(report(&inproc)["protocol_overhead_us"].is_null());
     for jobs in ["1", "3"] {
         let dir = out_dir(&format!("iso{jobs}"));
         let o = fuzz(
@@ -96,6 +97,16 @@ fn workers_judge_like_the_process_for_any_jobs() {
             .as_str()
             .unwrap()
             .contains("worker --backend cpu"));
+        // every answered request: at least one per case (its forward and backward)
+        let overhead = &r["protocol_overhead_us"];
+        assert!(overhead["n"].as_u64().unwrap() >= 24, "{overhead}");
+        assert!(overhead["p50"].as_f64().unwrap() >= 0.0, "{overhead}");
+        assert!(
+            std::fs::read_to_string(dir.join("summary.md"))
+                .unwrap()
+                .contains("Protocol overhead per worker request"),
+            "jobs {jobs}"
+        );
     }
 }
 

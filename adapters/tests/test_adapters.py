@@ -32,10 +32,18 @@ class Declarations(unittest.TestCase):
             self.assertTrue(set(caps["dtypes"]) <= set(kit.DTYPES), a.name)
             self.assertTrue(set(caps["masks"]) <= set(kit.MASKS), a.name)
             self.assertIn(caps["no_key_row"], ("zero", "nan", "other"), a.name)
-            self.assertIn(hs["provenance"]["no_key_lse"], kit.NO_KEY_LSE, a.name)
+            self.assertIn(hs["provenance"]["no_key_lse"], kit.NO_KEY_LSE + (kit.PROBE,), a.name)
             self.assertFalse(caps["reports_path"] or caps["reports_workspace"] or caps["harness_options"])
             names.add(hs["name"])
         self.assertEqual(len(names), len(adapters))
+
+    def test_no_key_lse_is_declared_per_kernel(self):
+        # FINDINGS.md item 3: efficient and cudnn wrote something other than -inf there.
+        declared = {k: torch_sdpa.adapter(["--kernel", k]).no_key_lse for k in ("math", "efficient", "flash", "cudnn")}
+        self.assertEqual(declared, {"math": "-inf", "flash": "+inf", "efficient": kit.PROBE, "cudnn": kit.PROBE})
+        self.assertEqual(torch_sdpa.adapter(["--kernel", "cudnn", "--no-key-lse", "0"]).no_key_lse, "0")
+        self.assertEqual(torch_varlen.adapter([]).no_key_lse, "+inf")
+        self.assertEqual(torch_varlen.adapter(["--kernel", "cudnn"]).no_key_lse, kit.PROBE)
 
     def test_declared_limits(self):
         sdpa = {k: torch_sdpa.caps_for(k) for k in ("math", "efficient", "flash", "cudnn")}

@@ -31,8 +31,7 @@ def geometries(dtype):
 
 class FrameworkCase(unittest.TestCase):
     def compare(self, adapter, tol, dtype="f32"):
-        if adapter.setup:
-            adapter.setup(adapter)
+        kit.start(adapter)  # setup, and the no-key LSE convention where it is probed
         checked = 0
         for name, case in geometries(dtype):
             with self.subTest(geometry=name):

@@ -49,6 +49,11 @@ class FloatFormats(unittest.TestCase):
             np.testing.assert_array_equal(kit.round_to_dtype(x, "f16"), x.astype(np.float16).astype(np.float64))
         y = x * 1e20
         np.testing.assert_array_equal(kit.round_to_dtype(y, "f32"), y.astype(np.float32).astype(np.float64))
+        # encode_tensor casts instead of calling round_to_dtype: the same bytes
+        with np.errstate(over="ignore"):
+            for arr, dt, np_dt in ((x, "f16", "<f2"), (y, "f32", "<f4")):
+                want = kit.round_to_dtype(arr, dt).astype(np_dt).tobytes()
+                self.assertEqual(kit.encode_tensor(arr, dt)[2], want, dt)
 
     def test_bf16_rounding_agrees_with_bit_rounding_from_f32(self):
         rng = np.random.default_rng(4)
@@ -234,6 +239,30 @@ class Lse(unittest.TestCase):
         self.assertEqual(n, 0)
         np.testing.assert_array_equal(got, lse)
         self.assertEqual(kit.map_no_key_lse(lse, no_key, "-inf")[1], 0)
+
+    def test_the_zero_convention_maps_exact_zeros_in_no_key_rows_only(self):
+        # PyTorch's memory-efficient kernel writes LSE 0 in a row without keys; a 0 elsewhere,
+        # or a tiny nonzero value in such a row, is the implementation's own and stays.
+        lse = np.array([[0.0, 1e-30], [0.0, 2.0], [-0.0, 0.5]], dtype=np.float32)
+        got, n = kit.map_no_key_lse(lse, np.array([True, False, True]), "0")
+        self.assertEqual(n, 2)
+        np.testing.assert_array_equal(got, np.float32([[-np.inf, 1e-30], [0.0, 2.0], [-np.inf, 0.5]]))
+
+    def test_classify_no_key_lse(self):
+        self.assertEqual(kit.classify_no_key_lse([np.inf, np.inf]), "+inf")
+        self.assertEqual(kit.classify_no_key_lse([-np.inf]), "-inf")
+        self.assertEqual(kit.classify_no_key_lse([np.nan, np.nan]), "nan")
+        self.assertEqual(kit.classify_no_key_lse([0.0, -0.0]), "0")
+        for bad in ([np.inf, 0.0], [-3.4e38], [], [0.69314718]):
+            with self.assertRaises(kit.Internal, msg=str(bad)):
+                kit.classify_no_key_lse(bad)
+
+    def test_the_probe_case_has_rows_without_keys_and_rows_with_keys(self):
+        case = kit.no_key_probe_case("bf16", 64)
+        np.testing.assert_array_equal(case.no_key_rows(), [True, True, False, False])
+        self.assertEqual(case.q.shape, (4, 1, 64))
+        # values exact in bf16: the case file of a probe would carry them unchanged
+        np.testing.assert_array_equal(kit.round_to_dtype(case.q, "bf16"), case.q)
 
     def test_no_key_rows_and_padded_mask(self):
         case = make_case([3, 2], [1, 0], mask="causal_bottom_right", gaps_q=[1, 0])

@@ -71,6 +71,39 @@ class Loop(unittest.TestCase):
             self.assertIn(key, caps)
         self.assertEqual(replies, [])
 
+    def probing_adapter(self, no_key_value):
+        """numpy_reference with `no_key_value` written into the LSE of rows without keys."""
+        import numpy_reference
+
+        ref = numpy_reference.adapter()
+
+        def run(case, want):
+            out = numpy_reference.attention(case, want | {"lse"})
+            out["lse"] = np.where(case.no_key_rows()[:, None], no_key_value, out["lse"])
+            return {k: v for k, v in out.items() if k in want}
+
+        return kit.Adapter("probed", "1", ref.caps, run, no_key_lse=kit.PROBE)
+
+    def test_a_probed_convention_is_measured_declared_and_mapped(self):
+        for value, name in ((np.inf, "+inf"), (0.0, "0"), (np.nan, "nan"), (-np.inf, "-inf")):
+            case = self.case_file(mask="causal_bottom_right", lens_q=[3], lens_kv=[1])
+            req = self.run_req(1, case)
+            hs, (reply,) = self.converse(self.probing_adapter(value), [req])
+            self.assertEqual(hs["provenance"]["no_key_lse"], name)
+            self.assertIn("probe", hs["provenance"]["no_key_lse_source"])
+            self.assertTrue(reply["ok"], reply)
+            lse = kit.read_safetensors(req["out"])[0]["lse"][1]
+            # rows 0, 1 see no key (mapped to -inf); row 2 sees the one key
+            np.testing.assert_array_equal(lse[:2], -np.inf, err_msg=name)
+            self.assertTrue(np.all(np.isfinite(lse[2])), name)
+
+    def test_a_probe_that_finds_no_convention_stops_the_worker_before_its_handshake(self):
+        out = io.StringIO()
+        with self.assertRaises(SystemExit) as e:
+            kit.serve(self.probing_adapter(-3.3e38), io.StringIO(""), out)
+        self.assertIn("no single no-key LSE convention", str(e.exception))
+        self.assertEqual(out.getvalue(), "")
+
     def test_run_writes_outputs_and_maps_the_declared_no_key_lse(self):
         case = self.case_file(mask="causal_bottom_right", lens_q=[3], lens_kv=[1])
         req = self.run_req(5, case, want=("o", "lse", "dq", "dk", "dv"))

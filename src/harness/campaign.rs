@@ -95,6 +95,10 @@ pub struct Report {
     /// What the implementation cannot express, so the campaign never drew it.
     #[serde(default)]
     pub not_covered: Vec<String>,
+    /// When cases ran in worker processes: per request, the round trip minus the worker's
+    /// own `elapsed_us`, in microseconds (`docs/worker-protocol.md`, "Replies").
+    #[serde(default)]
+    pub protocol_overhead_us: Option<Percentiles>,
     /// `I/N` when this is one shard of a campaign (`--shard`).
     #[serde(default)]
     pub shard: Option<String>,
@@ -402,6 +406,7 @@ impl Campaign<'_> {
             interrupted: false,
             worker: self.checker.runner.worker_command().map(|c| c.join(" ")),
             not_covered: self.checker.runner.caps().not_covered(),
+            protocol_overhead_us: None,
             shard: self.shard.is_split().then(|| self.shard.to_string()),
             margin_samples: BTreeMap::new(),
             dimensions: super::coverage::Coverage::new(self.checker.opts.profile),
@@ -563,6 +568,8 @@ impl Merge<'_, '_> {
             .map(|(k, v)| (k.clone(), percentiles(v.clone())))
             .collect();
         self.rep.margin_samples = std::mem::take(&mut self.margins);
+        let overhead = self.campaign.checker.runner.protocol_overhead_us();
+        self.rep.protocol_overhead_us = (!overhead.is_empty()).then(|| percentiles(overhead));
         self.rep
     }
 }
@@ -640,6 +647,13 @@ pub fn markdown(rep: &Report) -> String {
         rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
     );
     m.push_str(&super::report_io::markdown_context(rep));
+    if let Some(o) = &rep.protocol_overhead_us {
+        m.push_str(&format!(
+            "Protocol overhead per worker request (round trip minus the worker's own time): \
+             median {:.0} µs, p90 {:.0} µs, max {:.0} µs over {} requests.\n\n",
+            o.p50, o.p90, o.max, o.n
+        ));
+    }
     m.push_str(&rep.dimensions.markdown());
     m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
     for (name, c) in &rep.properties {

@@ -817,6 +817,11 @@ impl<'a> Checker<'a> {
         parts: &[Vec<usize>],
         what: &str,
     ) -> Outcome {
+        // Rows the implementation declares to hold something other than the semantics' zeros
+        // carry no promise, and may depend on the launch's batch (JAX XLA averages V over
+        // the whole padded key length there): compared as declared, on both sides.
+        let declared = self.no_key_rows_as_declared(case, actual);
+        let actual = declared.as_ref().unwrap_or(actual);
         for order in parts {
             let (sub, rows_q, rows_k) = select_slots(case, order, true);
             let p = match self.runner.run_pair(&sub, &self.opts) {
@@ -852,6 +857,9 @@ impl<'a> Checker<'a> {
                 dv: pick3(&actual.dv, &rows_k),
             };
             let mut got = p.outputs();
+            if let Some(d) = self.no_key_rows_as_declared(&sub, &got) {
+                got = d;
+            }
             mask_dont_care(&sub, &mut got, &want);
             if let Some(changed) = changed {
                 let full = scatter_rows(actual, &got, &rows_q, &rows_k);
@@ -1292,7 +1300,9 @@ mod tests {
     use crate::backend::cpu::CpuBackend;
     use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
     use crate::config::AttnConfig;
+    use crate::dispatch::gate::Dispatcher;
     use crate::dispatch::Arch;
+    use crate::runner::{Caps, NoKeyRow};
     use ndarray::Array3;
     use smallseq_reference::{Layout, Mask};
 
@@ -1461,6 +1471,92 @@ mod tests {
         // launch is compared to tolerance (two thresholds) instead of bitwise.
         assert!(matches!(split(false), Outcome::Fail(_)));
         assert_eq!(split(true), Outcome::Pass);
+    }
+
+    /// An external implementation that declares `no_key_row: other` and writes, in a row with
+    /// no visible key, 1 / (the launch's longest key side): like JAX XLA, whose such rows
+    /// average V over the whole padded key length, so they change when a batch is split.
+    struct LaunchDependentNoKeyRows<'a> {
+        inner: InProcess<'a>,
+        caps: Caps,
+    }
+
+    impl Runner for LaunchDependentNoKeyRows<'_> {
+        fn name(&self) -> &str {
+            "launch-dependent"
+        }
+        fn caps(&self) -> &Caps {
+            &self.caps
+        }
+        fn provenance(&self) -> BTreeMap<String, String> {
+            BTreeMap::new()
+        }
+        fn dispatcher(&self, _: &RunOptions) -> Option<Dispatcher> {
+            None
+        }
+        fn rounding_budget(&self, _: &str) -> Option<f64> {
+            None
+        }
+        fn fallback_fwd_kernel(&self, _: &AttnConfig, _: &Layout) -> Option<String> {
+            None
+        }
+        fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
+            let mut p = self.inner.run_pair(case, opts)?;
+            let fill = 1.0 / case.layout.kv.max_len() as f32;
+            for r in case.visible_rows().filter(|r| r.keys.is_empty()) {
+                p.fwd
+                    .o
+                    .slice_mut(ndarray::s![r.token, r.head, ..])
+                    .fill(fill);
+            }
+            Ok(p)
+        }
+        fn run_bwd_from(
+            &self,
+            case: &Case,
+            o: &Array3<f32>,
+            lse: &ndarray::Array2<f32>,
+            opts: &RunOptions,
+        ) -> Result<BwdResult> {
+            self.inner.run_bwd_from(case, o, lse, opts)
+        }
+        fn external(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_split_compares_rows_without_keys_as_the_implementation_declares_them() {
+        // Slot 0: 3 queries, 1 key, bottom-right causal: rows 0 and 1 see no key. The whole
+        // batch's longest key side is 6, the first half's 1 (JAX XLA seed 17, cases 31, 42:
+        // `o[0, 0, 0]` exactly 2x off after a split).
+        let layout = Layout::packed(&[(3, 1), (4, 6)]);
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 8, Mask::CausalBottomRight);
+        let mut rng = Rng::new(5);
+        let mut t =
+            |n| Array3::from_shape_simple_fn((n, 1, 8), || Dtype::Bf16.round(rng.normal() as f32));
+        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+        let (q, k, v) = (t(tq), t(tk), t(tk));
+        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let cpu = CpuBackend::default();
+        let split = |declared: NoKeyRow| {
+            let inner = InProcess::new(&cpu);
+            let mut caps = inner.caps().clone();
+            caps.no_key_row = declared;
+            let checker = Checker::new(
+                Box::new(LaunchDependentNoKeyRows { inner, caps }),
+                Checker::isolated(&cpu).opts,
+            );
+            let base = checker.runner.run_pair(&case, &checker.opts).unwrap();
+            let actual = base.outputs();
+            let y = oracle(&case).unwrap();
+            let (_, js) = numeric(&case, &actual, &y);
+            let parts = [vec![0], vec![1]];
+            checker.slot_relation(&case, &base, &actual, &js, &y, &parts, "splitting")
+        };
+        assert_eq!(split(NoKeyRow::Other), Outcome::Pass);
+        // Declared as zeros, the same rows are wrong values, and the split shows it.
+        assert!(matches!(split(NoKeyRow::Zero), Outcome::Fail(_)));
     }
 
     #[test]

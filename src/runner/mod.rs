@@ -98,6 +98,11 @@ pub trait Runner: Send + Sync {
     fn external(&self) -> bool {
         false
     }
+    /// Per answered worker request so far, its round trip minus the worker's own
+    /// `elapsed_us`, in microseconds: the protocol's overhead. Empty in-process.
+    fn protocol_overhead_us(&self) -> Vec<f64> {
+        Vec::new()
+    }
     /// Whether the per-row tolerance rule counts for its outputs
     /// ([`crate::backend::judges_rows`]).
     fn judges_rows(&self) -> bool {
@@ -180,6 +185,9 @@ impl<R: Runner + ?Sized> Runner for &R {
     }
     fn external(&self) -> bool {
         (**self).external()
+    }
+    fn protocol_overhead_us(&self) -> Vec<f64> {
+        (**self).protocol_overhead_us()
     }
     fn judges_rows(&self) -> bool {
         (**self).judges_rows()
@@ -278,6 +286,9 @@ impl Runner for FaultLatch<'_> {
     }
     fn external(&self) -> bool {
         self.inner.external()
+    }
+    fn protocol_overhead_us(&self) -> Vec<f64> {
+        self.inner.protocol_overhead_us()
     }
     fn judges_rows(&self) -> bool {
         self.inner.judges_rows()

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How a pool starts its workers.
 #[derive(Clone, Debug)]
@@ -130,6 +130,8 @@ pub struct Pool {
     scratch: PathBuf,
     next_id: AtomicU64,
     command: Vec<String>,
+    /// Round trip minus the worker's `elapsed_us` of each answered request, in µs.
+    overhead_us: Mutex<Vec<f64>>,
 }
 
 impl Pool {
@@ -203,6 +205,7 @@ impl Pool {
             caps,
             scratch,
             next_id: AtomicU64::new(1),
+            overhead_us: Mutex::new(Vec::new()),
         })
     }
 
@@ -263,7 +266,19 @@ impl Pool {
             .unwrap_or_else(|| default_case_timeout(case));
         let worker = slot.worker.as_mut().expect("started above");
         req.lse_from = extra.map(|p| p.display().to_string());
+        let sent = Instant::now();
         let reply = worker.call(req, timeout);
+        if let Ok(Reply {
+            elapsed_us: Some(us),
+            ..
+        }) = &reply
+        {
+            let round_trip = sent.elapsed().as_secs_f64() * 1e6;
+            self.overhead_us
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((round_trip - *us as f64).max(0.0));
+        }
         let fault = |slot: &mut Slot, f: Fault| {
             slot.worker = None;
             Err(Error::Fault(f))
@@ -407,6 +422,12 @@ impl Runner for Pool {
     }
     fn external(&self) -> bool {
         self.cfg.in_tree.is_none()
+    }
+    fn protocol_overhead_us(&self) -> Vec<f64> {
+        self.overhead_us
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
     fn judges_rows(&self) -> bool {
         self.cfg

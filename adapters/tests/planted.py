@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""numpy_reference with a planted defect, for the tests of adapters/standalone.py.
+
+    python3 adapters/tests/planted.py --plant last-key|batch
+
+- last-key: slot 0's queries never see its last key (an off-by-one in the key length);
+- batch: O is scaled by 1 + (slots - 1) / 64, so it changes when a batch is split.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import numpy_reference  # noqa: E402
+import smallseq_adapter as kit  # noqa: E402
+
+
+def adapter(argv=None) -> kit.Adapter:
+    ap = kit.arg_parser(__doc__)
+    ap.add_argument("--plant", required=True, choices=["last-key", "batch"])
+    args = ap.parse_args([] if argv is None else argv)
+    base = numpy_reference.adapter()
+
+    def run(case, want):
+        if args.plant == "last-key" and case.skv.slots and case.skv.lens[0] > 1:
+            lens = case.skv.lens.copy()
+            lens[0] -= 1
+            k_end = int(case.skv.starts[0] + lens[0])
+            # the lost key moves into slot 0's gap: a don't-care token of the shorter slot
+            offsets = case.skv.offsets.copy()
+            cu = np.concatenate([[0], np.cumsum(lens)])
+            skv = kit.make_side(cu, offsets, case.skv.tokens)
+            assert int(skv.starts[0] + skv.lens[0]) == k_end
+            case = kit.Case(case.config, case.q, case.k, case.v, case.d_o, case.sq, skv, case.meta)
+        out = numpy_reference.attention(case, want)
+        if args.plant == "batch":
+            out["o"] = kit.round_to_dtype(out["o"] * (1 + (case.sq.slots - 1) / 64), case.config.dtype)
+        return out
+
+    return kit.Adapter(f"planted-{args.plant}", "test", base.caps, run, dict(base.provenance),
+                       no_key_lse=args.no_key_lse)
+
+
+if __name__ == "__main__":
+    sys.exit(kit.serve(adapter(sys.argv[1:])))
