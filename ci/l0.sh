@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check'
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
 stage tests cargo test --workspace --release
-stage mutants cargo run -q --release -- mutants --cases 300 --seed 1 --out target/l0/mutants
+stage mutants cargo run -q --release -- mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
 stage fuzz-campaign cargo run -q --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
 stage report-pages ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
 stage adapters env SMALLSEQ_BIN=target/release/smallseq ci/adapters.sh

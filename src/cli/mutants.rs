@@ -42,6 +42,11 @@ pub struct MutantsArgs {
     /// Leave these mutants out (comma-separated names), e.g. known survivors in CI.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<Mutant>,
+    /// Stop each mutant at the first case that kills it and shrink nothing: the quick check
+    /// that every mutant is still killed (L0). The kill counts then cover only the cases run,
+    /// so each property's own power shows only without it.
+    #[arg(long)]
+    pub until_killed: bool,
     /// Output directory (mutants.json; per mutant its report files and capsules).
     #[arg(long, default_value = "smallseq-out/mutants")]
     pub out: PathBuf,
@@ -100,10 +105,10 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             seed: args.seed,
             budget,
             out: args.out.join(m.name()),
-            // Every case runs, so that every property's kills are counted; only the first
-            // failure is shrunk, below.
+            // Every case runs (unless --until-killed), so that every property's kills are
+            // counted; only the first failure is shrunk, below.
             shrink_budget: Duration::ZERO,
-            stop_on_failure: false,
+            stop_on_failure: args.until_killed,
             // The mutants themselves run in parallel.
             jobs: 1,
             shard: Shard::default(),
@@ -120,7 +125,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         write_reports(&campaign.out, &rep)?;
         let f = rep.failures.first();
         let mut shrunk = None;
-        if let Some(f) = f {
+        if let Some(f) = f.filter(|_| !args.until_killed) {
             let cs = case_seed(args.seed, f.case);
             let profile = checker.opts.profile;
             let case = build(&draw_geometry_for(&mut Rng::new(cs), profile), cs ^ 0xda7a)?;
