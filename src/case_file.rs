@@ -347,6 +347,24 @@ fn encode_f32(dtype: StDtype, t: &ndarray::Array3<f32>) -> Vec<u8> {
 /// # Errors
 /// [`Error::CaseFile`] if serialisation fails.
 pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
+    encode_case(case, Some(precision), &case.meta)
+}
+
+/// A case's inputs alone (no stored outputs, no metadata beyond the format and config): what
+/// a worker request names, written without copying the case.
+///
+/// # Errors
+/// As [`case_bytes`].
+pub fn input_bytes(case: &Case) -> Result<Vec<u8>> {
+    encode_case(case, None, &BTreeMap::new())
+}
+
+/// `precision`: how stored outputs are written; `None` leaves them out.
+fn encode_case(
+    case: &Case,
+    precision: Option<OutputPrecision>,
+    meta: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
     let in_dt = st_dtype(case.config.dtype);
     let mut tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in case.inputs() {
@@ -363,10 +381,16 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
         ));
     };
     let (out_dt, lse_dt) = match precision {
-        OutputPrecision::Reference => (StDtype::F64, StDtype::F64),
-        OutputPrecision::Device => (in_dt, StDtype::F32),
+        Some(OutputPrecision::Reference) => (StDtype::F64, StDtype::F64),
+        Some(OutputPrecision::Device) => (in_dt, StDtype::F32),
+        None => (in_dt, StDtype::F32),
     };
-    let o = &case.outputs;
+    let none = Outputs::default();
+    let o = if precision.is_some() {
+        &case.outputs
+    } else {
+        &none
+    };
     for (name, t) in [("o", &o.o), ("dq", &o.dq), ("dk", &o.dk), ("dv", &o.dv)] {
         if let Some(t) = t {
             push_f(name, out_dt, t.shape(), t.iter().copied().collect());
@@ -395,7 +419,7 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
                 .map_err(|e| file_err(n, format!("cannot encode: {e:?}")))
         })
         .collect::<Result<_>>()?;
-    let mut meta: HashMap<String, String> = case.meta.clone().into_iter().collect();
+    let mut meta: HashMap<String, String> = meta.clone().into_iter().collect();
     meta.insert("smallseq.format".into(), FORMAT.into());
     meta.insert("smallseq.config".into(), case.config.to_json());
     meta.entry("smallseq.version".into())
