@@ -4,7 +4,8 @@
 use super::client::{Spawn, Worker};
 use super::io::{read_outputs_file, write_outputs};
 use super::protocol::{from_wire, path_of, run_request, Handshake, Reply, Request};
-use crate::case::{Case, Outputs};
+use crate::case::Case;
+use crate::case_file::Outputs32;
 use crate::case_file::input_bytes;
 use crate::config::AttnConfig;
 use crate::dispatch::gate::{Dispatcher, GateDefects};
@@ -428,7 +429,7 @@ impl Pool {
     }
 
     /// The backward of a reply: its gradients, path and workspace report.
-    fn bwd_result(&self, got: Outputs, reply: &Reply) -> Result<BwdResult> {
+    fn bwd_result(&self, got: Outputs32, reply: &Reply) -> Result<BwdResult> {
         let name = self.name();
         Ok(BwdResult {
             dq: f32_3(got.dq, name, "dq")?,
@@ -453,9 +454,8 @@ fn missing(name: &str, t: &str) -> Error {
     }
 }
 
-fn f32_3(a: Option<Array3<f64>>, name: &str, t: &str) -> Result<Array3<f32>> {
-    a.map(|a| a.mapv(|x| x as f32))
-        .ok_or_else(|| missing(name, t))
+fn f32_3(a: Option<Array3<f32>>, name: &str, t: &str) -> Result<Array3<f32>> {
+    a.ok_or_else(|| missing(name, t))
 }
 
 /// Removes request files whatever happens to the request.
@@ -533,7 +533,7 @@ impl Runner for Pool {
         let name = self.name();
         let (tq, h) = (case.layout.q.tokens, case.config.params.num_heads);
         let lse = match got.lse.take() {
-            Some(l) => l.mapv(|x| x as f32),
+            Some(l) => l,
             None if self.caps.lse => return Err(missing(name, "lse")),
             None => Array2::from_elem((tq, h), f32::NAN),
         };

@@ -260,8 +260,6 @@ fn handle(
         let (Some(o), Some(lse)) = (fwd.o, fwd.lse) else {
             return Err(Error::config(format!("lse_from {from}: needs o and lse")));
         };
-        let o = o.mapv(|x| x as f32);
-        let lse = lse.mapv(|x| x as f32);
         let b = wrapper::bwd(be, case, &o, &lse, &opts)?;
         write_outputs(
             out,
