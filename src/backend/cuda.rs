@@ -868,8 +868,14 @@ mod tests {
         let strided =
             ndarray::Array3::from_shape_vec((n, 2, 1), [vals.clone(), vals].concat()).unwrap();
         for view in [a.view(), strided.slice(ndarray::s![.., 0..1, ..])] {
-            let want16: Vec<u16> = view.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-            let wantb: Vec<u16> = view.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            let want16: Vec<u16> = view
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect();
+            let wantb: Vec<u16> = view
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect();
             match (to_host(Dtype::F16, &view), to_host(Dtype::Bf16, &view)) {
                 (HostTensor::U16(f), HostTensor::U16(b)) => {
                     assert_eq!(f, want16);

@@ -5,8 +5,8 @@ use super::client::{Spawn, Worker};
 use super::io::{read_outputs_file, write_outputs};
 use super::protocol::{from_wire, path_of, run_request, Handshake, Reply, Request};
 use crate::case::Case;
-use crate::case_file::Outputs32;
 use crate::case_file::input_bytes;
+use crate::case_file::Outputs32;
 use crate::config::AttnConfig;
 use crate::dispatch::gate::{Dispatcher, GateDefects};
 use crate::error::{Error, Result};
@@ -193,6 +193,8 @@ pub struct Pool {
     command: Vec<String>,
     /// Per host thread, the case files it may name again, most recent last.
     written: Mutex<HashMap<ThreadId, Vec<Written>>>,
+    /// Case files written so far.
+    files_written: AtomicU64,
 }
 
 impl Pool {
@@ -269,12 +271,18 @@ impl Pool {
             scratch,
             next_id: AtomicU64::new(1),
             written: Mutex::new(HashMap::new()),
+            files_written: AtomicU64::new(0),
         })
     }
 
     /// The handshake of the first worker.
     pub fn handshake(&self) -> &Handshake {
         &self.handshake
+    }
+
+    /// Case files written so far (one per request without [`PoolConfig::reuse_inputs`]).
+    pub fn case_files_written(&self) -> u64 {
+        self.files_written.load(Ordering::Relaxed)
     }
 
     /// Devices the workers were placed on, one entry per worker.
@@ -315,7 +323,11 @@ impl Pool {
     fn case_file(&self, case: &Case) -> Result<(PathBuf, Option<PathBuf>)> {
         let me = std::thread::current().id();
         let mine = match self.cfg.reuse_inputs {
-            true => self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(&me),
+            true => self
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&me),
             false => None,
         };
         let mut mine = mine.unwrap_or_default();
@@ -328,8 +340,9 @@ impl Pool {
                 (p, None)
             }
             None => {
-                let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-                let path = self.scratch.join(format!("{id}.in.safetensors"));
+                // Numbered apart from the requests, whose ids stay 1, 2, 3, ...
+                let n = self.files_written.fetch_add(1, Ordering::SeqCst) + 1;
+                let path = self.scratch.join(format!("case-{n}.in.safetensors"));
                 let bytes = input_bytes(case)?;
                 crate::harness::report_io::write_atomic(&path, &bytes)?;
                 if !self.cfg.reuse_inputs {

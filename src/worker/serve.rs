@@ -306,3 +306,38 @@ fn handle(
 fn path_name(p: Option<crate::dispatch::Path>) -> String {
     p.map_or("none", |p| p.name()).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CaseCache;
+    use crate::case::samples::one_query_two_keys;
+    use crate::case_file::{write_case, OutputPrecision};
+
+    /// A name met again is read again when the file behind it changed (the protocol says the
+    /// campaign never does that; a driver that does still gets the new inputs).
+    #[test]
+    fn a_case_file_replaced_under_its_name_is_read_again() {
+        let dir = std::env::temp_dir().join(format!("smallseq-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("1.in.safetensors");
+        let name = path.display().to_string();
+        let mut cache = CaseCache::default();
+        write_case(
+            &one_query_two_keys(1.0, [0.5, 0.25], [1.0, 2.0], 1.0),
+            &path,
+            OutputPrecision::Device,
+        )
+        .unwrap();
+        assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 1.0);
+        assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 1.0);
+        write_case(
+            &one_query_two_keys(3.0, [0.5, 0.25], [1.0, 2.0], 1.0),
+            &path,
+            OutputPrecision::Device,
+        )
+        .unwrap();
+        assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 3.0);
+        assert_eq!(cache.entries.len(), 1, "one entry per name");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
