@@ -31,7 +31,7 @@ fn le_bytes<'a>(t: &'a ArrayViewD<'_, f32>) -> Cow<'a, [u8]> {
 /// # Errors
 /// [`Error::Io`] naming the path.
 pub fn write_outputs(path: &Path, tensors: &[(&str, ArrayViewD<'_, f32>)]) -> Result<()> {
-    let bytes: Vec<(&str, Vec<usize>, Cow<'_, [u8]>)> = tensors
+    let bytes: Vec<_> = tensors
         .iter()
         .map(|(name, t)| (*name, t.shape().to_vec(), le_bytes(t)))
         .collect();
