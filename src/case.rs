@@ -429,7 +429,9 @@ mod tests {
     fn the_block_scan_finds_the_first_bad_element() {
         use super::first_unrepresentable;
         let sub = f32::from_bits(0x3380_0000); // 2^-24, f16's smallest subnormal
-        let mut s: Vec<f32> = (0..2000).map(|i| ((i % 256) as f32 - 128.0) / 8.0).collect();
+        let mut s: Vec<f32> = (0..2000)
+            .map(|i| ((i % 256) as f32 - 128.0) / 8.0)
+            .collect();
         s.extend([0.0, -0.0, f32::NAN, f32::INFINITY, sub, 61440.0]);
         for dt in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
             assert_eq!(first_unrepresentable(dt, &s), None, "{dt}");
