@@ -199,24 +199,39 @@ impl Case {
     /// # Errors
     /// The first inconsistency, naming the tensor or field.
     pub fn validate(&self) -> Result<()> {
-        let layout = Layout::new(self.layout.q.clone(), self.layout.kv.clone())?;
-        debug_assert_eq!(layout, self.layout);
-        self.problem()?;
-        if self.config.layout == LayoutKind::Bshd {
-            bshd_seq_lens(&self.layout)?;
+        self.validate_structure()?;
+        let dt = self.config.dtype;
+        if dt == Dtype::F32 {
+            // Every f32 is a value of f32.
+            return Ok(());
         }
         for (name, t) in self.inputs() {
-            let dt = self.config.dtype;
-            if let Some((i, x)) = t
-                .iter()
-                .enumerate()
-                .find(|(_, x)| x.is_finite() && !representable(dt, **x))
-            {
+            let bad = match t.as_slice() {
+                Some(s) => first_unrepresentable(dt, s),
+                None => t.iter().position(|x| !representable(dt, *x)),
+            };
+            if let Some(i) = bad {
+                let x = t.iter().nth(i).copied().unwrap_or(f32::NAN);
                 return Err(Error::Tensor {
                     tensor: name.into(),
                     detail: format!("element {i} = {x:e} is not representable in {dt}"),
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// The invariants of [`Case::validate`] but the elements' exactness: what a case decoded
+    /// from a case file needs checked, its elements having been read as values of its dtype.
+    ///
+    /// # Errors
+    /// As [`Case::validate`].
+    pub(crate) fn validate_structure(&self) -> Result<()> {
+        let layout = Layout::new(self.layout.q.clone(), self.layout.kv.clone())?;
+        debug_assert_eq!(layout, self.layout);
+        self.problem()?;
+        if self.config.layout == LayoutKind::Bshd {
+            bshd_seq_lens(&self.layout)?;
         }
         Ok(())
     }
@@ -276,13 +291,72 @@ pub fn bshd_seq_lens(layout: &Layout) -> Result<(usize, usize)> {
     Ok((lens[0], lens[1]))
 }
 
-/// Whether finite `x` is a value of `dt`. A bf16 is an f32 whose low 16 bits are zero (the
-/// same exponent range), which spares a conversion per element on every case validated.
+/// Whether `x` is a value of `dt`, NaN and infinities included (they are not checked). By
+/// bits, since every case is validated on every launch: a rounding per element was 16 % of a
+/// worker's time (bench/NOTES.md v8). A bf16 is an f32 whose low 16 bits are zero (the same
+/// exponent range); an f16 is an f32 whose exponent lies in f16's range and whose mantissa
+/// bits below f16's precision at that exponent are zero. The same as `dt.round(x) == x`
+/// bitwise for every finite f32 (`representable_is_rounding_to_itself`).
+#[inline]
 fn representable(dt: Dtype, x: f32) -> bool {
-    match dt {
-        Dtype::Bf16 => x.to_bits() & 0xffff == 0,
-        _ => dt.round(x).to_bits() == x.to_bits(),
+    let b = x.to_bits();
+    let exp = (b >> 23) & 0xff;
+    if exp == 0xff {
+        return true;
     }
+    match dt {
+        Dtype::F32 => true,
+        Dtype::Bf16 => b & 0xffff == 0,
+        Dtype::F16 => {
+            let mant = b & 0x7f_ffff;
+            if exp == 0 {
+                // Zero, or an f32 subnormal (far below f16's smallest, 2^-24).
+                return mant == 0;
+            }
+            let e = exp as i32 - 127;
+            // Low mantissa bits below f16's quantum 2^max(e - 10, -24) must be zero.
+            let dropped = match e {
+                -14..=15 => 13,
+                -24..=-15 => (-1 - e) as u32,
+                _ => return false,
+            };
+            mant & ((1u32 << dropped) - 1) == 0
+        }
+    }
+}
+
+/// Elements per block of [`first_unrepresentable`]'s quick pass.
+const BLOCK: usize = 512;
+
+/// The index of the first element of `s` that is not a value of `dt`. A quick pass per
+/// block, branch-free so that it vectorises, passes the elements that are plainly values
+/// (bf16: low 16 bits zero; f16: a normal f16's exponent and low 13 bits zero; zeros, NaNs,
+/// infinities); only a block with another element (an f16 subnormal, or a bad one) is
+/// looked at element by element with [`representable`].
+fn first_unrepresentable(dt: Dtype, s: &[f32]) -> Option<usize> {
+    let quick_bad = |b: u32| -> u32 {
+        let exp = (b >> 23) & 0xff;
+        let special = u32::from(exp == 0xff) | u32::from(b << 1 == 0);
+        let plain = match dt {
+            Dtype::F32 => 1,
+            Dtype::Bf16 => u32::from(b & 0xffff == 0),
+            // f16 normals: unbiased exponents -14..=15, biased 113..=142.
+            Dtype::F16 => u32::from(b & 0x1fff == 0) & u32::from(exp.wrapping_sub(113) < 30),
+        };
+        (special | plain) ^ 1
+    };
+    s.chunks(BLOCK).enumerate().find_map(|(n, block)| {
+        let any_bad = block
+            .iter()
+            .fold(0u32, |acc, x| acc | quick_bad(x.to_bits()));
+        if any_bad == 0 {
+            return None;
+        }
+        block
+            .iter()
+            .position(|x| !representable(dt, *x))
+            .map(|i| n * BLOCK + i)
+    })
 }
 
 /// A BSHD layout of `batch` rows of `s_q` queries and `s_kv` keys, as THD offsets.
@@ -322,5 +396,67 @@ pub(crate) mod samples {
         cfg.params.scale = 1.0;
         let a = |x: &[f32]| Array3::from_shape_vec((x.len(), 1, 1), x.to_vec()).unwrap();
         Case::new(cfg, layout, a(&[q]), a(&k), a(&v), Some(a(&[d_o]))).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::representable;
+    use smallseq_reference::Dtype;
+
+    /// The bit test agrees with rounding on every sign, exponent and top 10 mantissa bits,
+    /// under low-bit patterns that straddle each dtype's precision
+    /// (`representable_on_every_f32` sweeps all 2^32 patterns).
+    #[test]
+    fn representable_is_rounding_to_itself() {
+        let lows = [
+            0u32, 1, 0x0fff, 0x1000, 0x1fff, 0x0800, 0x2000, 0x4000, 0x8000, 0xffff, 0x1_0000,
+        ];
+        for top in 0u32..1 << 19 {
+            for low in lows {
+                let x = f32::from_bits((top << 13) ^ low);
+                for dt in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+                    let want = !x.is_finite() || dt.round(x).to_bits() == x.to_bits();
+                    assert_eq!(representable(dt, x), want, "{dt} {:#010x}", x.to_bits());
+                }
+            }
+        }
+    }
+
+    /// The block scan finds the first bad element wherever it lies, and passes f16
+    /// subnormals, zeros, NaNs and infinities.
+    #[test]
+    fn the_block_scan_finds_the_first_bad_element() {
+        use super::first_unrepresentable;
+        let sub = f32::from_bits(0x3380_0000); // 2^-24, f16's smallest subnormal
+        let mut s: Vec<f32> = (0..2000)
+            .map(|i| ((i % 256) as f32 - 128.0) / 8.0)
+            .collect();
+        s.extend([0.0, -0.0, f32::NAN, f32::INFINITY, sub, 61440.0]);
+        for dt in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+            assert_eq!(first_unrepresentable(dt, &s), None, "{dt}");
+        }
+        for at in [0, 511, 512, 1999, 2003] {
+            let mut t = s.clone();
+            t[at] = 1.0 + f32::EPSILON;
+            t[at + 1] = 1.0 + f32::EPSILON;
+            assert_eq!(first_unrepresentable(Dtype::F16, &t), Some(at));
+            assert_eq!(first_unrepresentable(Dtype::Bf16, &t), Some(at));
+            assert_eq!(first_unrepresentable(Dtype::F32, &t), None);
+        }
+    }
+
+    /// Every f32 bit pattern: too slow for every `cargo test`
+    /// (`cargo test --release --lib representable_on_every_f32 -- --ignored`).
+    #[test]
+    #[ignore]
+    fn representable_on_every_f32() {
+        for b in 0..=u32::MAX {
+            let x = f32::from_bits(b);
+            for dt in [Dtype::Bf16, Dtype::F16] {
+                let want = !x.is_finite() || dt.round(x).to_bits() == x.to_bits();
+                assert_eq!(representable(dt, x), want, "{dt} {b:#010x}");
+            }
+        }
     }
 }

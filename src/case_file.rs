@@ -120,7 +120,19 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
     if config.layout == LayoutKind::Bshd {
         bshd_seq_lens(&layout)?;
     }
-    let mut case = Case::new(config, layout, q, k, v, d_o)?;
+    let mut case = Case {
+        config,
+        layout,
+        q,
+        k,
+        v,
+        d_o,
+        outputs: Outputs::default(),
+        meta: BTreeMap::new(),
+    };
+    // The inputs were decoded from the config's dtype (checked above), so every element is a
+    // value of it: only the structure is left to check.
+    case.validate_structure()?;
     case.outputs = reader.outputs(&case)?;
     case.meta = meta;
     Ok(case)
@@ -180,6 +192,57 @@ impl Reader<'_> {
                 ))
             }
         })
+    }
+
+    /// As [`Reader::floats`], to f32: what `x as f32` of the f64 would give (exact for the
+    /// 16-bit and f32 dtypes), without the f64 in between.
+    fn floats32(&self, t: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+        let data = view.data();
+        Ok(match view.dtype() {
+            StDtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            StDtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            StDtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            StDtype::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("chunk of 8")) as f32)
+                .collect(),
+            other => {
+                return Err(file_err(
+                    self.name,
+                    format!("tensor {t}: dtype {other:?} is not a float type"),
+                ))
+            }
+        })
+    }
+
+    /// An output tensor as f32, shape checked.
+    fn output32(&self, t: &str, expected: &[usize]) -> Result<Option<ArrayD<f32>>> {
+        let Ok(view) = self.st.tensor(t) else {
+            return Ok(None);
+        };
+        if view.shape() != expected {
+            return Err(file_err(
+                self.name,
+                format!(
+                    "tensor {t}: shape {:?}, expected {expected:?}",
+                    view.shape()
+                ),
+            ));
+        }
+        let vals = self.floats32(t, &view)?;
+        Ok(Some(
+            ArrayD::from_shape_vec(IxDyn(expected), vals)
+                .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))?,
+        ))
     }
 
     /// An input tensor: dtype must equal the config's, rank 3 (or rank 4 `[B,S,H,D]` for BSHD).
@@ -327,6 +390,47 @@ pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
     Reader { st: &st, name }.outputs(case)
 }
 
+/// A worker's outputs as f32, the precision the properties judge a run's outputs in.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs32 {
+    pub o: Option<Array3<f32>>,
+    pub lse: Option<ndarray::Array2<f32>>,
+    pub dq: Option<Array3<f32>>,
+    pub dk: Option<Array3<f32>>,
+    pub dv: Option<Array3<f32>>,
+}
+
+/// As [`parse_outputs`], to f32 (each element as `x as f32` of what [`parse_outputs`]
+/// reads): a worker's reply file read without an f64 copy of every tensor.
+///
+/// # Errors
+/// As [`parse_outputs`].
+pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs32> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    for t in st.names() {
+        if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
+            return Err(file_err(name, format!("unknown output tensor {t:?}")));
+        }
+    }
+    let r = Reader { st: &st, name };
+    let p = &case.config.params;
+    let (tq, tk) = (case.layout.q.tokens, case.layout.kv.tokens);
+    let dim3 = |a: Option<ArrayD<f32>>| -> Option<Array3<f32>> {
+        a.map(|a| a.into_dimensionality().expect("shape checked"))
+    };
+    Ok(Outputs32 {
+        o: dim3(r.output32("o", &[tq, p.num_heads, p.head_dim_v])?),
+        lse: r.output32("lse", &[tq, p.num_heads])?.map(|a| {
+            a.into_dimensionality::<ndarray::Ix2>()
+                .expect("shape checked")
+        }),
+        dq: dim3(r.output32("dq", &[tq, p.num_heads, p.head_dim_qk])?),
+        dk: dim3(r.output32("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
+        dv: dim3(r.output32("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
+    })
+}
+
 fn encode_f32(dtype: StDtype, t: &ndarray::Array3<f32>) -> Vec<u8> {
     let width = if dtype == StDtype::F32 { 4 } else { 2 };
     let mut out = Vec::with_capacity(t.len() * width);
@@ -347,6 +451,24 @@ fn encode_f32(dtype: StDtype, t: &ndarray::Array3<f32>) -> Vec<u8> {
 /// # Errors
 /// [`Error::CaseFile`] if serialisation fails.
 pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
+    encode_case(case, Some(precision), &case.meta)
+}
+
+/// A case's inputs alone (no stored outputs, no metadata beyond the format and config): what
+/// a worker request names, written without copying the case.
+///
+/// # Errors
+/// As [`case_bytes`].
+pub fn input_bytes(case: &Case) -> Result<Vec<u8>> {
+    encode_case(case, None, &BTreeMap::new())
+}
+
+/// `precision`: how stored outputs are written; `None` leaves them out.
+fn encode_case(
+    case: &Case,
+    precision: Option<OutputPrecision>,
+    meta: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
     let in_dt = st_dtype(case.config.dtype);
     let mut tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in case.inputs() {
@@ -363,10 +485,16 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
         ));
     };
     let (out_dt, lse_dt) = match precision {
-        OutputPrecision::Reference => (StDtype::F64, StDtype::F64),
-        OutputPrecision::Device => (in_dt, StDtype::F32),
+        Some(OutputPrecision::Reference) => (StDtype::F64, StDtype::F64),
+        Some(OutputPrecision::Device) => (in_dt, StDtype::F32),
+        None => (in_dt, StDtype::F32),
     };
-    let o = &case.outputs;
+    let none = Outputs::default();
+    let o = if precision.is_some() {
+        &case.outputs
+    } else {
+        &none
+    };
     for (name, t) in [("o", &o.o), ("dq", &o.dq), ("dk", &o.dk), ("dv", &o.dv)] {
         if let Some(t) = t {
             push_f(name, out_dt, t.shape(), t.iter().copied().collect());
@@ -395,7 +523,7 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
                 .map_err(|e| file_err(n, format!("cannot encode: {e:?}")))
         })
         .collect::<Result<_>>()?;
-    let mut meta: HashMap<String, String> = case.meta.clone().into_iter().collect();
+    let mut meta: HashMap<String, String> = meta.clone().into_iter().collect();
     meta.insert("smallseq.format".into(), FORMAT.into());
     meta.insert("smallseq.config".into(), case.config.to_json());
     meta.entry("smallseq.version".into())

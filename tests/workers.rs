@@ -304,3 +304,71 @@ fn workers_that_break_the_protocol_are_clear_errors() {
         "{r}"
     );
 }
+
+/// The runs of a case that share its inputs name one case file, which the worker reads once:
+/// the same verdicts, judgements and outputs as a fresh file per run, with fewer files.
+#[test]
+fn reused_case_files_judge_like_fresh_ones() {
+    use smallseq::dispatch::{EnvView, Profile};
+    use smallseq::harness::campaign::case_seed;
+    use smallseq::harness::fit::fit_to_caps;
+    use smallseq::harness::gen::{build, draw_geometry_for};
+    use smallseq::harness::props::Checker;
+    use smallseq::harness::rng::Rng;
+    use smallseq::runner::Runner;
+    use smallseq::worker::{Pool, PoolConfig, SpawnFor};
+    use smallseq::wrapper::RunOptions;
+    use std::time::Duration;
+
+    let open = |reuse_inputs| {
+        Pool::open(PoolConfig {
+            spawn: SpawnFor::InTree {
+                exe: env!("CARGO_BIN_EXE_smallseq").into(),
+                backend: "cpu".into(),
+                profile: "native".into(),
+                env: Vec::new(),
+            },
+            jobs: 1,
+            devices: None,
+            case_timeout: None,
+            start_timeout: Duration::from_secs(120),
+            in_tree: Some("cpu".into()),
+            reuse_inputs,
+        })
+        .expect("a CPU worker starts")
+    };
+    let opts = RunOptions {
+        env: EnvView::default(),
+        ..RunOptions::default()
+    };
+    let (fresh, reused) = (open(false), open(true));
+    let (a, b) = (
+        Checker::new(Box::new(&fresh), opts.clone()),
+        Checker::new(Box::new(&reused), opts),
+    );
+    let seed = 11;
+    println!("seed {seed}");
+    let (mut judged, mut on_small_seq) = (0, 0);
+    for i in 0..16 {
+        let cs = case_seed(seed, i);
+        let mut rng = Rng::new(cs);
+        let mut g = draw_geometry_for(&mut rng, Profile::Native);
+        fit_to_caps(&mut g, fresh.caps(), &mut rng).unwrap();
+        let case = build(&g, cs ^ 0xda7a).unwrap();
+        let (x, y) = (a.check(&case, cs).unwrap(), b.check(&case, cs).unwrap());
+        assert_eq!(x.outcomes, y.outcomes, "case {i}");
+        assert_eq!(
+            serde_json::to_value(&x.judgements).unwrap(),
+            serde_json::to_value(&y.judgements).unwrap(),
+            "case {i}"
+        );
+        assert!(x.outputs.bitwise_eq(&y.outputs), "case {i}");
+        judged += 1;
+        on_small_seq += usize::from(x.path_fwd.is_some_and(|p| p.name() == "small_seq"));
+    }
+    assert_eq!(judged, 16);
+    assert!(on_small_seq > 0, "no case ran the runs that share inputs");
+    let (f, r) = (fresh.case_files_written(), reused.case_files_written());
+    assert!(r < f, "reused {r} case files, fresh {f}");
+    println!("case files: {f} fresh, {r} reused");
+}

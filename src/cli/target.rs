@@ -227,6 +227,7 @@ pub fn open_with_env(
         case_timeout: args.case_timeout,
         start_timeout: args.start_timeout,
         in_tree,
+        reuse_inputs: true,
     })
     .map_err(|e| e.to_string())?;
     Ok((Target::Workers(Box::new(pool)), jobs))

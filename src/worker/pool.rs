@@ -4,8 +4,9 @@
 use super::client::{Spawn, Worker};
 use super::io::{read_outputs_file, write_outputs};
 use super::protocol::{from_wire, path_of, run_request, Handshake, Reply, Request};
-use crate::case::{Case, Outputs};
-use crate::case_file::{write_case, OutputPrecision};
+use crate::case::Case;
+use crate::case_file::input_bytes;
+use crate::case_file::Outputs32;
 use crate::config::AttnConfig;
 use crate::dispatch::gate::{Dispatcher, GateDefects};
 use crate::error::{Error, Result};
@@ -14,10 +15,11 @@ use crate::runner::{budget_by_name, in_tree_fallback_kernel, Caps, Fault, Runner
 use crate::wrapper::{BwdResult, FwdResult, RunOptions, WorkspaceReport};
 use ndarray::{Array2, Array3};
 use smallseq_reference::Layout;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 /// How a pool starts its workers.
@@ -36,6 +38,11 @@ pub struct PoolConfig {
     /// The in-tree backend the workers serve (`cpu`, `cuda`, `hip`), whose launch rules the
     /// campaign knows; `None` for an external implementation.
     pub in_tree: Option<String>,
+    /// Whether the runs of a case that share its inputs (the base run, the rerun, the
+    /// flipped environment, the fallback, the mixed-path backward) name one case file,
+    /// written once, instead of a fresh file each (`docs/worker-protocol.md`, "Case files").
+    /// On by default; off only to compare the two (`tests/workers.rs`).
+    pub reuse_inputs: bool,
 }
 
 /// A worker command, by device.
@@ -118,6 +125,60 @@ pub const DEFAULT_TIMEOUT_RULE: &str =
 struct Slot {
     device: usize,
     worker: Option<Worker>,
+    /// The host thread that used it last: a thread gets its own slot back where it can, so
+    /// the worker still holds the case file the thread names again.
+    last: Option<ThreadId>,
+}
+
+/// Case files a host thread wrote and may name again: the two it used last (a case's base
+/// inputs stay while a re-poisoned or derived case runs between two of its runs).
+const FILES_PER_THREAD: usize = 2;
+
+/// A case file in the scratch directory and the inputs it holds, compared bit for bit
+/// before the file is named again (a NaN payload or `-0.0` is a different input).
+struct Written {
+    path: PathBuf,
+    config: String,
+    layout: Layout,
+    tensors: Vec<Array3<f32>>,
+}
+
+impl Written {
+    fn of(case: &Case, path: PathBuf) -> Written {
+        Written {
+            path,
+            config: case.config.to_json(),
+            layout: case.layout.clone(),
+            tensors: case.inputs().into_iter().map(|(_, t)| t.clone()).collect(),
+        }
+    }
+
+    fn holds(&self, case: &Case) -> bool {
+        let inputs = case.inputs();
+        self.layout == case.layout
+            && self.tensors.len() == inputs.len()
+            && self
+                .tensors
+                .iter()
+                .zip(&inputs)
+                .all(|(a, (_, b))| same_bits(a, b))
+            && self.config == case.config.to_json()
+    }
+}
+
+fn same_bits(a: &Array3<f32>, b: &Array3<f32>) -> bool {
+    if a.shape() != b.shape() {
+        return false;
+    }
+    let eq = |x: &f32, y: &f32| x.to_bits() == y.to_bits();
+    match (a.as_slice(), b.as_slice()) {
+        // Compared in blocks without an early exit inside one, which vectorises.
+        (Some(x), Some(y)) => x
+            .chunks(256)
+            .zip(y.chunks(256))
+            .all(|(p, q)| p.iter().zip(q).fold(true, |ok, (u, v)| ok & eq(u, v))),
+        _ => a.iter().zip(b.iter()).all(|(x, y)| eq(x, y)),
+    }
 }
 
 /// A pool of workers.
@@ -132,6 +193,10 @@ pub struct Pool {
     command: Vec<String>,
     /// Round trip minus the worker's `elapsed_us` of each answered request, in µs.
     overhead_us: Mutex<Vec<f64>>,
+    /// Per host thread, the case files it may name again, most recent last.
+    written: Mutex<HashMap<ThreadId, Vec<Written>>>,
+    /// Case files written so far.
+    files_written: AtomicU64,
 }
 
 impl Pool {
@@ -178,6 +243,7 @@ impl Pool {
         let mut slots = vec![Slot {
             device: placement[0],
             worker: Some(first),
+            last: None,
         }];
         for (w, &d) in rest.into_iter().zip(&placement[1..]) {
             let w = w?;
@@ -193,6 +259,7 @@ impl Pool {
             slots.push(Slot {
                 device: d,
                 worker: Some(w),
+                last: None,
             });
         }
         let scratch = scratch_dir()?;
@@ -206,12 +273,19 @@ impl Pool {
             scratch,
             next_id: AtomicU64::new(1),
             overhead_us: Mutex::new(Vec::new()),
+            written: Mutex::new(HashMap::new()),
+            files_written: AtomicU64::new(0),
         })
     }
 
     /// The handshake of the first worker.
     pub fn handshake(&self) -> &Handshake {
         &self.handshake
+    }
+
+    /// Case files written so far (one per request without [`PoolConfig::reuse_inputs`]).
+    pub fn case_files_written(&self) -> u64 {
+        self.files_written.load(Ordering::Relaxed)
     }
 
     /// Devices the workers were placed on, one entry per worker.
@@ -223,9 +297,17 @@ impl Pool {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A free slot: the one this thread used last if it is free, else one no other thread
+    /// is known to be using, else any.
     fn checkout(&self) -> Slot {
+        let me = std::thread::current().id();
         let mut slots = self.lock();
         loop {
+            let mine = slots.iter().position(|s| s.last == Some(me));
+            let unclaimed = || slots.iter().position(|s| s.last.is_none());
+            if let Some(i) = mine.or_else(unclaimed) {
+                return slots.swap_remove(i);
+            }
             if let Some(s) = slots.pop() {
                 return s;
             }
@@ -233,9 +315,54 @@ impl Pool {
         }
     }
 
-    fn checkin(&self, slot: Slot) {
+    fn checkin(&self, mut slot: Slot) {
+        slot.last = Some(std::thread::current().id());
         self.lock().push(slot);
         self.freed.notify_one();
+    }
+
+    /// The case file of `case`'s inputs: one this thread wrote for the same inputs, or a new
+    /// one. The second value is a file to remove after the request (a file not kept).
+    fn case_file(&self, case: &Case) -> Result<(PathBuf, Option<PathBuf>)> {
+        let me = std::thread::current().id();
+        let mine = match self.cfg.reuse_inputs {
+            true => self
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&me),
+            false => None,
+        };
+        let mut mine = mine.unwrap_or_default();
+        let hit = mine.iter().position(|w| w.holds(case));
+        let (path, fresh) = match hit {
+            Some(i) => {
+                let w = mine.remove(i);
+                let p = w.path.clone();
+                mine.push(w);
+                (p, None)
+            }
+            None => {
+                // Numbered apart from the requests, whose ids stay 1, 2, 3, ...
+                let n = self.files_written.fetch_add(1, Ordering::SeqCst) + 1;
+                let path = self.scratch.join(format!("case-{n}.in.safetensors"));
+                let bytes = input_bytes(case)?;
+                crate::harness::report_io::write_atomic(&path, &bytes)?;
+                if !self.cfg.reuse_inputs {
+                    return Ok((path.clone(), Some(path)));
+                }
+                mine.push(Written::of(case, path.clone()));
+                if mine.len() > FILES_PER_THREAD {
+                    let _ = std::fs::remove_file(&mine.remove(0).path);
+                }
+                (path, None)
+            }
+        };
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(me, mine);
+        Ok((path, fresh))
     }
 
     /// Sends one request on a worker of the pool (restarting the slot's worker if an earlier
@@ -301,13 +428,10 @@ impl Pool {
         }
     }
 
-    fn files(&self) -> (PathBuf, PathBuf, u64) {
+    /// A request's id and its output file.
+    fn out_file(&self) -> (PathBuf, u64) {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        (
-            self.scratch.join(format!("{id}.in.safetensors")),
-            self.scratch.join(format!("{id}.out.safetensors")),
-            id,
-        )
+        (self.scratch.join(format!("{id}.out.safetensors")), id)
     }
 
     fn want(&self, case: &Case, fwd: bool) -> Vec<String> {
@@ -333,7 +457,7 @@ impl Pool {
     }
 
     /// The backward of a reply: its gradients, path and workspace report.
-    fn bwd_result(&self, got: Outputs, reply: &Reply) -> Result<BwdResult> {
+    fn bwd_result(&self, got: Outputs32, reply: &Reply) -> Result<BwdResult> {
         let name = self.name();
         Ok(BwdResult {
             dq: f32_3(got.dq, name, "dq")?,
@@ -351,14 +475,6 @@ impl Pool {
     }
 }
 
-/// The case as a worker reads it: inputs only.
-fn request_case(case: &Case) -> Case {
-    let mut c = case.clone();
-    c.outputs = Outputs::default();
-    c.meta = BTreeMap::new();
-    c
-}
-
 fn missing(name: &str, t: &str) -> Error {
     Error::Backend {
         backend: name.into(),
@@ -366,17 +482,16 @@ fn missing(name: &str, t: &str) -> Error {
     }
 }
 
-fn f32_3(a: Option<Array3<f64>>, name: &str, t: &str) -> Result<Array3<f32>> {
-    a.map(|a| a.mapv(|x| x as f32))
-        .ok_or_else(|| missing(name, t))
+fn f32_3(a: Option<Array3<f32>>, name: &str, t: &str) -> Result<Array3<f32>> {
+    a.ok_or_else(|| missing(name, t))
 }
 
 /// Removes request files whatever happens to the request.
-struct Cleanup<'a>(&'a [&'a Path]);
+struct Cleanup<'a>(&'a [Option<&'a Path>]);
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        for p in self.0 {
+        for p in self.0.iter().flatten() {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -436,9 +551,9 @@ impl Runner for Pool {
             .is_some_and(crate::backend::judges_rows)
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
-        let (inp, out, id) = self.files();
-        let _cleanup = Cleanup(&[&inp, &out]);
-        write_case(&request_case(case), &inp, OutputPrecision::Device)?;
+        let (inp, fresh) = self.case_file(case)?;
+        let (out, id) = self.out_file();
+        let _cleanup = Cleanup(&[Some(&out), fresh.as_deref()]);
         let req = run_request(
             id,
             &inp,
@@ -452,7 +567,7 @@ impl Runner for Pool {
         let name = self.name();
         let (tq, h) = (case.layout.q.tokens, case.config.params.num_heads);
         let lse = match got.lse.take() {
-            Some(l) => l.mapv(|x| x as f32),
+            Some(l) => l,
             None if self.caps.lse => return Err(missing(name, "lse")),
             None => Array2::from_elem((tq, h), f32::NAN),
         };
@@ -485,10 +600,10 @@ impl Runner for Pool {
                 "the worker cannot run a backward from another forward".into(),
             ));
         }
-        let (inp, out, id) = self.files();
+        let (inp, fresh) = self.case_file(case)?;
+        let (out, id) = self.out_file();
         let from = self.scratch.join(format!("{id}.fwd.safetensors"));
-        let _cleanup = Cleanup(&[&inp, &out, &from]);
-        write_case(&request_case(case), &inp, OutputPrecision::Device)?;
+        let _cleanup = Cleanup(&[Some(&out), Some(&from), fresh.as_deref()]);
         write_outputs(
             &from,
             &[("o", o.view().into_dyn()), ("lse", lse.view().into_dyn())],
