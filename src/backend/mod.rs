@@ -156,7 +156,9 @@ pub struct BwdBufs {
 ///   --backend cpu --cases 400 --seed 1`: it bounds nothing of a GPU's order.)
 /// - `hip`: the kernels are the same sources as CUDA's (`kernels/small_seq.cu`), run on
 ///   gfx942 with the matrix cores' own order inside a 16-product chunk, which the host model
-///   (`tests/hip_model`) reproduces; until a device calibrates them, CUDA's budgets.
+///   (`tests/hip_model`) reproduces; until a device calibrates them, CUDA's budgets (the host
+///   model bounds the kernels' error against an f64 reference, and counts nothing against the
+///   emulation, so it gives no rate: docs/judgement.md §3).
 /// - others (external programs): not calibrated, not judged.
 pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     match (backend, tensor) {

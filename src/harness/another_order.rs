@@ -21,7 +21,10 @@ fn nudge(x: f32) -> f32 {
 
 /// `Σ a·b` in f32, summed from the last term.
 fn rdot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).rev().fold(0.0f32, |acc, (x, y)| acc + x * y)
+    a.iter()
+        .zip(b)
+        .rev()
+        .fold(0.0f32, |acc, (x, y)| acc + x * y)
 }
 
 /// A correct implementation in another order than the emulation's, in the manner of

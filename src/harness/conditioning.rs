@@ -178,11 +178,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 odq[(t, h, x)] += w_ord * kx;
                 odk[(c, hk, x)] += w_ord * qx;
             }
-            for (x, y) in odv
-                .slice_mut(s![c, hk, ..])
-                .iter_mut()
-                .zip(d_o_r.iter())
-            {
+            for (x, y) in odv.slice_mut(s![c, hk, ..]).iter_mut().zip(d_o_r.iter()) {
                 *x += w_dv * prob * f64::from(*y).abs();
             }
         }

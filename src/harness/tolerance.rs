@@ -15,7 +15,9 @@
 //! zero. Overflow next to the dtype's limit is judged in `max_err`: past the limit only an
 //! infinity of the reference's sign or the saturated value passes. The same rule is applied to
 //! every (token, head) row of o/dq/dk/dv with the row's own `max |reference|` and the row's own
-//! emulation error, so a wrong row far below the tensor's largest value still fails. `margin`
+//! emulation error, so a wrong row far below the tensor's largest value still fails; there
+//! each element's error first loses its allowance for another correct order
+//! ([`OrderAllowance`]), so the row rule holds on every backend. `margin`
 //! (the larger of the two rules' `err / threshold`) is recorded for every tensor of every case,
 //! and a tensor threshold that reaches `max |reference|` is flagged `blind` (docs/judgement.md).
 //!
