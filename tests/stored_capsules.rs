@@ -30,6 +30,7 @@ fn h200_f32_dq_with_cancelling_ds_is_within_its_rounding_allowance() {
         &case,
         y.lse_magnitude,
         None,
+        None,
     );
     let dq = js.iter().find(|j| j.tensor == "dq").unwrap();
     // The tensor rule's margin as on the device; the per-row rule (issue 21), judging row 7
@@ -132,4 +133,22 @@ fn h200_f32_subnormal_probability_exempts_the_scale_relation_from_exactness() {
         least > 0.0 && least < 1e-44 && least < F32_MIN_NORMAL,
         "{least}"
     );
+}
+
+/// An f16 case of large values split into two launches by the metamorphic relation (CPU fuzz,
+/// seed 2061, case 4612, the relation the stored salt draws): the base run's fallback stores
+/// dQ[42, 3, 83] as -inf where the reference lies within the threshold of the f16 limit, while
+/// the split launch takes the small-seq path, which rounds dS with saturation, and stores
+/// -64,736. Each is within its own threshold of the reference (an overflow is excused there),
+/// so the launches agree; the comparison once read them as infinitely apart.
+#[test]
+fn a_split_launch_overflowing_next_to_the_limit_is_no_disagreement() {
+    use smallseq::backend::cpu::CpuBackend;
+    use smallseq::harness::props::Checker;
+    let case = capsule("cpu-f16-split-launch-dq-overflow-one-path.safetensors");
+    let be = CpuBackend::default();
+    let run = Checker::isolated(&be)
+        .check(&case, 13_545_496_703_981_644_243)
+        .unwrap();
+    assert!(run.failures().is_empty(), "{:?}", run.failures());
 }

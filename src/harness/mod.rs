@@ -1,5 +1,7 @@
 //! The harness: case generation, properties, tolerances, capsules, shrinking and reports.
 
+#[cfg(test)]
+mod another_order;
 pub mod bias;
 pub mod campaign;
 pub mod capsule;
