@@ -130,8 +130,9 @@ impl Mutant {
         Mutant::RoundTowardZero,
     ];
 
-    /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
-    /// kernels carry it.
+    /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
+    /// `kernels/fallback.cu`, `kernels/portable.h`: shared by CUDA and HIP), where the kernels
+    /// carry it.
     pub fn kernel_define(self) -> Option<&'static str> {
         match self {
             Mutant::ScaleTwice => Some("SMALLSEQ_MUTANT_SCALE_TWICE"),
@@ -144,6 +145,11 @@ impl Mutant {
             Mutant::DqUlpBias => Some("SMALLSEQ_MUTANT_DQ_ULP_BIAS"),
             Mutant::ZeroedSmallRow => Some("SMALLSEQ_MUTANT_ZEROED_SMALL_ROW"),
             Mutant::FallbackSmallShapes2x => Some("SMALLSEQ_MUTANT_FALLBACK_SMALL_SHAPES_2X"),
+            // Issue 18.
+            Mutant::HeadIndexAbove16 => Some("SMALLSEQ_MUTANT_HEAD_INDEX_ABOVE_16"),
+            Mutant::SoftmaxFirstTileMax => Some("SMALLSEQ_MUTANT_SOFTMAX_FIRST_TILE_MAX"),
+            Mutant::F16DsUnclamped => Some("SMALLSEQ_MUTANT_F16_DS_UNCLAMPED"),
+            Mutant::RoundTowardZero => Some("SMALLSEQ_MUTANT_ROUND_TOWARD_ZERO"),
             _ => None,
         }
     }
