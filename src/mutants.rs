@@ -293,7 +293,9 @@ mod tests {
             (Mutant::RoundTowardZero, &["small_seq.cu"]),
         ];
         for (m, files) in want {
-            let d = m.kernel_define().unwrap_or_else(|| panic!("{m} has no kernel define"));
+            let d = m
+                .kernel_define()
+                .unwrap_or_else(|| panic!("{m} has no kernel define"));
             assert_eq!(tested_by_kernels(d), files, "{m} ({d})");
         }
     }
