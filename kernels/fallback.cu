@@ -55,6 +55,18 @@ PT_INLINE bool fb_find(FbRow& f, long long t, const int* cu, const int* off, con
   return true;
 }
 
+// The kv head query head h reads (group = H / Hkv): h / group, or (planted bug, issue 18) h
+// through a 4-bit head field, so query heads 16 and above read kv head (h & 15) / group. The
+// query-major kernels (forward, tiled forward, dQ) decode it; the kv-major dK/dV kernel walks its
+// own group's query heads and is left right, so its P disagrees with the forward's lse.
+PT_INLINE int fb_kv_head(int h, int group) {
+#ifdef SMALLSEQ_MUTANT_HEAD_INDEX_ABOVE_16
+  return (h & 15) / group;
+#else
+  return h / group;
+#endif
+}
+
 // Keys visible to row r: [lo, hi] (empty when lo > hi).
 PT_INLINE void fb_range(int r, int lq, int lk, int mask, int wl, int wr, int& lo, int& hi) {
   lo = 0;
@@ -96,7 +108,7 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
   const long long t = item / H;
-  const int h = (int)(item % H), hk = h / (H / Hkv);
+  const int h = (int)(item % H), hk = fb_kv_head(h, H / Hkv);
   FbRow f;
   if (!fb_find(f, t, cu_q, off_q, cu_kv, off_kv, b)) return;
   int lo, hi;
@@ -167,7 +179,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
   const long long t = item / H;
-  const int h = (int)(item % H), hk = h / (H / Hkv);
+  const int h = (int)(item % H), hk = fb_kv_head(h, H / Hkv);
   FbRow f;
   if (!fb_find(f, t, cu_q, off_q, cu_kv, off_kv, b)) return;
   int lo, hi;
@@ -363,7 +375,7 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
   const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
   const int row0 = tile * FT_BM;
   if (row0 >= lq) return;  // block-uniform
-  const int hk = h / (H / Hkv);
+  const int hk = fb_kv_head(h, H / Hkv);
   const long long rq = (long long)H * D, rk = (long long)Hkv * D;
   const typename E::T* qb = q + (long long)off_q[slot] * rq + (long long)h * D;
   const typename E::T* kb = k + (long long)off_kv[slot] * rk + (long long)hk * D;

@@ -141,6 +141,58 @@ PT_INLINE float ss_dq_mul(float scale) {
 #endif
 }
 
+// The head whose K and V rows query head h reads (H == Hkv on this path): h itself, or
+// (planted bug, issue 18) h through a 4-bit head field, so heads 16 and above read heads 0-15.
+// Only K and V are read through it: Q, dO, the outputs and lse keep the item's own head, as the
+// CPU mutant's kv head does.
+PT_INLINE int ss_kv_head(int h) {
+#ifdef SMALLSEQ_MUTANT_HEAD_INDEX_ABOVE_16
+  return h & 15;
+#else
+  return h;
+#endif
+}
+
+// Whether key tile nt takes part in the forward's row maximum: every tile, or (planted bug,
+// issue 18) the first 16 keys only, as if the max were taken before the third 8-key tile
+// (keys 16-23) was loaded. Harmless until key 17's logit exceeds the first tile's maximum by
+// enough (about 88) to overflow exp.
+PT_INLINE bool ss_in_row_max(int nt) {
+#ifdef SMALLSEQ_MUTANT_SOFTMAX_FIRST_TILE_MAX
+  return nt < 2;
+#else
+  (void)nt;
+  return true;
+#endif
+}
+
+// dS before it is rounded to E as a matrix operand: saturated at E's largest finite value, or
+// (planted bug, issue 18) for f16 not, so a |dS| past 65,504 rounds to ±inf.
+template <class E>
+PT_INLINE float ss_ds_in_range(float ds) {
+#ifdef SMALLSEQ_MUTANT_F16_DS_UNCLAMPED
+  if (E::KIND == 1) return ds;
+#endif
+  return pt_sat<E>(ds);
+}
+
+// An output value about to be stored: unchanged (the store rounds it to nearest-even), or
+// (planted bug, issue 18) already rounded to E toward zero, which the store then keeps (the
+// value is representable). Overflow gives E's largest finite value instead of ±inf.
+template <class E>
+PT_INLINE float ss_out_round(float x) {
+#ifdef SMALLSEQ_MUTANT_ROUND_TOWARD_ZERO
+  const pt_u16 h = E::from_f(x);
+  const float r = E::to_f(h);
+  // Nearest-even went away from zero: one step back (both types are sign-magnitude, so the
+  // magnitude's bit pattern less one is the next value toward zero; inf becomes the largest).
+  const bool away = (r < 0.f ? -r : r) > (x < 0.f ? -x : x);
+  return away ? E::to_f((pt_u16)(h - 1)) : r;
+#else
+  return x;
+#endif
+}
+
 struct SsItem {
   int lq, lk, h;
   long long oq, ok;
@@ -271,7 +323,13 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
             x[i] = acc[i][hh * 2];
             x[i + 8] = acc[i][hh * 2 + 1];
           }
+#ifdef SMALLSEQ_MUTANT_ROUND_TOWARD_ZERO
+#pragma unroll
+          for (int i = 0; i < 16; ++i) x[i] = ss_out_round<E>(x[i] * mul);
+          pt_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, 1.f);
+#else
           pt_store16<E, O>(out + row * rs + c64 * 64 + t * 16, x, mul);
+#endif
         }
       }
     }
@@ -304,7 +362,8 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   ss_planted_fault(it.lq, o);
   const int l = pt_llane(), g = l >> 2, t = l & 3;
   const long long rs = (long long)H * D;
-  const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
+  const long long hq = it.oq * rs + (long long)it.h * D;
+  const long long hk = it.ok * rs + (long long)ss_kv_head(it.h) * D;
   float s[2][3][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -334,7 +393,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
           float x = ss_scaled(s[mt][nt][hh * 2 + e], scale);
           x = ss_visible(row, key, it.lq, it.lk, mask) ? x : ninf;
           s[mt][nt][hh * 2 + e] = x;
-          mx = pt_fmax(mx, x);
+          if (ss_in_row_max(nt)) mx = pt_fmax(mx, x);
         }
       mx = pt_quad_max(mx);
       float sum = 0.f;
@@ -375,7 +434,9 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H)) return;
   const int l = pt_llane(), g = l >> 2, t = l & 3;
   const long long rs = (long long)H * D;
+  // hk: where this head's dK and dV rows go; hkr: the K and V rows it reads.
   const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
+  const long long hkr = it.ok * rs + (long long)ss_kv_head(it.h) * D;
   if (it.lq <= 0) {
     // Keys of a slot without queries get zero gradients (written, so no row is left unset).
     for (int key = 0; key < it.lk; ++key)
@@ -394,10 +455,10 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
 #if SS_PREFETCH_BWD
   ss_prefetch<E, D>(d_o + hq, rs, it.lq);
-  ss_prefetch<E, D>(v + hk, rs, it.lk);
+  ss_prefetch<E, D>(v + hkr, rs, it.lk);
 #endif
-  ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
-  ss_xyt<E, D>(dp, d_o + hq, v + hk, rs, it.lq, it.lk);
+  ss_xyt<E, D>(s, q + hq, k + hkr, rs, it.lq, it.lk);
+  ss_xyt<E, D>(dp, d_o + hq, v + hkr, rs, it.lq, it.lk);
   const float ninf = -pt_inf();
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -428,13 +489,13 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
           // Saturated: dS rounded to E is a tensor-core operand, and an infinite dS of one
           // key with the opposite infinity of another made the row's dQ NaN (fuzz seed 2027,
           // case 1923: f16, reference dQ -28,506).
-          dp[mt][nt][hh * 2 + e] = pt_sat<E>(p * (dp[mt][nt][hh * 2 + e] - dsum));
+          dp[mt][nt][hh * 2 + e] = ss_ds_in_range<E>(p * (dp[mt][nt][hh * 2 + e] - dsum));
         }
     }
   pt_u32 pa[2][2][4], da[2][2][4];
   ss_afrag<E>(pa, s);
   ss_afrag<E>(da, dp);
-  ss_fy<E, O, D>(da, k + hk, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
+  ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
   ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
   ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
 #ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW

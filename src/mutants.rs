@@ -130,8 +130,9 @@ impl Mutant {
         Mutant::RoundTowardZero,
     ];
 
-    /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`), where the
-    /// kernels carry it.
+    /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
+    /// `kernels/fallback.cu`, `kernels/portable.h`: shared by CUDA and HIP), where the kernels
+    /// carry it.
     pub fn kernel_define(self) -> Option<&'static str> {
         match self {
             Mutant::ScaleTwice => Some("SMALLSEQ_MUTANT_SCALE_TWICE"),
@@ -144,6 +145,11 @@ impl Mutant {
             Mutant::DqUlpBias => Some("SMALLSEQ_MUTANT_DQ_ULP_BIAS"),
             Mutant::ZeroedSmallRow => Some("SMALLSEQ_MUTANT_ZEROED_SMALL_ROW"),
             Mutant::FallbackSmallShapes2x => Some("SMALLSEQ_MUTANT_FALLBACK_SMALL_SHAPES_2X"),
+            // Issue 18.
+            Mutant::HeadIndexAbove16 => Some("SMALLSEQ_MUTANT_HEAD_INDEX_ABOVE_16"),
+            Mutant::SoftmaxFirstTileMax => Some("SMALLSEQ_MUTANT_SOFTMAX_FIRST_TILE_MAX"),
+            Mutant::F16DsUnclamped => Some("SMALLSEQ_MUTANT_F16_DS_UNCLAMPED"),
+            Mutant::RoundTowardZero => Some("SMALLSEQ_MUTANT_ROUND_TOWARD_ZERO"),
             _ => None,
         }
     }
@@ -232,5 +238,82 @@ impl Defects {
 
     pub fn list(&self) -> &[Mutant] {
         &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel sources, as the CUDA backend and the HIP build compile them.
+    const KERNELS: [(&str, &str); 3] = [
+        ("small_seq.cu", include_str!("../kernels/small_seq.cu")),
+        ("fallback.cu", include_str!("../kernels/fallback.cu")),
+        ("portable.h", include_str!("../kernels/portable.h")),
+    ];
+
+    /// Whether the kernels compile something different under `define`: a preprocessor test
+    /// of exactly that name (a define nothing tests would plant nothing, and its mutant would
+    /// survive every device campaign for a reason that has nothing to do with the harness).
+    fn tested_by_kernels(define: &str) -> Vec<&'static str> {
+        KERNELS
+            .iter()
+            .filter(|(_, src)| {
+                src.lines().any(|l| {
+                    let l = l.trim_start();
+                    (l.starts_with("#if") || l.starts_with("#elif"))
+                        && l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                            .any(|w| w == define)
+                })
+            })
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_define_is_planted_in_the_kernels() {
+        for m in Mutant::ALL {
+            if let Some(d) = m.kernel_define() {
+                assert!(
+                    !tested_by_kernels(d).is_empty(),
+                    "{m}: no kernel source tests {d}"
+                );
+            }
+        }
+    }
+
+    /// Issue 18's four reach mutants are kernel bugs as well as CPU ones, planted where each
+    /// bug lives: the head index in both kernel files, the rest in the small-seq kernels.
+    #[test]
+    fn reach_mutants_are_planted_where_their_bug_lives() {
+        let want: [(Mutant, &[&str]); 4] = [
+            (Mutant::HeadIndexAbove16, &["small_seq.cu", "fallback.cu"]),
+            (Mutant::SoftmaxFirstTileMax, &["small_seq.cu"]),
+            (Mutant::F16DsUnclamped, &["small_seq.cu"]),
+            (Mutant::RoundTowardZero, &["small_seq.cu"]),
+        ];
+        for (m, files) in want {
+            let d = m
+                .kernel_define()
+                .unwrap_or_else(|| panic!("{m} has no kernel define"));
+            assert_eq!(tested_by_kernels(d), files, "{m} ({d})");
+        }
+    }
+
+    /// The defines are the mutants' names, upper-cased, so a GPU capsule's define names its
+    /// CPU twin; and no two mutants share one.
+    #[test]
+    fn kernel_defines_follow_the_names() {
+        let mut seen = std::collections::BTreeSet::new();
+        for m in Mutant::ALL {
+            if let Some(d) = m.kernel_define() {
+                let want = format!(
+                    "SMALLSEQ_MUTANT_{}",
+                    m.name().to_ascii_uppercase().replace('-', "_")
+                );
+                assert_eq!(d, want, "{m}");
+                assert!(seen.insert(d), "{d} used twice");
+            }
+        }
     }
 }

@@ -510,6 +510,20 @@ fn calibrate_reports_rates_per_dtype_dim_and_tensor() {
         assert!(r["max_margin"].as_f64().unwrap() <= 1.0, "{key}: {r}");
     }
     assert!(stdout.contains("largest margin 0."), "{stdout}");
+    // The rounding-bias columns (`rounding_bias`) with the budget each tensor has now, the
+    // figures `bias::bias_budget_of` is set from.
+    assert!(stdout.contains("rounding bias (sign test"), "{stdout}");
+    assert!(
+        stdout.contains("largest excess per tensor: o ") && stdout.contains("(budget 0.00)"),
+        "{stdout}"
+    );
+    for (key, r) in rows {
+        let b = &r["bias"];
+        if b["tensors"].as_u64().unwrap() > 0 {
+            assert!(b["max_excess"].as_f64().unwrap() <= 0.5, "{key}: {r}");
+            assert!(b["max_margin"].as_f64().unwrap() <= 1.0, "{key}: {r}");
+        }
+    }
 }
 
 #[test]

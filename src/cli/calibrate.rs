@@ -57,10 +57,12 @@ struct Lean {
 
 impl Lean {
     fn add(&mut self, s: &Signs, budget: Option<f64>) {
-        // Uncalibrated backends are measured against no budget at all.
-        let Some(m) = s.margin(budget.unwrap_or(0.0)) else {
+        // Every tensor some budget could judge is measured (a unanimous vote fails from
+        // `min_rows(0)` rows on), not only those the current budget judges: a budget calibrated
+        // below the provisional one judges smaller tensors, whose lean must be in the figures.
+        if s.margin(0.0).is_none() {
             return;
-        };
+        }
         self.tensors += 1;
         self.voting_rows += s.away.n;
         self.away_rows += s.away.k;
@@ -71,7 +73,7 @@ impl Lean {
         }
         self.signed_ulps += s.signed_ulps;
         self.differing += s.differing;
-        if budget.is_some() {
+        if let Some(m) = budget.and_then(|b| s.margin(b)) {
             self.max_margin = Some(self.max_margin.map_or(m, |x| x.max(m)));
         }
     }
@@ -247,6 +249,23 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             b.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
         );
     }
+    // What `bias::bias_budget_of` needs per tensor: its largest excess over every dtype and
+    // head dim, beside the current budget.
+    let per_tensor: Vec<String> = CONFORMANCE_TENSORS
+        .iter()
+        .map(|t| {
+            let worst = rates
+                .iter()
+                .filter(|(k, r)| k.ends_with(&format!(" {t}")) && r.bias.tensors > 0)
+                .fold(None::<f64>, |m, (_, r)| {
+                    Some(m.map_or(r.bias.max_excess, |x| x.max(r.bias.max_excess)))
+                });
+            let now = bias::bias_budget_of(be.name(), t)
+                .map_or("not judged".into(), |b| format!("budget {b:.2}"));
+            worst.map_or(format!("{t} - ({now})"), |w| format!("{t} {w:.3} ({now})"))
+        })
+        .collect();
+    println!("largest excess per tensor: {}", per_tensor.join(", "));
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
             .with_context(|| format!("writing {}", out.display()))?;
