@@ -169,17 +169,6 @@ pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     }
 }
 
-/// Whether the per-row tolerance rule (`docs/judgement.md` §2) fails outputs of backend
-/// `backend`: every backend and external implementation, since each element's error on a row
-/// loses the noise another correct order carries there (`harness::conditioning::
-/// OrderAllowance`; until then an H200 failed 105 of 33,736 correct CUDA cases by this rule,
-/// `smallseq fuzz --backend cuda --time 10m --seed 2052`). The harness no longer consults it;
-/// `Runner::judges_rows` (src/runner, src/worker) still answers with it and both go with the
-/// next edit there.
-pub fn judges_rows(_backend: &str) -> bool {
-    true
-}
-
 /// A place where attention kernels run.
 pub trait Backend: Send + Sync {
     /// Short name (`cpu`, `cuda`, `hip`, `te625-model`).

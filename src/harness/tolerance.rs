@@ -70,13 +70,6 @@ impl Judgement {
     pub fn passed(&self) -> bool {
         self.margin <= 1.0
     }
-
-    /// The judgement by the tensor rule alone: the per-row verdict kept for the report but
-    /// not counted (see [`crate::backend::judges_rows`]).
-    pub fn without_row_rule(mut self) -> Self {
-        self.margin = margin_of(self.err, self.threshold).0;
-        self
-    }
 }
 
 pub(crate) fn elem_err(a: f64, r: f64) -> f64 {

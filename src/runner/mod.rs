@@ -103,11 +103,6 @@ pub trait Runner: Send + Sync {
     fn protocol_overhead_us(&self) -> Vec<f64> {
         Vec::new()
     }
-    /// Whether the per-row tolerance rule counts for its outputs
-    /// ([`crate::backend::judges_rows`]).
-    fn judges_rows(&self) -> bool {
-        crate::backend::judges_rows(self.name())
-    }
 }
 
 /// A backend called in this process.
@@ -188,9 +183,6 @@ impl<R: Runner + ?Sized> Runner for &R {
     }
     fn protocol_overhead_us(&self) -> Vec<f64> {
         (**self).protocol_overhead_us()
-    }
-    fn judges_rows(&self) -> bool {
-        (**self).judges_rows()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         (**self).run_pair(case, opts)
@@ -289,9 +281,6 @@ impl Runner for FaultLatch<'_> {
     }
     fn protocol_overhead_us(&self) -> Vec<f64> {
         self.inner.protocol_overhead_us()
-    }
-    fn judges_rows(&self) -> bool {
-        self.inner.judges_rows()
     }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         self.latched(|| self.inner.run_pair(case, opts))

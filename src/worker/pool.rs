@@ -544,12 +544,6 @@ impl Runner for Pool {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
-    fn judges_rows(&self) -> bool {
-        self.cfg
-            .in_tree
-            .as_deref()
-            .is_some_and(crate::backend::judges_rows)
-    }
     fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
         let (inp, fresh) = self.case_file(case)?;
         let (out, id) = self.out_file();
