@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's triage in one device call (16 cores, torch and jax with CUDA, no network):
 #   ci/h200-triage.sh BIN OUT [MINUTES]        (MINUTES: the whole call's wall time, default 9)
-# (a) the fastest adapter alone (SPEED_ADAPTER, default torch_sdpa --kernel flash) for 60 s at
+# (a) unless SKIP_SPEED is set, the fastest adapter alone (SPEED_ADAPTER, default torch_sdpa --kernel flash) for 60 s at
 #     SPEED_JOBS (default 12) jobs: cases/s against the issue's 50 cases/s;
 # (b) the protocol overhead per request, from each report.json (`protocol_overhead_us`: round
 #     trip minus the worker's own elapsed_us, median and p90);
@@ -57,7 +57,7 @@ timeout 60 python3 -c 'import torch, jax; print("torch", torch.__version__, "cud
 # (a) + (b): the fastest adapter alone.
 speed_adapter=${SPEED_ADAPTER:-adapters/torch_sdpa.py --kernel flash}
 speed_jobs=${SPEED_JOBS:-12}
-if [ "$(left)" -gt 300 ]; then
+if [ -z "${SKIP_SPEED:-}" ] && [ "$(left)" -gt 300 ]; then
   say "speed: $speed_adapter, --jobs $speed_jobs, 60 s, no shrinking"
   timeout -k 10 150 "$bin" fuzz --backend exec --worker "python3 $speed_adapter" --time 60s --seed 17 \
     --jobs "$speed_jobs" --shrink-time 0s --out "$work/speed" > "$work/speed.log" 2>&1
