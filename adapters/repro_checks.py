@@ -151,19 +151,24 @@ def check_slots(adapter, case, base, want, parts, limit, tensor_limited) -> bool
     return hit
 
 
+def print_differences(case, base, again, prefix, suffix) -> bool:
+    """Prints each tensor's first valid element where `again` differs from `base`; True if any."""
+    hit = False
+    for name in sorted(base):
+        d = first_difference(base[name], again[name], valid_rows(case, name))
+        if d is not None:
+            hit = True
+            print(f"{prefix}{name}{list(d[0])}: {d[1]!r} vs {d[2]!r}{suffix}")
+    return hit
+
+
 def check_relation(adapter, case, base, want, prop, detail) -> bool:
     """Replays the property's relation; True when it fails as the harness reported."""
     b = case.sq.slots
     if prop == "determinism":
         print("a second run of the same case:")
         again = run(adapter, case, want)
-        hit = False
-        for name in sorted(base):
-            d = first_difference(base[name], again[name], valid_rows(case, name))
-            if d is not None:
-                hit = True
-                print(f"  {name}{list(d[0])}: {d[1]!r} vs {d[2]!r}")
-        return hit
+        return print_differences(case, base, again, "  ", "")
     if prop == "dont_care":
         print("the same case with NaN in every don't-care input token:")
         poisoned = kit.Case(case.config, case.q.copy(), case.k.copy(), case.v.copy(),
@@ -172,12 +177,8 @@ def check_relation(adapter, case, base, want, prop, detail) -> bool:
             if x is not None:
                 x[~side.valid()] = np.nan
         again = run(adapter, poisoned, want)
-        hit = False
+        hit = print_differences(case, base, again, "  valid ", " with poison")
         for name in sorted(base):
-            d = first_difference(base[name], again[name], valid_rows(case, name))
-            if d is not None:
-                hit = True
-                print(f"  valid {name}{list(d[0])}: {d[1]!r} vs {d[2]!r} with poison")
             dc = ~valid_rows(case, name)
             fill = -np.inf if name == "lse" else 0.0
             bad = np.argwhere(dc.reshape((-1,) + (1,) * (base[name].ndim - 1)) & (base[name] != fill))

@@ -226,6 +226,16 @@ impl Reader<'_> {
 
     /// An output tensor as f32, shape checked.
     fn output32(&self, t: &str, expected: &[usize]) -> Result<Option<ArrayD<f32>>> {
+        self.output_as(t, expected, Self::floats32)
+    }
+
+    /// An output tensor, shape checked, decoded by `decode`; `None` when the file lacks it.
+    fn output_as<T>(
+        &self,
+        t: &str,
+        expected: &[usize],
+        decode: impl Fn(&Self, &str, &TensorView<'_>) -> Result<Vec<T>>,
+    ) -> Result<Option<ArrayD<T>>> {
         let Ok(view) = self.st.tensor(t) else {
             return Ok(None);
         };
@@ -238,7 +248,7 @@ impl Reader<'_> {
                 ),
             ));
         }
-        let vals = self.floats32(t, &view)?;
+        let vals = decode(self, t, &view)?;
         Ok(Some(
             ArrayD::from_shape_vec(IxDyn(expected), vals)
                 .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))?,
@@ -273,21 +283,7 @@ impl Reader<'_> {
             }
         };
         // Inputs have the config's dtype (checked above): decoded straight to f32.
-        let data = view.data();
-        let vals: Vec<f32> = match view.dtype() {
-            StDtype::BF16 => data
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            StDtype::F16 => data
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            _ => data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        };
+        let vals = self.floats32(t, &view)?;
         Array3::from_shape_vec(shape3, vals)
             .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))
     }
@@ -314,23 +310,7 @@ impl Reader<'_> {
     }
 
     fn output(&self, t: &str, expected: &[usize]) -> Result<Option<ArrayD<f64>>> {
-        let Ok(view) = self.st.tensor(t) else {
-            return Ok(None);
-        };
-        if view.shape() != expected {
-            return Err(file_err(
-                self.name,
-                format!(
-                    "tensor {t}: shape {:?}, expected {expected:?}",
-                    view.shape()
-                ),
-            ));
-        }
-        let vals = self.floats(t, &view)?;
-        Ok(Some(
-            ArrayD::from_shape_vec(IxDyn(expected), vals)
-                .map_err(|e| file_err(self.name, format!("tensor {t}: {e}")))?,
-        ))
+        self.output_as(t, expected, Self::floats)
     }
 
     fn outputs(&self, case: &Case) -> Result<Outputs> {

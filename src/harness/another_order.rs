@@ -4,7 +4,7 @@
 
 use super::props::{oracle, Yardstick};
 use super::rng::Rng;
-use super::tolerance::{judge_all, Judgement};
+use super::tolerance::Judgement;
 use crate::case::{Case, Outputs};
 use crate::config::AttnConfig;
 use ndarray::{s, Array2, Array3};
@@ -177,15 +177,7 @@ fn uniform_opposite_heads(seed: u64, wobble: f32) -> Case {
 }
 
 fn judged(case: &Case, actual: &Outputs, y: &Yardstick, order: bool) -> Vec<Judgement> {
-    judge_all(
-        actual,
-        &y.reference,
-        &y.emulated,
-        case,
-        y.lse_magnitude,
-        y.grads.as_ref(),
-        order.then_some(&y.order),
-    )
+    y.judge(case, actual, order)
 }
 
 /// The largest margin per tensor over `cases`, with and without the order allowance.

@@ -196,6 +196,22 @@ pub struct Yardstick {
     pub order: OrderAllowance,
 }
 
+impl Yardstick {
+    /// `actual` judged tensor by tensor; `order` takes the per-row rule's allowance for
+    /// another summation order (without it, the rule as the emulation alone would set it).
+    pub fn judge(&self, case: &Case, actual: &Outputs, order: bool) -> Vec<Judgement> {
+        judge_all(
+            actual,
+            &self.reference,
+            &self.emulated,
+            case,
+            self.lse_magnitude,
+            self.grads.as_ref(),
+            order.then_some(&self.order),
+        )
+    }
+}
+
 /// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
 pub fn oracle(case: &Case) -> Result<Yardstick> {
     let problem = case.problem()?;
@@ -227,15 +243,7 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
 pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Judgement>) {
-    let js = judge_all(
-        actual,
-        &y.reference,
-        &y.emulated,
-        case,
-        y.lse_magnitude,
-        y.grads.as_ref(),
-        Some(&y.order),
-    );
+    let js = y.judge(case, actual, true);
     let worst = js
         .iter()
         .filter(|j| !j.passed())

@@ -322,20 +322,14 @@ mod tests {
         let path = dir.join("1.in.safetensors");
         let name = path.display().to_string();
         let mut cache = CaseCache::default();
-        write_case(
-            &one_query_two_keys(1.0, [0.5, 0.25], [1.0, 2.0], 1.0),
-            &path,
-            OutputPrecision::Device,
-        )
-        .unwrap();
+        let write = |q: f32| {
+            let case = one_query_two_keys(q, [0.5, 0.25], [1.0, 2.0], 1.0);
+            write_case(&case, &path, OutputPrecision::Device).unwrap();
+        };
+        write(1.0);
         assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 1.0);
         assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 1.0);
-        write_case(
-            &one_query_two_keys(3.0, [0.5, 0.25], [1.0, 2.0], 1.0),
-            &path,
-            OutputPrecision::Device,
-        )
-        .unwrap();
+        write(3.0);
         assert_eq!(cache.get(&name).unwrap().q[(0, 0, 0)], 3.0);
         assert_eq!(cache.entries.len(), 1, "one entry per name");
         std::fs::remove_dir_all(&dir).unwrap();
