@@ -21,6 +21,25 @@ import numpy as np  # noqa: E402
 import smallseq_adapter as kit  # noqa: E402
 
 
+def softmax64(case: kit.Case, slot: int) -> tuple:
+    """`(P, m, l, rows)` of one slot in f64: P [H, Lq, Lk], the row maxima and sums [H, Lq],
+    and which query rows see at least one key [Lq]. Rows that see no key have P = 0."""
+    c = case.config
+    lq, lk = int(case.sq.lens[slot]), int(case.skv.lens[slot])
+    oq, ok = int(case.sq.starts[slot]), int(case.skv.starts[slot])
+    qs = case.q[oq : oq + lq].astype(np.float64)  # [Lq, H, D]
+    ks = np.repeat(case.k[ok : ok + lk].astype(np.float64), c.group, axis=1)  # head h reads kv h // g
+    vis = case.visible(slot)  # [Lq, Lk]
+    rows = vis.any(axis=1)
+    s = c.scale * np.einsum("rhd,chd->hrc", qs, ks)
+    s = np.where(vis[None], s, -np.inf)
+    m = np.where(rows[None], s.max(axis=2, initial=-np.inf), 0.0)
+    e = np.where(vis[None], np.exp(s - m[..., None]), 0.0)
+    l = e.sum(axis=2)
+    p = e / np.where(rows[None], l, 1.0)[..., None]  # zero rows stay zero
+    return p, m, l, rows
+
+
 def attention64(case: kit.Case, want: frozenset) -> dict:
     """The outputs in `want` in f64, unrounded (the reference a standalone repro compares to)."""
     c = case.config
@@ -37,16 +56,9 @@ def attention64(case: kit.Case, want: frozenset) -> dict:
             continue
         oq, ok = int(case.sq.starts[i]), int(case.skv.starts[i])
         qs = q[oq : oq + lq]  # [Lq, H, D]
-        ks = np.repeat(k[ok : ok + lk], g, axis=1)  # query head h reads kv head h // g
+        ks = np.repeat(k[ok : ok + lk], g, axis=1)
         vs = np.repeat(v[ok : ok + lk], g, axis=1)
-        vis = case.visible(i)  # [Lq, Lk]
-        rows = vis.any(axis=1)  # rows with at least one visible key
-        s = c.scale * np.einsum("rhd,chd->hrc", qs, ks)
-        s = np.where(vis[None], s, -np.inf)
-        m = np.where(rows[None], s.max(axis=2, initial=-np.inf), 0.0)
-        e = np.where(vis[None], np.exp(s - m[..., None]), 0.0)
-        l = e.sum(axis=2)
-        p = e / np.where(rows[None], l, 1.0)[..., None]  # zero rows stay zero
+        p, m, l, rows = softmax64(case, i)
         o[oq : oq + lq] = np.einsum("hrc,chd->rhd", p, vs)
         lse[oq : oq + lq] = np.where(rows[None], m + np.log(np.where(rows[None], l, 1.0)), -np.inf).T
         if grads:

@@ -1,7 +1,11 @@
 """numpy_reference and the kit's case reader against the Rust f64 reference, on the case files
 the Rust side wrote (tests/capsules): after rounding the Rust outputs once to the case dtype
-(LSE to f32), every output must be bitwise equal. Runs when SMALLSEQ_BIN names the smallseq
-binary (ci/adapters.sh sets it)."""
+(LSE to f32), every output must be bitwise equal, except where the two f64 computations may
+legitimately round to neighbouring values: both sum the same terms in different orders, so they
+may differ by up to a few f64 units of the sum of the terms' magnitudes, and where the terms
+cancel almost exactly that can straddle a rounding boundary of the case dtype. Such an element
+is accepted only when the two f64 results lie within that bound of each other. Runs when
+SMALLSEQ_BIN names the smallseq binary (ci/adapters.sh sets it)."""
 
 import glob
 import os
@@ -17,6 +21,42 @@ import numpy_reference as ref  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("SMALLSEQ_BIN")
+F64_UNIT = 2.0 ** -53
+
+
+def magnitudes(case) -> dict:
+    """For O, dQ, dK and dV: the sum of the magnitudes of the terms each element is computed
+    from (every product and difference taken in absolute value), and the number of roundings
+    on the longest path to it. An f64 evaluation in any order is within about
+    `roundings * F64_UNIT * magnitude` of the exact value."""
+    c = case.config
+    g, hkv = c.group, c.num_kv_heads
+    q, k, v = (np.abs(x.astype(np.float64)) for x in (case.q, case.k, case.v))
+    d_o = np.abs(case.d_o.astype(np.float64)) if case.d_o is not None else None
+    mag = {n: np.zeros_like(a) for n, a in kit.no_query_outputs(case).items() if n != "lse"}
+    lmax = 1
+    for i in range(case.sq.slots):
+        lq, lk = int(case.sq.lens[i]), int(case.skv.lens[i])
+        if lq == 0 or lk == 0:
+            continue
+        lmax = max(lmax, lq, lk)
+        oq, ok = int(case.sq.starts[i]), int(case.skv.starts[i])
+        qs, ks = q[oq : oq + lq], np.repeat(k[ok : ok + lk], g, axis=1)
+        vs = np.repeat(v[ok : ok + lk], g, axis=1)
+        p = ref.softmax64(case, i)[0]  # [H, Lq, Lk]; P <= 1, so its own error is relative
+        mag["o"][oq : oq + lq] = np.einsum("hrc,chd->rhd", p, vs)
+        if d_o is None:
+            continue
+        dos = d_o[oq : oq + lq]
+        dp = np.einsum("rhd,chd->hrc", dos, vs)
+        ds = p * (dp + (p * dp).sum(axis=2, keepdims=True))
+        mag["dq"][oq : oq + lq] = c.scale * np.einsum("hrc,chd->rhd", ds, ks)
+        dke = c.scale * np.einsum("hrc,rhd->chd", ds, qs)
+        dve = np.einsum("hrc,rhd->chd", p, dos)
+        mag["dk"][ok : ok + lk] = dke.reshape(lk, hkv, g, -1).sum(axis=2)
+        mag["dv"][ok : ok + lk] = dve.reshape(lk, hkv, g, -1).sum(axis=2)
+    roundings = 2 * (c.head_dim_qk + c.head_dim_v + 2 * lmax + g) + 32
+    return {n: (m, roundings) for n, m in mag.items()}
 
 
 @unittest.skipUnless(BIN, "SMALLSEQ_BIN is not set")
@@ -34,10 +74,22 @@ class AgainstRustReference(unittest.TestCase):
                     case = kit.read_case(f)
                     want = frozenset(n for n in kit.OUTPUTS if n in rust)
                     self.assertIn("o", want)
-                    got = ref.attention(case, want)
+                    got64 = ref.attention64(case, want)
+                    mags = magnitudes(case)
                     for name in want:
-                        exp = kit.round_to_dtype(rust[name][1], "f32" if name == "lse" else case.config.dtype)
-                        np.testing.assert_array_equal(got[name], exp, err_msg=name)
+                        dt = "f32" if name == "lse" else case.config.dtype
+                        got, exp = kit.round_to_dtype(got64[name], dt), kit.round_to_dtype(rust[name][1], dt)
+                        differ = ~((got == exp) | (np.isnan(got) & np.isnan(exp)))
+                        if name in mags and differ.any():
+                            mag, roundings = mags[name]
+                            bound = 2 * roundings * F64_UNIT * mag
+                            near = np.abs(got64[name] - rust[name][1]) <= bound
+                            differ &= ~near
+                        bad = np.argwhere(differ)
+                        self.assertEqual(len(bad), 0, f"{name}: {len(bad)} elements differ beyond "
+                                         f"reordering, first at {bad[:1].tolist()}: numpy "
+                                         f"{got[tuple(bad[0])] if len(bad) else 0} vs Rust "
+                                         f"{exp[tuple(bad[0])] if len(bad) else 0}")
 
 
 if __name__ == "__main__":

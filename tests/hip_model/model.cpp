@@ -17,6 +17,7 @@
 //
 // Build: clang++ -std=c++20 -O0 tests/hip_model/model.cpp (clang: ext_vector_type).
 // Run: prints "N passed, 0 failed" and exits 0, or names the first failure and exits 1.
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -55,7 +56,11 @@ enum Op : int { BPERM = 1, MFMA_BF16, MFMA_F16, WAVE_SYNC, DONE };
 struct Divergence {};
 
 struct Wave {
-  ucontext_t sched, fiber[WMAX];
+  // ucontext only starts a fiber; every later switch is _setjmp/_longjmp, which (unlike
+  // swapcontext) makes no signal-mask system call: the model's run time is its switches.
+  ucontext_t sched_ctx, fiber[WMAX];
+  jmp_buf sched, resume[WMAX];
+  bool started[WMAX];
   std::vector<char> stack[WMAX];
   int fiber_tid[WMAX], fiber_bid[WMAX];
   bool finished[WMAX];
@@ -73,7 +78,7 @@ Wave* wave = nullptr;
 inline void wait() {
   wave->fiber_tid[lane] = tid;
   wave->fiber_bid[lane] = bid;
-  swapcontext(&wave->fiber[lane], &wave->sched);
+  if (!_setjmp(wave->resume[lane])) _longjmp(wave->sched, 1);
 }
 
 // All lanes arrive with their operation; every lane then sees the same verdict. In a block job
@@ -186,7 +191,7 @@ void fiber_main(int l) {
   } catch (Divergence&) {
   }
   wave->finished[l] = true;
-  swapcontext(&wave->fiber[l], &wave->sched);
+  _longjmp(wave->sched, 1);
 }
 
 bool run_job(int lanes, long long waves, const std::function<void(long long)>& body,
@@ -198,6 +203,7 @@ bool run_job(int lanes, long long waves, const std::function<void(long long)>& b
   for (int l = 0; l < nl; ++l) {
     w->stack[l].resize(1 << 19);
     w->finished[l] = false;
+    w->started[l] = false;
     w->fiber_tid[l] = w->fiber_bid[l] = 0;
     getcontext(&w->fiber[l]);
     w->fiber[l].uc_stack.ss_sp = w->stack[l].data();
@@ -213,7 +219,11 @@ bool run_job(int lanes, long long waves, const std::function<void(long long)>& b
       lane = l;
       tid = w->fiber_tid[l];
       bid = w->fiber_bid[l];
-      swapcontext(&w->sched, &w->fiber[l]);
+      if (!_setjmp(w->sched)) {
+        if (w->started[l]) _longjmp(w->resume[l], 1);
+        w->started[l] = true;
+        swapcontext(&w->sched_ctx, &w->fiber[l]);
+      }
     }
     if (running == 0) break;
   }
