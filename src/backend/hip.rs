@@ -122,13 +122,13 @@ pub enum HipError {
     },
     /// A device this backend has no kernels for.
     #[error(
-        "device 0 is {target}: the kernels need 64-lane wavefronts and matrix cores (gfx90a, \
-         gfx942, gfx950)"
+        "device {device} is {target}: the kernels need 64-lane wavefronts and matrix cores \
+         (gfx90a, gfx942, gfx950)"
     )]
-    UnsupportedArch { target: String },
+    UnsupportedArch { device: i32, target: String },
     /// The device's properties did not name a gfx architecture.
-    #[error("device 0 reports no gfx architecture name")]
-    NoArchName,
+    #[error("device {device} reports no gfx architecture name")]
+    NoArchName { device: i32 },
     /// A launch the grid cannot express.
     #[error("{items} work items exceed the 1-D grid")]
     Grid { items: i64 },
@@ -347,8 +347,11 @@ impl Drop for DevMem {
     }
 }
 
-/// The HIP backend (device 0).
+/// The HIP backend, on one device.
 pub struct HipBackend {
+    /// The device's ordinal, made current on the calling thread before each call (HIP's
+    /// current device is per host thread).
+    device: i32,
     arch: Arch,
     target_id: String,
     origins: Vec<String>,
@@ -381,9 +384,32 @@ impl HipBackend {
     /// Opens device 0 and loads the code objects for its architecture.
     ///
     /// # Errors
-    /// [`Error::NoDevice`] (one line) when the runtime finds no device; [`Error::Hip`] when
-    /// the device's architecture has no code object or a HIP call fails.
+    /// As [`HipBackend::on_device`].
     pub fn new() -> Result<Self> {
+        Self::on_device(0)
+    }
+
+    /// The number of HIP devices this process sees (0 without a runtime or a GPU).
+    pub fn device_count() -> usize {
+        let mut count = 0i32;
+        // SAFETY: plain runtime calls with a valid out-pointer.
+        let ok = unsafe { hipInit(0) } == HIP_SUCCESS
+            && unsafe { hipGetDeviceCount(&mut count) } == HIP_SUCCESS;
+        if ok {
+            count.max(0) as usize
+        } else {
+            0
+        }
+    }
+
+    /// Opens device `ordinal` (as the runtime numbers them after `HIP_VISIBLE_DEVICES`) and
+    /// loads the code objects for its architecture.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] (one line) when the runtime finds no device, or none with that
+    /// ordinal; [`Error::Hip`] when the device's architecture has no code object or a HIP
+    /// call fails.
+    pub fn on_device(ordinal: usize) -> Result<Self> {
         // SAFETY: plain runtime calls with valid out-pointers.
         let init = unsafe { hipInit(0) };
         let mut count = 0i32;
@@ -405,13 +431,28 @@ impl HipBackend {
             };
             return Err(no_device(format!("{runtime} found no GPU ({e})")));
         }
-        check("hipSetDevice(0)", unsafe { hipSetDevice(0) })?;
-        let target_id = Self::target_id()?;
+        let device = match i32::try_from(ordinal) {
+            Ok(d) if d < count => d,
+            _ => {
+                return Err(no_device(format!(
+                    "no HIP device {ordinal}: the runtime sees {count} (0 to {})",
+                    count - 1
+                )))
+            }
+        };
+        check(&format!("hipSetDevice({device})"), unsafe {
+            hipSetDevice(device)
+        })?;
+        let target_id = Self::target_id(device)?;
         let arch_name = processor(&target_id).to_string();
         // A code object directory could hold kernels for any target; these need CDNA's
         // wavefronts and MFMA, so other GPUs are refused by name.
         if !ARCHS.contains(&arch_name.as_str()) {
-            return Err(HipError::UnsupportedArch { target: target_id }.into());
+            return Err(HipError::UnsupportedArch {
+                device,
+                target: target_id,
+            }
+            .into());
         }
         let arch: Arch = arch_name
             .parse()
@@ -432,6 +473,7 @@ impl HipBackend {
         let small = load("small_seq")?;
         let fallback = load("fallback")?;
         Ok(HipBackend {
+            device,
             arch,
             target_id,
             origins,
@@ -441,16 +483,25 @@ impl HipBackend {
         })
     }
 
-    fn target_id() -> std::result::Result<String, HipError> {
+    fn target_id(device: i32) -> std::result::Result<String, HipError> {
         // Far larger than any revision of hipDeviceProp_t, so a runtime whose layout is larger
         // than hip-sys's cannot write past the buffer.
         let mut image = vec![0u8; 1 << 16];
         // SAFETY: the buffer is writable and larger than the structure.
-        check("hipGetDeviceProperties(0)", unsafe {
-            hipGetDeviceProperties(image.as_mut_ptr().cast(), 0)
+        check(&format!("hipGetDeviceProperties({device})"), unsafe {
+            hipGetDeviceProperties(image.as_mut_ptr().cast(), device)
         })?;
         let offset = std::mem::offset_of!(sys::hipDeviceProp_t, gcnArchName);
-        arch_from_props(&image, offset).ok_or(HipError::NoArchName)
+        arch_from_props(&image, offset).ok_or(HipError::NoArchName { device })
+    }
+
+    /// Makes this backend's device current on the calling thread: a campaign may call from
+    /// any of its threads, and a thread that never chose one launches on device 0.
+    fn make_current(&self) -> std::result::Result<(), HipError> {
+        // SAFETY: a plain runtime call; the ordinal was checked when the backend opened.
+        check(&format!("hipSetDevice({})", self.device), unsafe {
+            hipSetDevice(self.device)
+        })
     }
 
     /// The device's target ID (e.g. `gfx942:sramecc+:xnack-`).
@@ -887,6 +938,7 @@ impl HipBackend {
         if d.b == 0 {
             return Ok(());
         }
+        self.make_current()?;
         let inp = Inputs::upload(args, &[])?;
         let o = DevMem::upload("o", &out.o.data)?;
         let lse = DevMem::upload("lse", &out.lse.data)?;
@@ -911,6 +963,7 @@ impl HipBackend {
         if d.b == 0 {
             return Ok(());
         }
+        self.make_current()?;
         let inp = Inputs::upload(f, &[&args.d_o])?;
         let lse_host: Vec<f32> = args.lse.iter().copied().collect();
         let lse = DevMem::upload("lse", &lse_host)?;
@@ -954,6 +1007,7 @@ impl Backend for HipBackend {
 
     fn provenance(&self) -> BTreeMap<String, String> {
         let mut p = BTreeMap::from([
+            ("device".to_string(), self.device.to_string()),
             ("target".to_string(), self.target_id.clone()),
             ("code_objects".to_string(), self.origins.join("; ")),
         ]);
@@ -1108,6 +1162,18 @@ mod tests {
                 assert_eq!(s.lines().count(), 1, "{s}");
                 assert!(e.is_no_device() || s.contains("hip"), "{s}");
             }
+        }
+    }
+
+    #[test]
+    fn an_ordinal_past_the_devices_is_a_one_line_error() {
+        let n = HipBackend::device_count();
+        let e = HipBackend::on_device(n).expect_err("no device has the ordinal of the count");
+        let s = e.to_string();
+        assert!(e.is_no_device(), "{s}");
+        assert_eq!(s.lines().count(), 1, "{s}");
+        if n > 0 {
+            assert!(s.contains(&format!("no HIP device {n}")), "{s}");
         }
     }
 }

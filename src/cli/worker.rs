@@ -11,7 +11,8 @@ pub struct WorkerArgs {
     /// Backend to serve: cpu, cuda, hip, te625-model.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// Device ordinal (CUDA; HIP serves device 0).
+    /// Device ordinal (as the runtime numbers them after CUDA_VISIBLE_DEVICES /
+    /// HIP_VISIBLE_DEVICES).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
     /// Dispatch profile of the wrappers: native or te625.
@@ -44,6 +45,12 @@ fn open(args: &WorkerArgs) -> smallseq::Result<(Box<dyn Backend>, usize)> {
         let be = backend::cuda::CudaBackend::on_device(args.device)?;
         be.warm_up()?;
         let n = backend::cuda::CudaBackend::device_count().max(1);
+        return Ok((Box::new(be), n));
+    }
+    #[cfg(feature = "hip")]
+    if args.backend == "hip" {
+        let be = backend::hip::HipBackend::on_device(args.device)?;
+        let n = backend::hip::HipBackend::device_count().max(1);
         return Ok((Box::new(be), n));
     }
     backend::open(&args.backend).map(|b| (b, 1))

@@ -40,12 +40,16 @@ pub const FALSE_ALARM: f64 = 1e-9;
 ///   --cases 3000 --seed 1`, column `max excess`): 0.15 for `o` and `dv`, whose deviations
 ///   come from the device's `exp` and approximate reciprocal; `dq` and `dk`, whose near-zero
 ///   sums cancel (see [`crate::backend::rounding_budget_of`]), 0.25.
-/// - others (HIP, external programs): not calibrated, not judged.
+/// - `hip`: CUDA's provisional budgets. The gfx942 host model (`tests/hip_lane_model.rs`)
+///   deviates from the emulation too rarely for any tensor to have a row voting, so it shows
+///   no lean to set a budget from; with them, its kernels built with
+///   `SMALLSEQ_MUTANT_ROUND_TOWARD_ZERO` fail (`biased_kernels_do_not_fit_the_hip_budgets`).
+/// - others (external programs): not calibrated, not judged.
 pub fn bias_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     match (backend, tensor) {
         ("cpu" | "te625-model", _) => Some(0.0),
-        ("cuda", "o" | "dv") => Some(0.15),
-        ("cuda", "dq" | "dk") => Some(0.25),
+        ("cuda" | "hip", "o" | "dv") => Some(0.15),
+        ("cuda" | "hip", "dq" | "dk") => Some(0.25),
         _ => None,
     }
 }

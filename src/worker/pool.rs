@@ -87,16 +87,12 @@ impl SpawnFor {
                 env: env.clone(),
             },
             SpawnFor::Exec { argv, env } => {
-                let d = device.to_string();
                 let mut env = env.clone();
-                env.extend(
-                    [
-                        "CUDA_VISIBLE_DEVICES",
-                        "HIP_VISIBLE_DEVICES",
-                        "SMALLSEQ_DEVICE",
-                    ]
-                    .map(|k| (k.to_string(), d.clone())),
-                );
+                for var in ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"] {
+                    let inherited = std::env::var(var).ok();
+                    env.push((var.into(), visible_device(inherited.as_deref(), device)));
+                }
+                env.push(("SMALLSEQ_DEVICE".into(), device.to_string()));
                 Spawn {
                     argv: argv.clone(),
                     env,
@@ -104,6 +100,17 @@ impl SpawnFor {
             }
         }
     }
+}
+
+/// What a worker on campaign device `device` gets as `CUDA_VISIBLE_DEVICES` or
+/// `HIP_VISIBLE_DEVICES`: the campaign numbers the devices it sees, so where the variable
+/// already narrows them (`2,3`), device 1 is the list's second entry (`3`), not the host's
+/// device 1. Past the list's end (or without one) the ordinal itself.
+pub fn visible_device(inherited: Option<&str>, device: usize) -> String {
+    inherited
+        .map(|list| list.split(',').map(str::trim).filter(|s| !s.is_empty()))
+        .and_then(|mut ids| ids.nth(device))
+        .map_or_else(|| device.to_string(), String::from)
 }
 
 /// The default case timeout: 30 s, plus 1 s per 10^8 multiply-adds of a forward and
@@ -639,4 +646,46 @@ fn scratch_dir() -> Result<PathBuf> {
         source,
     })?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_device_is_an_entry_of_the_inherited_visible_list() {
+        assert_eq!(visible_device(None, 1), "1");
+        assert_eq!(visible_device(Some(""), 1), "1");
+        assert_eq!(visible_device(Some("2,3"), 0), "2");
+        assert_eq!(visible_device(Some("2, 3"), 1), "3");
+        assert_eq!(visible_device(Some("GPU-a1b2,GPU-c3d4"), 1), "GPU-c3d4");
+        // Past the list: the ordinal, which the worker's runtime will refuse by name.
+        assert_eq!(visible_device(Some("5"), 1), "1");
+    }
+
+    #[test]
+    fn exec_workers_get_the_device_in_every_variable() {
+        let spawn = SpawnFor::Exec {
+            argv: vec!["w".into()],
+            env: vec![],
+        }
+        .on(1);
+        let get = |k: &str| {
+            spawn
+                .env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        let want = |var: &str| visible_device(std::env::var(var).ok().as_deref(), 1);
+        assert_eq!(get("SMALLSEQ_DEVICE").as_deref(), Some("1"));
+        assert_eq!(
+            get("CUDA_VISIBLE_DEVICES"),
+            Some(want("CUDA_VISIBLE_DEVICES"))
+        );
+        assert_eq!(
+            get("HIP_VISIBLE_DEVICES"),
+            Some(want("HIP_VISIBLE_DEVICES"))
+        );
+    }
 }

@@ -68,7 +68,9 @@ struct Wave {
   uint32_t word[WMAX];
   uint16_t a[WMAX][4], b[WMAX][4];
   float c[WMAX][4];
+  float af[WMAX][4], bf[WMAX][4];
   bool diverged = false;
+  int odd_lane = -1;
   std::string why;
 };
 Wave* wave = nullptr;
@@ -83,16 +85,27 @@ inline void wait() {
 
 // All lanes arrive with their operation; every lane then sees the same verdict. In a block job
 // that means every lane of the block: the waves run in lockstep, so a barrier is one round.
+// The scheduler resumes lanes in order, so lane 0 (or, once it has finished, every lane)
+// compares the round's operations once and the others read its verdict: the model's time
+// is its exchanges, and a comparison per lane per lane would be most of it.
 inline void arrive(int o) {
   wave->op[lane] = o;
   wait();
-  for (int l = 1; l < nl; ++l)
-    if (wave->op[l] != wave->op[0]) {
-      if (!wave->diverged) wave->diverged = true,
-        wave->why = "lane " + std::to_string(l) + " at op " + std::to_string(wave->op[l]) +
-                    ", lane 0 at op " + std::to_string(wave->op[0]);
-      throw Divergence{};
-    }
+  if (lane == 0 || wave->finished[0]) {
+    wave->odd_lane = -1;
+    for (int l = 1; l < nl; ++l)
+      if (wave->op[l] != wave->op[0]) {
+        wave->odd_lane = l;
+        break;
+      }
+  }
+  if (wave->odd_lane >= 0) {
+    const int l = wave->odd_lane;
+    if (!wave->diverged) wave->diverged = true,
+      wave->why = "lane " + std::to_string(l) + " at op " + std::to_string(wave->op[l]) +
+                  ", lane 0 at op " + std::to_string(wave->op[0]);
+    throw Divergence{};
+  }
 }
 
 inline int bpermute(int addr, int v) {
@@ -116,10 +129,19 @@ inline float bf16f(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// A table: at -O0 each conversion is a libgcc call, a tenth of the model's time.
 inline float f16f(uint16_t h) {
-  _Float16 x;
-  std::memcpy(&x, &h, 2);
-  return (float)x;
+  static const std::vector<float> table = [] {
+    std::vector<float> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); ++i) {
+      const uint16_t b = (uint16_t)i;
+      _Float16 x;
+      std::memcpy(&x, &b, 2);
+      t[i] = (float)x;
+    }
+    return t;
+  }();
+  return table[h];
 }
 
 template <class V>
@@ -128,15 +150,22 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
   std::memcpy(wave->b[lane], &bv, 8);
   for (int e = 0; e < 4; ++e) wave->c[lane][e] = cv[e];
   arrive(kind);
-  auto cvt = [&](uint16_t h) { return kind == MFMA_BF16 ? bf16f(h) : f16f(h); };
+  // The first lane resumed converts every lane's operands once (as arrive's verdict).
+  if (lane == 0 || wave->finished[0])
+    for (int l = 0; l < nl; ++l)
+      for (int e = 0; e < 4; ++e) {
+        const bool bf = kind == MFMA_BF16;
+        wave->af[l][e] = bf ? bf16f(wave->a[l][e]) : f16f(wave->a[l][e]);
+        wave->bf[l][e] = bf ? bf16f(wave->b[l][e]) : f16f(wave->b[l][e]);
+      }
   m_f32x4 d;
   const int base = lane & ~(W - 1), n = (lane - base) % 16;
   for (int e = 0; e < 4; ++e) {
     const int m = 4 * ((lane - base) / 16) + e;
     double s = wave->c[base + n + 16 * (m / 4)][m % 4];
     for (int k = 0; k < 16; ++k)
-      s += (double)cvt(wave->a[base + m + 16 * (k / 4)][k % 4]) *
-           (double)cvt(wave->b[base + n + 16 * (k / 4)][k % 4]);
+      s += (double)wave->af[base + m + 16 * (k / 4)][k % 4] *
+           (double)wave->bf[base + n + 16 * (k / 4)][k % 4];
     d[e] = (float)s;
   }
   wait();
@@ -689,7 +718,95 @@ static void test_reach(std::mt19937& rng) {
   }
 }
 
-int main() {
+// ---------------------------------------------------------------------------------------------
+// Replay (`model --replay IN OUT`): runs the small-seq forward, then the backward on the
+// forward's LSE, on cases a Rust test drew with the campaign's generator
+// (tests/hip_lane_model.rs, `gfx942_model_rates_fit_the_hip_budgets`), with f32 outputs of
+// values rounded to the input type, as the HIP backend launches them (`_o32` kernels). No
+// judging here: the test counts the outputs against the emulation.
+//
+// IN: records, little-endian, each: i32 kind (0 bf16, 1 f16), D, b, H, mask (0 none, 1 causal
+// top-left, 2 bottom-right); f32 scale; i64 tq, tk; i32 cu_q[b+1], cu_kv[b+1], off_q[b+1],
+// off_kv[b+1]; the 16-bit bits of q [tq,H,D], k [tk,H,D], v [tk,H,D], d_o [tq,H,D].
+// OUT: per record, f32 o [tq,H,D], lse [tq,H], dq [tq,H,D], dk [tk,H,D], dv [tk,H,D].
+// Exit 0, or 1 naming the record that could not be read or diverged.
+
+template <class T>
+static bool get(FILE* f, T* x, size_t n = 1) {
+  return std::fread(x, sizeof(T), n, f) == n;
+}
+
+template <class E, int D>
+static bool replay_one(FILE* in, FILE* out, int b, int H, int mask, float scale, long long tq,
+                       long long tk, std::string& why) {
+  std::vector<int> cu_q(b + 1), cu_kv(b + 1), off_q(b + 1), off_kv(b + 1);
+  std::vector<uint16_t> q(tq * H * D), k(tk * H * D), v(tk * H * D), d_o(tq * H * D);
+  if (!get(in, cu_q.data(), b + 1) || !get(in, cu_kv.data(), b + 1) ||
+      !get(in, off_q.data(), b + 1) || !get(in, off_kv.data(), b + 1) ||
+      !get(in, q.data(), q.size()) || !get(in, k.data(), k.size()) ||
+      !get(in, v.data(), v.size()) || !get(in, d_o.data(), d_o.size())) {
+    why = "truncated record";
+    return false;
+  }
+  std::vector<float> o(tq * H * D, NAN), lse(tq * H, NAN), dq(tq * H * D, NAN),
+      dk(tk * H * D, NAN), dv(tk * H * D, NAN);
+  const long long grid = ((long long)b * H + SS_WPB - 1) / SS_WPB * SS_WPB;
+  auto fwd = [&](long long) {
+    ss_fwd<E, F32, D>(q.data(), k.data(), v.data(), o.data(), lse.data(), cu_q.data(),
+                      cu_kv.data(), off_q.data(), off_kv.data(), b, H, scale, mask);
+  };
+  auto bwd = [&](long long) {
+    ss_bwd<E, F32, D>(q.data(), k.data(), v.data(), d_o.data(), lse.data(), dq.data(),
+                      dk.data(), dv.data(), cu_q.data(), cu_kv.data(), off_q.data(),
+                      off_kv.data(), b, H, scale, mask);
+  };
+  if (!model::run_waves(grid, fwd, why) || !model::run_waves(grid, bwd, why)) return false;
+  for (auto* x : {&o, &lse, &dq, &dk, &dv}) std::fwrite(x->data(), sizeof(float), x->size(), out);
+  return true;
+}
+
+template <class E>
+static bool replay_kind(int d, FILE* in, FILE* out, int b, int H, int mask, float scale,
+                        long long tq, long long tk, std::string& why) {
+  switch (d) {
+    case 64: return replay_one<E, 64>(in, out, b, H, mask, scale, tq, tk, why);
+    case 128: return replay_one<E, 128>(in, out, b, H, mask, scale, tq, tk, why);
+    case 256: return replay_one<E, 256>(in, out, b, H, mask, scale, tq, tk, why);
+    default: why = "head dim " + std::to_string(d) + " has no small-seq kernel"; return false;
+  }
+}
+
+static int replay(const char* in_path, const char* out_path) {
+  FILE* in = std::fopen(in_path, "rb");
+  FILE* out = std::fopen(out_path, "wb");
+  if (!in || !out) {
+    std::printf("FAIL replay: cannot open %s or %s\n", in_path, out_path);
+    return 1;
+  }
+  for (long long rec = 0;; ++rec) {
+    int hdr[5];
+    if (std::fread(hdr, sizeof(int), 5, in) != 5) break;  // end of the records
+    float scale;
+    long long tq, tk;
+    std::string why;
+    bool ok = get(in, &scale) && get(in, &tq) && get(in, &tk);
+    const int kind = hdr[0], d = hdr[1], b = hdr[2], H = hdr[3], mask = hdr[4];
+    if (!ok) why = "truncated header";
+    else if (kind == 0) ok = replay_kind<BF16>(d, in, out, b, H, mask, scale, tq, tk, why);
+    else if (kind == 1) ok = replay_kind<F16>(d, in, out, b, H, mask, scale, tq, tk, why);
+    else ok = false, why = "kind " + std::to_string(kind);
+    if (!ok) {
+      std::printf("FAIL replay record %lld: %s\n", rec, why.c_str());
+      return 1;
+    }
+  }
+  std::fclose(out);
+  std::fclose(in);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--replay") return replay(argv[2], argv[3]);
   std::mt19937 rng(7);
   for (int rep = 0; rep < 4; ++rep) {
     test_mma<BF16>(rng, "bf16");
