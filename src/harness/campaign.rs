@@ -82,9 +82,15 @@ pub struct Report {
     pub coverage: BTreeMap<String, u64>,
     pub paths: BTreeMap<String, u64>,
     pub margins: BTreeMap<String, Percentiles>,
-    /// Per tensor, the verdicts whose tensor threshold reached `max |reference|` outside the
-    /// subnormal range (`Judgement::blind`): there only the per-row rule could fail an output.
+    /// Per tensor, the verdicts that an output of all zeros would have passed although its
+    /// elements lie outside their own rounding noise (`Judgement::blind`): blind spots of the
+    /// yardstick. 0 is the target.
     pub blind_verdicts: BTreeMap<String, u64>,
+    /// Per tensor, the verdicts whose every element lies inside the rounding noise of its own
+    /// terms, where zeros pass on the floors and allowances alone (`Judgement::indeterminate`):
+    /// the value is not determined at the working precision.
+    #[serde(default)]
+    pub indeterminate_verdicts: BTreeMap<String, u64>,
     /// The same margins, log-binned, for the histograms of `report.html`.
     pub margin_histograms: BTreeMap<String, crate::report::Histogram>,
     pub failures: Vec<FailureEntry>,
@@ -401,6 +407,7 @@ impl Campaign<'_> {
             paths: BTreeMap::new(),
             margins: BTreeMap::new(),
             blind_verdicts: BTreeMap::new(),
+            indeterminate_verdicts: BTreeMap::new(),
             margin_histograms: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
@@ -487,6 +494,11 @@ impl Merge<'_, '_> {
                 .push(j.margin);
             if j.blind {
                 *rep.blind_verdicts.entry(j.tensor.clone()).or_default() += 1;
+            }
+            if j.indeterminate {
+                *rep.indeterminate_verdicts
+                    .entry(j.tensor.clone())
+                    .or_default() += 1;
             }
         }
         rep.cases = local + 1;
@@ -652,6 +664,27 @@ pub fn markdown(rep: &Report) -> String {
             "Protocol overhead per worker request (round trip minus the worker's own time): \
              median {:.0} µs, p90 {:.0} µs, max {:.0} µs over {} requests.\n\n",
             o.p50, o.p90, o.max, o.n
+        ));
+    }
+    let per_tensor = |counts: &BTreeMap<String, u64>| {
+        counts
+            .iter()
+            .map(|(t, n)| format!("{t} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !rep.blind_verdicts.is_empty() {
+        m.push_str(&format!(
+            "Blind verdicts (an output of zeros would have passed): {} (docs/judgement.md, \
+             \"Blind verdicts\").\n\n",
+            per_tensor(&rep.blind_verdicts)
+        ));
+    }
+    if !rep.indeterminate_verdicts.is_empty() {
+        m.push_str(&format!(
+            "Indeterminate tensors (every element inside the rounding noise of its own terms): \
+             {}.\n\n",
+            per_tensor(&rep.indeterminate_verdicts)
         ));
     }
     m.push_str(&rep.dimensions.markdown());

@@ -55,6 +55,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.coverage.values_mut().for_each(|n| *n = 0);
     m.paths.clear();
     m.blind_verdicts.clear();
+    m.indeterminate_verdicts.clear();
     m.dimensions = Default::default();
     m.failures.clear();
     m.margin_samples.clear();
@@ -90,6 +91,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         add(&mut m.coverage, &r.coverage);
         add(&mut m.paths, &r.paths);
         add(&mut m.blind_verdicts, &r.blind_verdicts);
+        add(&mut m.indeterminate_verdicts, &r.indeterminate_verdicts);
         m.dimensions.merge(&r.dimensions);
         for (k, v) in &r.margin_samples {
             m.margin_samples

@@ -61,9 +61,15 @@ pub struct Judgement {
     pub worst: Option<Worst>,
     /// The per-row rule's worst row (None for lse).
     pub row: Option<RowVerdict>,
-    /// The tensor threshold reaches `max |reference|` (outside the subnormal range): the
-    /// tensor rule alone would pass any output, even all zeros.
+    /// An output of all zeros would pass (outside the subnormal range): the tensor threshold
+    /// reaches `max |reference|` and no row of zeros fails the per-row rule, though it would
+    /// fail without the emulation's error in the thresholds: a blind spot of the yardstick.
     pub blind: bool,
+    /// The tensor threshold reaches `max |reference|` and zeros pass the per-row rule on its
+    /// floors and per-element allowances alone: every element lies inside the rounding noise
+    /// of its own terms, so its value is not determined at the working precision (no judge
+    /// could tell zeros from it). Counted apart from `blind`.
+    pub indeterminate: bool,
 }
 
 impl Judgement {
@@ -283,6 +289,36 @@ pub(crate) fn margin_of(err: f64, threshold: f64) -> (f64, f64) {
     (if err == 0.0 { 0.0 } else { err / threshold }, threshold)
 }
 
+/// Largest relative emulation error, in units of the dtype, that a row's yardstick takes from
+/// its tensor. The floor is there for a row where the emulation happens to land exactly (a few
+/// units); uncapped, a tensor whose emulation is off by a quarter of its magnitude somewhere
+/// (dS cancelling in a few rows) gave every row a threshold above its own scale, and a tensor
+/// of zeros passed (docs/judgement.md, "Blind verdicts").
+const RELATIVE_FLOOR_CAP_UNITS: f64 = 4.0;
+
+/// The least emulation error a row's yardstick takes from its tensor: `relative` times the
+/// row's scale, or `absolute` where the row's scale lies in the subnormal range (precision is
+/// absolute there).
+#[derive(Clone, Copy)]
+struct RowFloors {
+    relative: f64,
+    absolute: f64,
+}
+
+impl RowFloors {
+    fn of(t: &Triple, tensor_emu: f64, mag: f64) -> RowFloors {
+        let relative = if mag > 0.0 {
+            (tensor_emu / mag).min(RELATIVE_FLOOR_CAP_UNITS * t.unit)
+        } else {
+            0.0
+        };
+        RowFloors {
+            relative,
+            absolute: tensor_emu,
+        }
+    }
+}
+
 /// The per-row rule: each (token, head) row of a 3-D tensor judged with its own scale and its
 /// own emulation error, `K·emu_err_row + FLOOR·(u·max|ref_row| + spacing)`, so that a row far
 /// below the tensor's largest value is not hidden under the tensor's threshold. Each element's
@@ -301,19 +337,14 @@ fn rows_verdict(
     t: &Triple,
     emu: &[RowMax],
     act: &[RowMax],
-    tensor_emu: f64,
-    mag: f64,
+    floors: RowFloors,
 ) -> Option<RowVerdict> {
     let shape = t.reference.shape();
     if shape.len() < 3 {
         return None; // lse: a row is one element, judged by the tensor rule
     }
     let heads = shape[1];
-    let relative = if mag > 0.0 {
-        (tensor_emu / mag).min(1.0)
-    } else {
-        0.0
-    };
+    let RowFloors { relative, absolute } = floors;
     let smallest_normal = t.min_spacing / (2.0 * t.unit);
     let mut worst: Option<RowVerdict> = None;
     for (row, (e, a)) in emu.iter().zip(act).enumerate() {
@@ -323,7 +354,7 @@ fn rows_verdict(
         }
         let scale = e.mag.min(t.max_finite);
         let yardstick = if scale < smallest_normal {
-            tensor_emu
+            absolute
         } else {
             relative * scale
         };
@@ -379,7 +410,51 @@ pub fn judge(t: &Triple) -> Judgement {
     );
     let worst_row = worst_of(&act_rows);
     let (tensor_margin, threshold) = margin_of(worst_row.err, threshold);
-    let row = rows_verdict(t, &emu_rows, &act_rows, emu_err, mag);
+    let floors = RowFloors::of(t, emu_err, mag);
+    let row = rows_verdict(t, &emu_rows, &act_rows, floors);
+    // Where the whole tensor lies in the subnormal range, precision is absolute and a
+    // threshold of a few spacings may exceed every value.
+    let smallest_normal = t.min_spacing / (2.0 * t.unit);
+    // Blind: an output of all zeros would pass both rules. The tensor rule alone is blind
+    // where its threshold reaches the reference's magnitude; then the row rule decides. Where
+    // zeros pass even with no yardstick term at all (the floors and the per-element allowances
+    // alone: every element lies inside the rounding noise of its own terms), no judge could
+    // tell zeros from the right value: that is `indeterminate`, not a blind spot.
+    let (blind, indeterminate) = if threshold >= mag && mag >= smallest_normal {
+        let zeros = ArrayD::zeros(t.reference.raw_dim());
+        let zero_rows = max_err(
+            &zeros,
+            &t.reference,
+            t.valid,
+            t.max_finite,
+            threshold,
+            Yard::Kernel(&t.emulated),
+            t.allowance.as_ref(),
+            t.order.as_ref(),
+        );
+        let passes = |emu: &[RowMax], floors: RowFloors| {
+            rows_verdict(t, emu, &zero_rows, floors).is_none_or(|r| r.margin <= 1.0)
+        };
+        // No yardstick: no row's own emulation error and no relative floor; subnormal rows
+        // keep the tensor's absolute noise, which is their precision.
+        let no_yardstick: Vec<RowMax> = emu_rows
+            .iter()
+            .map(|r| RowMax {
+                mag: r.mag,
+                ..RowMax::default()
+            })
+            .collect();
+        let within_noise = passes(
+            &no_yardstick,
+            RowFloors {
+                relative: 0.0,
+                ..floors
+            },
+        );
+        (!within_noise && passes(&emu_rows, floors), within_noise)
+    } else {
+        (false, false)
+    };
     let worst = worst_row
         .at
         .map(|((token, head, dim), value, expected)| Worst {
@@ -390,9 +465,6 @@ pub fn judge(t: &Triple) -> Judgement {
             value,
             expected,
         });
-    // Where the whole tensor lies in the subnormal range, precision is absolute and a
-    // threshold of a few spacings may exceed every value.
-    let smallest_normal = t.min_spacing / (2.0 * t.unit);
     Judgement {
         tensor: t.name.into(),
         err: worst_row.err,
@@ -401,7 +473,8 @@ pub fn judge(t: &Triple) -> Judgement {
         margin: row
             .as_ref()
             .map_or(tensor_margin, |r| r.margin.max(tensor_margin)),
-        blind: threshold >= mag && mag >= smallest_normal,
+        blind,
+        indeterminate,
         worst,
         row,
     }
@@ -738,6 +811,95 @@ mod tests {
             t[[1, 1, 0]] = f64::from(Dtype::Bf16.round_f64(t[[1, 1, 0]] * (1.0 + 1.0 / 128.0)));
         });
         assert!(j.passed(), "{j:?}");
+    }
+
+    /// A bf16 dK of two tokens × two heads × 4 dims, every row of scale 1 but for row (0, 0)
+    /// whose emulation is `emu_off` off (dS cancelling there), with per-element allowances
+    /// `allow` (None: none) and `edit` applied to the emulation's values for the actual.
+    fn one_noisy_row(
+        emu_off: f64,
+        allow: Option<f64>,
+        edit: impl Fn(&mut ArrayD<f64>),
+    ) -> Judgement {
+        let reference =
+            ndarray::Array3::from_shape_fn((2, 2, 4), |(_, _, d)| 1.0 + 0.1 * d as f64).into_dyn();
+        let mut emulated = reference.mapv(|x| f64::from(Dtype::Bf16.round_f64(x)));
+        emulated[[0, 0, 0]] += emu_off;
+        let mut actual = emulated.clone();
+        edit(&mut actual);
+        let valid = [true, true];
+        judge(&Triple {
+            name: "dk",
+            actual,
+            reference: reference.clone(),
+            emulated,
+            valid: &valid,
+            unit: Dtype::Bf16.unit_roundoff(),
+            min_magnitude: 0.0,
+            max_finite: f64::from(Dtype::Bf16.max_finite()),
+            min_spacing: Dtype::Bf16.smallest_subnormal(),
+            allowance: allow.map(|a| reference.mapv(|_| a)),
+            order: None,
+        })
+    }
+
+    #[test]
+    fn one_cancelling_row_no_longer_blinds_the_other_rows() {
+        let zero_row = |t: &mut ArrayD<f64>| t.slice_mut(ndarray::s![1, 1, ..]).fill(0.0);
+        // The emulation 0.4 off on one element: the tensor threshold (4·0.4 + floor) exceeds
+        // max|ref| = 1.3. Until the relative floor was capped, every row's yardstick took the
+        // tensor's relative error (0.31) and a zeroed row passed with margin 0.8.
+        let j = one_noisy_row(0.4, None, zero_row);
+        assert!(j.threshold >= 1.3, "{j:?}");
+        assert!(!j.passed(), "{j:?}");
+        let row = j.row.clone().unwrap();
+        assert_eq!((row.token, row.head), (1, 1));
+        assert!(row.margin > 10.0, "{row:?}");
+        // The correct output (the emulation) passes with a small margin, the noisy row included.
+        let j = one_noisy_row(0.4, None, |_| {});
+        assert!(j.passed() && j.margin <= 0.25 + 1e-9, "{j:?}");
+        // All zeros fail: not blind.
+        let j = one_noisy_row(0.4, None, |t| t.fill(0.0));
+        assert!(!j.passed() && !j.blind && !j.indeterminate, "{j:?}");
+    }
+
+    #[test]
+    fn values_inside_their_own_noise_are_indeterminate_not_blind() {
+        // Every element's allowance (the rounding noise of its own terms) exceeds its value:
+        // zeros pass on the allowances alone.
+        let j = one_noisy_row(0.4, Some(1.5), |t| t.fill(0.0));
+        assert!(j.passed() && j.indeterminate && !j.blind, "{j:?}");
+        // Allowances under the values: zeros fail.
+        let j = one_noisy_row(0.4, Some(0.5), |t| t.fill(0.0));
+        assert!(!j.passed() && !j.indeterminate && !j.blind, "{j:?}");
+    }
+
+    /// The boundary that remains (docs/judgement.md, "Blind verdicts"): a row whose own
+    /// emulation error is a third of its scale gives that row a threshold above its values, so
+    /// where every other row lies inside its own noise, zeros pass on that row's yardstick
+    /// alone: flagged blind and counted in report.json.
+    #[test]
+    fn a_row_as_noisy_as_its_values_is_the_blind_boundary() {
+        let reference = ndarray::arr3(&[[[1.0, 1.1]], [[1.0, 1.1]]]).into_dyn();
+        let mut emulated = reference.mapv(|x| f64::from(Dtype::Bf16.round_f64(x)));
+        emulated[[0, 0, 0]] += 0.4;
+        // Row 1 lies inside its allowance, row 0 does not.
+        let allowance = ndarray::arr3(&[[[0.2, 0.2]], [[1.5, 1.5]]]).into_dyn();
+        let valid = [true, true];
+        let j = judge(&Triple {
+            name: "dk",
+            actual: reference.mapv(|_| 0.0),
+            reference,
+            emulated,
+            valid: &valid,
+            unit: Dtype::Bf16.unit_roundoff(),
+            min_magnitude: 0.0,
+            max_finite: f64::from(Dtype::Bf16.max_finite()),
+            min_spacing: Dtype::Bf16.smallest_subnormal(),
+            allowance: Some(allowance),
+            order: None,
+        });
+        assert!(j.passed() && j.blind && !j.indeterminate, "{j:?}");
     }
 
     #[test]
