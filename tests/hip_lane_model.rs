@@ -192,7 +192,7 @@ fn rate_draws() -> u64 {
 /// emulation more often than the model does (CUDA's H200 figures sit 4-6x under its budgets).
 const HEADROOM: f64 = 4.0;
 /// Largest case the model replays, in wavefronts (slots × heads).
-const MAX_WAVES: i32 = 64;
+const MAX_WAVES: i32 = 512;
 
 fn small_seq_cases(draws: u64) -> Vec<Case> {
     (0..draws)

@@ -143,6 +143,10 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
             (8, 192),
             (2, 512),
             (5, 16),
+            // Head dims of real models outside the powers of two (80: Phi-2; 96: GPT-2
+            // small-scale variants), so the coverage's `other` is reached.
+            (3, 80),
+            (2, 96),
         ])
     };
     let head_dim_v = if !eligible && d.percent(5) {

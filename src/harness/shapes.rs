@@ -1,5 +1,5 @@
 //! Production-shaped geometries for the native campaign: the head counts, GQA groups and head
-//! dims of real models (H and Hkv up to 64, groups 1–16, D 64/128/256, bf16/f16), with slot
+//! dims of real models (H and Hkv up to 128, groups 1–16, D 64/128/256, bf16/f16), with slot
 //! counts scaled so that a case's work stays near the rest of the campaign's. With one group
 //! (H == Hkv) they run on the small-seq path; GQA groups take the fallback and reach its head
 //! indexing at production counts.
@@ -23,7 +23,17 @@ pub fn draw_production<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     let dtype = d.pick(&[Dtype::Bf16, Dtype::F16]);
     let group = d.weighted(&[(75, 1), (5, 2), (5, 4), (5, 8), (5, 16), (5, 3)]);
     let kv_heads = if group == 1 {
-        d.weighted(&[(15, 8), (30, 16), (30, 32), (10, 40), (15, 64)])
+        // 96 and 128 heads (GPT-3, the largest MHA models): the coverage's `65+` for kv heads
+        // and for the small-seq path's heads, otherwise never drawn.
+        d.weighted(&[
+            (15, 8),
+            (28, 16),
+            (28, 32),
+            (10, 40),
+            (11, 64),
+            (4, 96),
+            (4, 128),
+        ])
     } else {
         d.weighted(&[(25, 1), (25, 2), (25, 4), (15, 8), (10, 16)])
     };
