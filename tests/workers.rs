@@ -1,7 +1,8 @@
 //! Worker processes end to end (`docs/worker-protocol.md`): the same report through workers
-//! for any `--jobs`; planted crashes, aborts and hangs each cost their case only (capsule,
-//! rerun on a fresh worker, exit 1) and the printed repro command faults again; shards merge
-//! into the unsharded report; workers that break the protocol are clear errors.
+//! for any `--jobs`; planted crashes, aborts and hangs each cost their case
+//! only (capsule, rerun on a fresh worker, exit 1) and the printed repro command faults again;
+//! a fault that does not recur on the rerun is called flaky; shards merge into the unsharded
+//! report; workers that break the protocol are clear errors.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -111,8 +112,10 @@ fn workers_judge_like_the_process_for_any_jobs() {
 }
 
 /// A campaign with a planted worker fault: exit 1, one failure per triggering case with its
-/// capsule, every other case judged, and the printed repro line faults again.
-fn planted_fault(mode: &str, prop: &str) {
+/// capsule, each called `how` (`deterministic` or `flaky`) by its rerun on a fresh worker,
+/// every other case judged, and the printed repro line, replaying the fault the capsule
+/// records, faults again. Returns the report.
+fn planted_fault(mode: &str, prop: &str, how: &str) -> Value {
     let dir = out_dir(mode);
     let env = [("SMALLSEQ_MUTANT_FAULT", mode)];
     let args = [
@@ -135,8 +138,8 @@ fn planted_fault(mode: &str, prop: &str) {
     for f in failures {
         assert_eq!(f["property"], prop, "{f}");
         assert!(
-            f["detail"].as_str().unwrap().contains("deterministic"),
-            "the rerun on a fresh worker faults too: {f}"
+            f["detail"].as_str().unwrap().contains(&format!("({how}: ")),
+            "the rerun on a fresh worker calls it {how}: {f}"
         );
         assert!(Path::new(f["capsule"].as_str().unwrap()).is_file());
     }
@@ -164,22 +167,46 @@ fn planted_fault(mode: &str, prop: &str) {
     let o = c.output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("SMALLSEQ_MUTANT_FAULT={mode}\n")),
+        "the capsule records the fault as it was planted: {text}"
+    );
     assert!(text.contains(&format!("{prop}: FAIL")), "{text}");
+    r
 }
 
 #[test]
 fn a_panicking_worker_costs_its_cases_only() {
-    planted_fault("panic", "crash");
+    planted_fault("panic", "crash", "deterministic");
 }
 
 #[test]
 fn an_aborting_worker_costs_its_cases_only() {
-    planted_fault("abort", "crash");
+    planted_fault("abort", "crash", "deterministic");
 }
 
 #[test]
 fn a_hanging_worker_is_killed_and_costs_its_cases_only() {
-    planted_fault("hang", "hang");
+    planted_fault("hang", "hang", "deterministic");
+}
+
+/// A fault on the first attempt at a case only (`panic-once`): the rerun on a fresh worker
+/// completes, so each triggering case is a flaky crash, with its capsule, and the campaign
+/// still exits 1. Every case that triggers is one of them: the rerun's runs derived from the
+/// case do not fault either.
+#[test]
+fn a_fault_that_does_not_recur_on_a_fresh_worker_is_flaky() {
+    let flaky = planted_fault("panic-once", "crash", "flaky");
+    // The same campaign with the fault on every attempt (planted_fault's arguments).
+    let dir = out_dir("panic-always");
+    let args = ["--isolate", "--cases", "20", "--seed", "3", "--jobs", "2"];
+    let o = fuzz(&args, &dir, &[("SMALLSEQ_MUTANT_FAULT", "panic")]);
+    assert_eq!(o.status.code(), Some(1));
+    let cases = |r: &Value| -> Vec<Value> {
+        let f = r["failures"].as_array().unwrap();
+        f.iter().map(|f| f["case"].clone()).collect()
+    };
+    assert_eq!(cases(&flaky), cases(&report(&dir)));
 }
 
 #[test]
