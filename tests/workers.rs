@@ -1,5 +1,5 @@
 //! Worker processes end to end (`docs/worker-protocol.md`): the same report through workers
-//! for any `--jobs`; planted crashes, aborts and hangs each cost their case
+//! for any `--jobs` and `--devices`; planted crashes, aborts and hangs each cost their case
 //! only (capsule, rerun on a fresh worker, exit 1) and the printed repro command faults again;
 //! a fault that does not recur on the rerun is called flaky; shards merge into the unsharded
 //! report; workers that break the protocol are clear errors.
@@ -107,6 +107,65 @@ fn workers_judge_like_the_process_for_any_jobs() {
                 .unwrap()
                 .contains("Protocol overhead per worker request"),
             "jobs {jobs}"
+        );
+    }
+}
+
+/// `verdict` with the crash and hang counts, for comparing worker campaigns with each other.
+fn worker_verdict(r: &Value) -> Value {
+    serde_json::json!([
+        verdict(r),
+        r["properties"]["crash"],
+        r["properties"]["hang"]
+    ])
+}
+
+/// `--devices` spreads the workers round-robin over the devices (a CPU worker takes
+/// `--device N` and has one device to run on): which worker judged a case must change no
+/// verdict and no case's place in the report.
+#[test]
+fn spreading_workers_over_devices_changes_no_verdict() {
+    // A planted panic puts crashes, their reruns and their case order into what is compared.
+    let env = [("SMALLSEQ_MUTANT_FAULT", "panic")];
+    let run = |tag: &str, extra: &[&str]| {
+        let dir = out_dir(tag);
+        let mut args = vec!["--isolate", "--cases", "24", "--seed", "3"];
+        args.extend(extra);
+        let o = fuzz(&args, &dir, &env);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{tag}: {stderr}");
+        (report(&dir), stderr)
+    };
+    let (want, stderr) = run("nodevices", &["--jobs", "3"]);
+    assert!(stderr.contains("on device(s) 0,0,0;"), "{stderr}");
+    assert!(
+        !want["failures"].as_array().unwrap().is_empty(),
+        "the planted panic fires in these cases: {want}"
+    );
+    for (devices, jobs, placed) in [("0,1", "3", "0,1,0"), ("1,0", "2", "1,0")] {
+        let (r, stderr) = run(
+            &format!("devices{}", devices.replace(',', "")),
+            &["--devices", devices, "--jobs", jobs],
+        );
+        // The placement is what was asked for, so the comparison below is not vacuous.
+        assert!(
+            stderr.contains(&format!("on device(s) {placed};")),
+            "--devices {devices}: {stderr}"
+        );
+        assert_eq!(
+            worker_verdict(&r),
+            worker_verdict(&want),
+            "--devices {devices} --jobs {jobs}"
+        );
+        // The report names the first worker's command: a CPU worker told `--device 1` ran.
+        let first = devices.split(',').next().unwrap();
+        assert!(
+            r["worker"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("--device {first} ")),
+            "{}",
+            r["worker"]
         );
     }
 }
