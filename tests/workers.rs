@@ -1,7 +1,8 @@
 //! Worker processes end to end (`docs/worker-protocol.md`): the same report through workers
-//! for any `--jobs`; planted crashes, aborts and hangs each cost their case only (capsule,
-//! rerun on a fresh worker, exit 1) and the printed repro command faults again; shards merge
-//! into the unsharded report; workers that break the protocol are clear errors.
+//! for any `--jobs` and `--devices`; planted crashes, aborts and hangs each cost their case
+//! only (capsule, rerun on a fresh worker, exit 1) and the printed repro command faults again;
+//! a fault that does not recur on the rerun is called flaky; shards merge into the unsharded
+//! report; workers that break the protocol are clear errors.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -110,9 +111,70 @@ fn workers_judge_like_the_process_for_any_jobs() {
     }
 }
 
+/// `verdict` with the crash and hang counts, for comparing worker campaigns with each other.
+fn worker_verdict(r: &Value) -> Value {
+    serde_json::json!([
+        verdict(r),
+        r["properties"]["crash"],
+        r["properties"]["hang"]
+    ])
+}
+
+/// `--devices` spreads the workers round-robin over the devices (a CPU worker takes
+/// `--device N` and has one device to run on): which worker judged a case must change no
+/// verdict and no case's place in the report.
+#[test]
+fn spreading_workers_over_devices_changes_no_verdict() {
+    // A planted panic puts crashes, their reruns and their case order into what is compared.
+    let env = [("SMALLSEQ_MUTANT_FAULT", "panic")];
+    let run = |tag: &str, extra: &[&str]| {
+        let dir = out_dir(tag);
+        let mut args = vec!["--isolate", "--cases", "24", "--seed", "3"];
+        args.extend(extra);
+        let o = fuzz(&args, &dir, &env);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{tag}: {stderr}");
+        (report(&dir), stderr)
+    };
+    let (want, stderr) = run("nodevices", &["--jobs", "3"]);
+    assert!(stderr.contains("on device(s) 0,0,0;"), "{stderr}");
+    assert!(
+        !want["failures"].as_array().unwrap().is_empty(),
+        "the planted panic fires in these cases: {want}"
+    );
+    for (devices, jobs, placed) in [("0,1", "3", "0,1,0"), ("1,0", "2", "1,0")] {
+        let (r, stderr) = run(
+            &format!("devices{}", devices.replace(',', "")),
+            &["--devices", devices, "--jobs", jobs],
+        );
+        // The placement is what was asked for, so the comparison below is not vacuous.
+        assert!(
+            stderr.contains(&format!("on device(s) {placed};")),
+            "--devices {devices}: {stderr}"
+        );
+        assert_eq!(
+            worker_verdict(&r),
+            worker_verdict(&want),
+            "--devices {devices} --jobs {jobs}"
+        );
+        // The report names the first worker's command: a CPU worker told `--device 1` ran.
+        let first = devices.split(',').next().unwrap();
+        assert!(
+            r["worker"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("--device {first} ")),
+            "{}",
+            r["worker"]
+        );
+    }
+}
+
 /// A campaign with a planted worker fault: exit 1, one failure per triggering case with its
-/// capsule, every other case judged, and the printed repro line faults again.
-fn planted_fault(mode: &str, prop: &str) {
+/// capsule, each called `how` (`deterministic` or `flaky`) by its rerun on a fresh worker,
+/// every other case judged, and the printed repro line, replaying the fault the capsule
+/// records, faults again. Returns the report.
+fn planted_fault(mode: &str, prop: &str, how: &str) -> Value {
     let dir = out_dir(mode);
     let env = [("SMALLSEQ_MUTANT_FAULT", mode)];
     let args = [
@@ -135,8 +197,8 @@ fn planted_fault(mode: &str, prop: &str) {
     for f in failures {
         assert_eq!(f["property"], prop, "{f}");
         assert!(
-            f["detail"].as_str().unwrap().contains("deterministic"),
-            "the rerun on a fresh worker faults too: {f}"
+            f["detail"].as_str().unwrap().contains(&format!("({how}: ")),
+            "the rerun on a fresh worker calls it {how}: {f}"
         );
         assert!(Path::new(f["capsule"].as_str().unwrap()).is_file());
     }
@@ -164,22 +226,46 @@ fn planted_fault(mode: &str, prop: &str) {
     let o = c.output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("SMALLSEQ_MUTANT_FAULT={mode}\n")),
+        "the capsule records the fault as it was planted: {text}"
+    );
     assert!(text.contains(&format!("{prop}: FAIL")), "{text}");
+    r
 }
 
 #[test]
 fn a_panicking_worker_costs_its_cases_only() {
-    planted_fault("panic", "crash");
+    planted_fault("panic", "crash", "deterministic");
 }
 
 #[test]
 fn an_aborting_worker_costs_its_cases_only() {
-    planted_fault("abort", "crash");
+    planted_fault("abort", "crash", "deterministic");
 }
 
 #[test]
 fn a_hanging_worker_is_killed_and_costs_its_cases_only() {
-    planted_fault("hang", "hang");
+    planted_fault("hang", "hang", "deterministic");
+}
+
+/// A fault on the first attempt at a case only (`panic-once`): the rerun on a fresh worker
+/// completes, so each triggering case is a flaky crash, with its capsule, and the campaign
+/// still exits 1. Every case that triggers is one of them: the rerun's runs derived from the
+/// case do not fault either.
+#[test]
+fn a_fault_that_does_not_recur_on_a_fresh_worker_is_flaky() {
+    let flaky = planted_fault("panic-once", "crash", "flaky");
+    // The same campaign with the fault on every attempt (planted_fault's arguments).
+    let dir = out_dir("panic-always");
+    let args = ["--isolate", "--cases", "20", "--seed", "3", "--jobs", "2"];
+    let o = fuzz(&args, &dir, &[("SMALLSEQ_MUTANT_FAULT", "panic")]);
+    assert_eq!(o.status.code(), Some(1));
+    let cases = |r: &Value| -> Vec<Value> {
+        let f = r["failures"].as_array().unwrap();
+        f.iter().map(|f| f["case"].clone()).collect()
+    };
+    assert_eq!(cases(&flaky), cases(&report(&dir)));
 }
 
 #[test]

@@ -268,7 +268,10 @@ impl Campaign<'_> {
     /// order. Whatever ends the campaign (budget, `stop`, a failure with `stop_on_failure`,
     /// an error, a panic on either side) halts the workers; results of cases past the end are
     /// dropped, as one thread would not have started them. A worker's panic is the error of
-    /// its case.
+    /// its case. `stop` ends the campaign after the cases already started, as with one thread:
+    /// the workers start no other, and those they finish are merged up to the first gap (a
+    /// case picked but not started): a fault one of them met (a crash, a hang that took its
+    /// timeout) has its capsule and failure like any other.
     fn run_parallel(
         &self,
         merge: &mut Merge,
@@ -293,7 +296,8 @@ impl Campaign<'_> {
                         break;
                     }
                     while i >= merged.load(Ordering::SeqCst) + ahead {
-                        if halt.load(Ordering::SeqCst) {
+                        // Not started yet: after `stop`, never.
+                        if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
                             return;
                         }
                         std::thread::sleep(Duration::from_millis(1));
@@ -316,8 +320,12 @@ impl Campaign<'_> {
             let mut pending: BTreeMap<u64, Result<Checked>> = BTreeMap::new();
             let mut outcome = Ok(());
             let mut merging = true;
+            // `stop` came while cases remained to merge: the campaign is interrupted, unless
+            // the cases started before it complete the budget.
+            let mut stopped = false;
             loop {
-                merging = merging && !merge.halt_before(merged.load(Ordering::SeqCst), stop);
+                merging = merging && !merge.spent_before(merged.load(Ordering::SeqCst));
+                stopped |= merging && stop.load(Ordering::SeqCst);
                 while merging {
                     let i = merged.load(Ordering::SeqCst);
                     let Some(checked) = pending.remove(&i) else {
@@ -326,7 +334,7 @@ impl Campaign<'_> {
                     match merge.take(i, checked, stop, progress) {
                         Ok(true) => {
                             merged.store(i + 1, Ordering::SeqCst);
-                            merging = !merge.halt_before(i + 1, stop);
+                            merging = !merge.spent_before(i + 1);
                         }
                         Ok(false) => merging = false,
                         Err(e) => {
@@ -351,6 +359,9 @@ impl Campaign<'_> {
                         }
                     }
                 }
+            }
+            if stopped && !merge.spent_before(merged.load(Ordering::SeqCst)) {
+                merge.rep.interrupted = true;
             }
             outcome
         })
@@ -438,13 +449,18 @@ impl Merge<'_, '_> {
         }
     }
 
+    /// Whether the budget is spent before case `i`.
+    fn spent_before(&self, i: u64) -> bool {
+        match self.campaign.budget {
+            Budget::Cases(n) => self.campaign.shard.global(i) >= n,
+            Budget::Time(t) => self.start.elapsed() >= t,
+        }
+    }
+
     /// Whether the campaign ends before case `i` (budget spent, or `stop` set: then the
     /// report is marked interrupted).
     fn halt_before(&mut self, i: u64, stop: &AtomicBool) -> bool {
-        let spent = match self.campaign.budget {
-            Budget::Cases(n) => self.campaign.shard.global(i) >= n,
-            Budget::Time(t) => self.start.elapsed() >= t,
-        };
+        let spent = self.spent_before(i);
         if !spent && stop.load(Ordering::SeqCst) {
             self.rep.interrupted = true;
             return true;

@@ -18,7 +18,7 @@ use crate::runner::Caps;
 use crate::wrapper::{self, RunOptions};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// A planted worker fault (`SMALLSEQ_MUTANT_FAULT`): what the CPU worker does on a case that
@@ -31,6 +31,9 @@ pub enum PlantedFault {
     Abort,
     /// Sleeps forever: the campaign's case timeout must fire.
     Hang,
+    /// `panic!` on the first attempt at a case only: the rerun on a fresh worker completes,
+    /// so the campaign calls the fault flaky. See [`PlantedFault::first_attempt`].
+    PanicOnce,
 }
 
 /// The variable that plants a fault in a CPU worker.
@@ -40,16 +43,28 @@ impl PlantedFault {
     /// The fault named by [`FAULT_VAR`], if any.
     ///
     /// # Errors
-    /// [`Error::Config`] for a value other than `panic`, `abort`, `hang`.
+    /// [`Error::Config`] for a value other than `panic`, `abort`, `hang`, `panic-once`.
     pub fn from_env() -> Result<Option<PlantedFault>> {
         match std::env::var(FAULT_VAR).ok().as_deref() {
             None | Some("") => Ok(None),
             Some("panic") => Ok(Some(PlantedFault::Panic)),
             Some("abort") => Ok(Some(PlantedFault::Abort)),
             Some("hang") => Ok(Some(PlantedFault::Hang)),
+            Some("panic-once") => Ok(Some(PlantedFault::PanicOnce)),
             Some(other) => Err(Error::config(format!(
-                "{FAULT_VAR}={other}: expected panic, abort or hang"
+                "{FAULT_VAR}={other}: expected panic, abort, hang or panic-once"
             ))),
+        }
+    }
+
+    /// The value of [`FAULT_VAR`] that plants it (what the handshake's provenance records,
+    /// and `smallseq repro` sets again).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlantedFault::Panic => "panic",
+            PlantedFault::Abort => "abort",
+            PlantedFault::Hang => "hang",
+            PlantedFault::PanicOnce => "panic-once",
         }
     }
 
@@ -59,9 +74,58 @@ impl PlantedFault {
         (0..case.layout.slots()).any(|s| case.layout.q.len(s) == 7)
     }
 
+    /// Whether a triggering `case`, read from `case_file`, is the first attempt at its case;
+    /// for [`PlantedFault::PanicOnce`] it is marked attempted here, before the fault fires.
+    ///
+    /// The campaign reruns a faulted case on a fresh worker process, so "first" cannot be a
+    /// count in this process (it would fire again there and the fault would be deterministic);
+    /// it is a marker file beside the case file, in the campaign's scratch directory, which
+    /// every worker of the campaign shares and the campaign removes at its end (so each
+    /// campaign, and each `smallseq repro`, starts with the fault armed). A case is its
+    /// 7-token query slots: the rerun also sends the runs derived from the case (re-poisoned
+    /// padding, slots reversed or split, K and V repeated, V scaled), whose files and
+    /// geometry differ but which carry the query rows of at least one of those slots
+    /// unchanged; a marker per slot, by the bits of its query rows, covers them all.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a marker cannot be written (the fault would otherwise recur and
+    /// pass for a deterministic one).
+    fn first_attempt(self, case: &Case, case_file: &Path) -> Result<bool> {
+        if self != PlantedFault::PanicOnce {
+            return Ok(true);
+        }
+        let dir = case_file.parent().unwrap_or(Path::new("."));
+        let q = &case.layout.q;
+        let markers: Vec<PathBuf> = (0..q.slots())
+            .filter(|&s| q.len(s) == 7)
+            .map(|s| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::hash::DefaultHasher::new();
+                // Rows past the buffer are not there to hash: the case file was validated.
+                for row in case.q.outer_iter().skip(q.offset(s)).take(7) {
+                    row.iter().for_each(|x| x.to_bits().hash(&mut h));
+                }
+                dir.join(format!("panic-once-{:016x}.attempted", h.finish()))
+            })
+            .collect();
+        if markers.iter().any(|m| m.exists()) {
+            return Ok(false);
+        }
+        for m in &markers {
+            std::fs::write(m, b"").map_err(|source| Error::Io {
+                path: m.display().to_string(),
+                source,
+            })?;
+        }
+        Ok(true)
+    }
+
     fn fire(self) -> ! {
         match self {
             PlantedFault::Panic => panic!("planted fault: {FAULT_VAR}=panic on a 7-token query"),
+            PlantedFault::PanicOnce => panic!(
+                "planted fault: {FAULT_VAR}=panic-once on the first attempt at a 7-token query"
+            ),
             PlantedFault::Abort => std::process::abort(),
             PlantedFault::Hang => loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -90,7 +154,7 @@ pub fn serve(
     if let Some(f) = planted {
         provenance.insert(
             "planted_fault".into(),
-            serde_json::Value::String(format!("{f:?}").to_lowercase()),
+            serde_json::Value::String(f.name().into()),
         );
     }
     let hs = Handshake {
@@ -252,7 +316,9 @@ fn handle(
     let case = cases.get(case_path)?;
     let opts = options_of(req, base)?;
     if let Some(f) = planted.filter(|_| PlantedFault::triggers(case)) {
-        f.fire();
+        if f.first_attempt(case, Path::new(case_path))? {
+            f.fire();
+        }
     }
     let out = Path::new(out);
     if let Some(from) = &req.lse_from {
