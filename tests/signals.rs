@@ -28,12 +28,13 @@ fn json(path: &Path) -> serde_json::Value {
 fn under_timeout(signal: Option<&str>, out: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let mut args = vec!["--jobs", "1"];
     args.extend(extra);
-    under_timeout_with(signal, out, &args, &[])
+    under_timeout_with(signal, 3, out, &args, &[])
 }
 
 /// `under_timeout` with the arguments after `--out DIR` all given, and variables added.
 fn under_timeout_with(
     signal: Option<&str>,
+    secs: u32,
     out: &Path,
     extra: &[&str],
     env: &[(&str, &str)],
@@ -43,7 +44,7 @@ fn under_timeout_with(
     if let Some(s) = signal {
         c.args(["-s", s]);
     }
-    c.arg("3")
+    c.arg(secs.to_string())
         .arg(env!("CARGO_BIN_EXE_smallseq"))
         .args(["fuzz", "--time", "300s", "--out"])
         .arg(out)
@@ -246,7 +247,10 @@ fn timeout_through_workers_leaves_a_complete_report_and_no_worker() {
                     extra.extend(["--shrink-time", "60s", "--case-timeout", "2s"]);
                     env.push(("SMALLSEQ_MUTANT_FAULT", f));
                 }
-                let (code, stderr) = under_timeout_with(signal, &out, &extra, &env);
+                // 6 s: the workers start (the first alone) and the hang run's case 0 takes its
+                // 2 s timeout before the signal, even with the whole test suite on two cores
+                // (at 3 s a loaded run had not started a case yet: a report of 0 cases).
+                let (code, stderr) = under_timeout_with(signal, 6, &out, &extra, &env);
                 // Looked for at once: a worker the campaign did not stop before it exited is
                 // still there (one reading a closed stdin may be about to exit, but a hung
                 // one never will).
