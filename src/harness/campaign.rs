@@ -360,6 +360,9 @@ impl Campaign<'_> {
                     }
                 }
             }
+            // The stop may come while a case is merged (a shrink cut short by it) and the rest
+            // merge before the loop looks again.
+            stopped |= merging && stop.load(Ordering::SeqCst);
             if stopped && !merge.spent_before(merged.load(Ordering::SeqCst)) {
                 merge.rep.interrupted = true;
             }
