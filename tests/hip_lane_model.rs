@@ -33,8 +33,8 @@ fn clang() -> Option<String> {
         .map(String::from)
 }
 
-/// Builds the model with `defines` and runs it: (exit success, stdout).
-fn build_and_run(cc: &str, name: &str, defines: &[&str]) -> (bool, String) {
+/// Builds the model with `defines` into the test's scratch directory as `name`.
+fn build_model(cc: &str, name: &str, defines: &[&str]) -> std::path::PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     // -O0: the model's run time is its thread exchanges; optimising the kernels' host copy
@@ -52,6 +52,12 @@ fn build_and_run(cc: &str, name: &str, defines: &[&str]) -> (bool, String) {
         "{cc} failed on tests/hip_model/model.cpp {defines:?}:\n{}",
         String::from_utf8_lossy(&build.stderr)
     );
+    exe
+}
+
+/// Builds the model with `defines` and runs it: (exit success, stdout).
+fn build_and_run(cc: &str, name: &str, defines: &[&str]) -> (bool, String) {
+    let exe = build_model(cc, name, defines);
     let run = Command::new(&exe).output().expect("running the model");
     let out = format!(
         "{}{}",
@@ -296,27 +302,10 @@ fn model_rates(
     defines: &[&str],
     cases: &[Case],
 ) -> BTreeMap<&'static str, ModelRates> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut with_small_only = vec!["HIP_MODEL_SMALL_SEQ_ONLY"];
+    with_small_only.extend_from_slice(defines);
+    let exe = build_model(cc, name, &with_small_only);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let exe = dir.join(name);
-    let build = Command::new(cc)
-        .args([
-            "--driver-mode=g++",
-            "-std=c++20",
-            "-O0",
-            "-DHIP_MODEL_SMALL_SEQ_ONLY",
-        ])
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root.join("tests/hip_model/model.cpp"))
-        .output()
-        .expect("running the compiler");
-    assert!(
-        build.status.success(),
-        "{}",
-        String::from_utf8_lossy(&build.stderr)
-    );
     let mut input = Vec::new();
     cases.iter().for_each(|c| record(c, &mut input));
     let (inp, outp) = (

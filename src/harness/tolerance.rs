@@ -398,16 +398,21 @@ pub fn judge(t: &Triple) -> Judgement {
     );
     let emu_err = worst_of(&emu_rows).err;
     let threshold = K * emu_err.min(f64::MAX) + floor;
-    let act_rows = max_err(
-        &t.actual,
-        &t.reference,
-        t.valid,
-        t.max_finite,
-        threshold,
-        Yard::Kernel(&t.emulated),
-        t.allowance.as_ref(),
-        t.order.as_ref(),
-    );
+    // A kernel's output (or, below, an output of zeros) judged as the kernel's: against the
+    // reference, with the emulation as yardstick and every allowance.
+    let kernel_rows = |out: &ArrayD<f64>| {
+        max_err(
+            out,
+            &t.reference,
+            t.valid,
+            t.max_finite,
+            threshold,
+            Yard::Kernel(&t.emulated),
+            t.allowance.as_ref(),
+            t.order.as_ref(),
+        )
+    };
+    let act_rows = kernel_rows(&t.actual);
     let worst_row = worst_of(&act_rows);
     let (tensor_margin, threshold) = margin_of(worst_row.err, threshold);
     let floors = RowFloors::of(t, emu_err, mag);
@@ -421,17 +426,7 @@ pub fn judge(t: &Triple) -> Judgement {
     // alone: every element lies inside the rounding noise of its own terms), no judge could
     // tell zeros from the right value: that is `indeterminate`, not a blind spot.
     let (blind, indeterminate) = if threshold >= mag && mag >= smallest_normal {
-        let zeros = ArrayD::zeros(t.reference.raw_dim());
-        let zero_rows = max_err(
-            &zeros,
-            &t.reference,
-            t.valid,
-            t.max_finite,
-            threshold,
-            Yard::Kernel(&t.emulated),
-            t.allowance.as_ref(),
-            t.order.as_ref(),
-        );
+        let zero_rows = kernel_rows(&ArrayD::zeros(t.reference.raw_dim()));
         let passes = |emu: &[RowMax], floors: RowFloors| {
             rows_verdict(t, emu, &zero_rows, floors).is_none_or(|r| r.margin <= 1.0)
         };
