@@ -152,3 +152,22 @@ fn a_split_launch_overflowing_next_to_the_limit_is_no_disagreement() {
         .unwrap();
     assert!(run.failures().is_empty(), "{:?}", run.failures());
 }
+
+/// A relation's other run standing in for the reference held an infinity: an f16 dQ whose
+/// rounding allowance (dS cancelling, scale 3) exceeds the distance to the limit, 6,352 in the
+/// base run and -inf in the MHA run of the GQA relation, each within its allowance of the
+/// reference; the comparison read the -inf as infinitely far (CPU fuzz seed 2071, case
+/// 14143, shrunk; case 5916 of the same campaign was the batch split's twin, a dK of 812,541
+/// stored +inf on one path and -inf on the other). A stored infinity is now the limit in its
+/// direction there too, as the tolerance rule reads it.
+#[test]
+fn a_relation_whose_other_run_stored_an_infinity_compares_it_as_the_limit() {
+    use smallseq::backend::cpu::CpuBackend;
+    use smallseq::harness::props::Checker;
+    let case = capsule("cpu-f16-gqa-relation-dq-opposite-infinity.safetensors");
+    let replay: serde_json::Value = serde_json::from_str(&case.meta["smallseq.replay"]).unwrap();
+    let salt = replay["salt"].as_u64().unwrap();
+    let be = CpuBackend::default();
+    let run = Checker::isolated(&be).check(&case, salt).unwrap();
+    assert!(run.failures().is_empty(), "{:?}", run.failures());
+}
