@@ -7,7 +7,7 @@ use smallseq_reference::{Dtype, Window};
 
 /// Every class name, in report order: the geometry's, then the data classes
 /// ([`DataClass::SHAPED`]) and production head counts (issue 18).
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 24] = [
     "batch0",
     "empty_slot",
     "trailing_unused",
@@ -16,6 +16,7 @@ pub const ALL: [&str; 23] = [
     "len16",
     "len17",
     "len18",
+    "len_fallback_tile_edge",
     "span18_len_le17",
     "cross_q1",
     "q_gt_kv",
@@ -62,6 +63,11 @@ pub fn classify(case: &Case, segment_split: bool, poisoned: bool) -> Vec<&'stati
     for (name, n) in [("len16", 16), ("len17", 17), ("len18", 18)] {
         tag(name, lens.iter().any(|&(q, k)| q == n || k == n));
     }
+    let on_tile_edge = |n: usize| super::gen::FALLBACK_TILE_EDGES.contains(&n);
+    tag(
+        "len_fallback_tile_edge",
+        lens.iter().any(|&(q, k)| on_tile_edge(q) || on_tile_edge(k)),
+    );
     tag(
         "span18_len_le17",
         (l.q.max_span() >= 18 && l.q.max_len() <= 17)

@@ -30,7 +30,9 @@ const HEAD_BUCKETS: [&str; 9] = ["1", "2", "3", "4", "5-8", "9-16", "17-32", "33
 const GROUP_BUCKETS: [&str; 6] = ["1", "2", "3", "4", "5-8", "9-16"];
 const DIMS: [&str; 8] = ["16", "32", "64", "128", "192", "256", "512", "other"];
 const SLOTS: [&str; 5] = ["0", "1", "2-4", "5-16", "17+"];
-const LENGTHS: [&str; 8] = ["0", "1", "2-14", "15", "16", "17", "18", "19+"];
+const LENGTHS: [&str; 11] = [
+    "0", "1", "2-14", "15", "16", "17", "18", "19-30", "32k", "32k±1", "other 33+",
+];
 const WINDOWS: [&str; 4] = ["none", "left", "right", "both"];
 const LAYOUTS: [&str; 4] = ["thd_packed", "thd_padded", "thd_segments", "bshd"];
 const DISTS: [&str; 5] = ["randn", "small_ints", "spiky", "near_tie", "large"];
@@ -72,9 +74,17 @@ fn dim(d: usize) -> String {
     }
 }
 
+/// A slot length's bucket: the small-seq tile edges one by one, and past 31 the fallback's
+/// (a multiple of 32, `32k`; one either side of it, `32k±1`).
 fn length(l: usize) -> String {
-    bucket(l, &[(2, 14, "2-14")])
-        .unwrap_or_else(|| if l > 18 { "19+".into() } else { l.to_string() })
+    match l {
+        2..=14 => "2-14".into(),
+        19..=30 => "19-30".into(),
+        _ if l < 19 => l.to_string(),
+        _ if l % 32 == 0 => "32k".into(),
+        _ if l % 32 == 1 || l % 32 == 31 => "32k±1".into(),
+        _ => "other 33+".into(),
+    }
 }
 
 fn window(w: Window) -> &'static str {
@@ -327,7 +337,11 @@ mod tests {
         assert_eq!(heads(3), "3");
         assert_eq!(heads(200), "65+");
         assert_eq!(length(17), "17");
-        assert_eq!(length(40), "19+");
+        assert_eq!(length(30), "19-30");
+        assert_eq!(length(31), "32k±1");
+        assert_eq!(length(64), "32k");
+        assert_eq!(length(129), "32k±1");
+        assert_eq!(length(40), "other 33+");
         assert_eq!(dim(96), "other");
     }
 }
