@@ -58,7 +58,8 @@ fn verdict(r: &Value) -> Value {
     serde_json::json!({
         "cases": r["cases"], "properties": props, "skip_reasons": r["skip_reasons"],
         "coverage": r["coverage"], "paths": r["paths"], "margins": r["margins"],
-        "failures": failures,
+        "largest_margins": r["largest_margins"], "blind_verdicts": r["blind_verdicts"],
+        "indeterminate_verdicts": r["indeterminate_verdicts"], "failures": failures,
     })
 }
 

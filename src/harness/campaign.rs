@@ -42,6 +42,34 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+/// A tensor's largest margin over a campaign and the case it came from (the first of equals):
+/// where a correct implementation came nearest the failure line, to rerun with
+/// `smallseq fuzz --seed S --cases N` or study.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MarginAt {
+    pub margin: f64,
+    pub case: u64,
+}
+
+impl MarginAt {
+    /// Keeps the larger margin of `self` and `other`, the earlier case of equal ones.
+    pub fn keep_larger(&mut self, other: MarginAt) {
+        if other.margin > self.margin || (other.margin == self.margin && other.case < self.case) {
+            *self = other;
+        }
+    }
+}
+
+/// Keeps, per tensor, the larger of `into`'s and `m`.
+pub fn keep_largest_margin(into: &mut BTreeMap<String, MarginAt>, tensor: &str, m: MarginAt) {
+    match into.get_mut(tensor) {
+        Some(cur) => cur.keep_larger(m),
+        None => {
+            into.insert(tensor.to_string(), m);
+        }
+    }
+}
+
 /// One failure in the report.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct FailureEntry {
@@ -91,6 +119,9 @@ pub struct Report {
     /// the value is not determined at the working precision.
     #[serde(default)]
     pub indeterminate_verdicts: BTreeMap<String, u64>,
+    /// Per tensor, the largest margin and its case.
+    #[serde(default)]
+    pub largest_margins: BTreeMap<String, MarginAt>,
     /// The same margins, log-binned, for the histograms of `report.html`.
     pub margin_histograms: BTreeMap<String, crate::report::Histogram>,
     pub failures: Vec<FailureEntry>,
@@ -422,6 +453,7 @@ impl Campaign<'_> {
             margins: BTreeMap::new(),
             blind_verdicts: BTreeMap::new(),
             indeterminate_verdicts: BTreeMap::new(),
+            largest_margins: BTreeMap::new(),
             margin_histograms: BTreeMap::new(),
             failures: Vec::new(),
             interrupted: false,
@@ -511,6 +543,13 @@ impl Merge<'_, '_> {
                 .entry(j.tensor.clone())
                 .or_default()
                 .push(j.margin);
+            if j.margin.is_finite() {
+                let at = MarginAt {
+                    margin: j.margin,
+                    case: i,
+                };
+                keep_largest_margin(&mut rep.largest_margins, &j.tensor, at);
+            }
             if j.blind {
                 *rep.blind_verdicts.entry(j.tensor.clone()).or_default() += 1;
             }
@@ -692,6 +731,17 @@ pub fn markdown(rep: &Report) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if !rep.largest_margins.is_empty() {
+        let at: Vec<String> = rep
+            .largest_margins
+            .iter()
+            .map(|(t, m)| format!("{t} {:.3} (case {})", m.margin, m.case))
+            .collect();
+        m.push_str(&format!(
+            "Largest margin per tensor (1 is the failure line): {}.\n\n",
+            at.join(", ")
+        ));
+    }
     if !rep.blind_verdicts.is_empty() {
         m.push_str(&format!(
             "Blind verdicts (an output of zeros would have passed): {} (docs/judgement.md, \
@@ -783,4 +833,25 @@ pub fn junit(rep: &Report) -> String {
     }
     x.push_str("</testsuite>\n");
     x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_margin_keeps_the_earliest_case_of_equals_in_any_order() {
+        let at = |margin, case| MarginAt { margin, case };
+        let orders = [
+            [at(0.3, 5), at(0.7, 9), at(0.7, 2), at(0.1, 1)],
+            [at(0.7, 2), at(0.1, 1), at(0.3, 5), at(0.7, 9)],
+        ];
+        for order in orders {
+            let mut m = BTreeMap::new();
+            for a in order {
+                keep_largest_margin(&mut m, "dk", a);
+            }
+            assert_eq!(m["dk"], at(0.7, 2));
+        }
+    }
 }

@@ -66,7 +66,8 @@ pub fn classify(case: &Case, segment_split: bool, poisoned: bool) -> Vec<&'stati
     let on_tile_edge = |n: usize| super::gen::FALLBACK_TILE_EDGES.contains(&n);
     tag(
         "len_fallback_tile_edge",
-        lens.iter().any(|&(q, k)| on_tile_edge(q) || on_tile_edge(k)),
+        lens.iter()
+            .any(|&(q, k)| on_tile_edge(q) || on_tile_edge(k)),
     );
     tag(
         "span18_len_le17",

@@ -31,7 +31,17 @@ const GROUP_BUCKETS: [&str; 6] = ["1", "2", "3", "4", "5-8", "9-16"];
 const DIMS: [&str; 8] = ["16", "32", "64", "128", "192", "256", "512", "other"];
 const SLOTS: [&str; 5] = ["0", "1", "2-4", "5-16", "17+"];
 const LENGTHS: [&str; 11] = [
-    "0", "1", "2-14", "15", "16", "17", "18", "19-30", "32k", "32k±1", "other 33+",
+    "0",
+    "1",
+    "2-14",
+    "15",
+    "16",
+    "17",
+    "18",
+    "19-30",
+    "32k",
+    "32k±1",
+    "other 33+",
 ];
 const WINDOWS: [&str; 4] = ["none", "left", "right", "both"];
 const LAYOUTS: [&str; 4] = ["thd_packed", "thd_padded", "thd_segments", "bshd"];

@@ -56,6 +56,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.paths.clear();
     m.blind_verdicts.clear();
     m.indeterminate_verdicts.clear();
+    m.largest_margins.clear();
     m.dimensions = Default::default();
     m.failures.clear();
     m.margin_samples.clear();
@@ -92,6 +93,9 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         add(&mut m.paths, &r.paths);
         add(&mut m.blind_verdicts, &r.blind_verdicts);
         add(&mut m.indeterminate_verdicts, &r.indeterminate_verdicts);
+        for (t, at) in &r.largest_margins {
+            super::campaign::keep_largest_margin(&mut m.largest_margins, t, *at);
+        }
         m.dimensions.merge(&r.dimensions);
         for (k, v) in &r.margin_samples {
             m.margin_samples

@@ -1680,6 +1680,7 @@ mod tests {
                 min_magnitude: 0.0,
                 max_finite: 65504.0,
                 min_spacing: Dtype::F16.smallest_subnormal(),
+                spacings: super::super::tolerance::FLOOR,
                 allowance: None,
                 order: None,
             })

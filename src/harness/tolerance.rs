@@ -246,6 +246,19 @@ fn magnitude(r: &ArrayD<f64>, valid: &[bool]) -> f64 {
         .fold(0.0f64, |m, x| m.max(x.abs()))
 }
 
+/// The absolute floor of a tensor stored as `stored` whose elements sum `terms` products, in
+/// smallest spacings: [`FLOOR`], and for f32 one more per two terms. An f32 kernel computes its
+/// products in the stored type, so where they are subnormal each is rounded to a whole spacing
+/// (half a spacing off) before the sum (an f32 fallback dK of 4.6 spacings, every product
+/// underflowing, came out 0: margin 0.67 under a floor of 4 spacings, CPU fuzz seed 2072,
+/// case 10693). A 16-bit type's spacing is far above f32's, where such products round.
+pub fn subnormal_spacings(stored: Dtype, terms: usize) -> f64 {
+    match stored {
+        Dtype::F32 => FLOOR + terms as f64 / 2.0,
+        _ => FLOOR,
+    }
+}
+
 /// The per-tensor views needed to judge one output.
 pub struct Triple<'a> {
     pub name: &'static str,
@@ -259,6 +272,9 @@ pub struct Triple<'a> {
     pub max_finite: f64,
     /// Smallest positive value of the stored type.
     pub min_spacing: f64,
+    /// The absolute floor, in `min_spacing`s: [`FLOOR`], or more where an f32 kernel's sums
+    /// of subnormal products each lose up to half a spacing per term ([`subnormal_spacings`]).
+    pub spacings: f64,
     /// Per-element rounding allowance of the kernel's error (dq and dk).
     pub allowance: Option<ArrayD<f64>>,
     /// Per-element allowance for another summation order or other rounding points, taken off
@@ -359,7 +375,7 @@ fn rows_verdict(
             relative * scale
         };
         let emu_err = e.err.max(yardstick).min(f64::MAX);
-        let threshold = K * emu_err + FLOOR * (t.unit * scale + t.min_spacing);
+        let threshold = K * emu_err + FLOOR * t.unit * scale + t.spacings * t.min_spacing;
         let (margin, threshold) = margin_of(a.row_err, threshold);
         if worst.as_ref().is_none_or(|w| margin > w.margin) {
             worst = Some(RowVerdict {
@@ -381,7 +397,7 @@ pub fn judge(t: &Triple) -> Judgement {
     let mag = magnitude(&t.reference, t.valid)
         .min(t.max_finite)
         .max(t.min_magnitude);
-    let floor = FLOOR * (t.unit * mag + t.min_spacing);
+    let floor = FLOOR * t.unit * mag + t.spacings * t.min_spacing;
     // The yardstick's own overflows are no error of it (it is its own yardstick): an
     // intermediate past the dtype's range would otherwise make its error, and the threshold,
     // infinite for the whole tensor. There the kernel must be accurate, or overflow where the
@@ -517,6 +533,13 @@ pub fn judge_all(
     let vq = layout.q.valid_tokens();
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
+    let group = case.config.params.num_heads / case.config.params.num_kv_heads.max(1);
+    // The terms one output element sums: keys for o and dq, queries of the group for dk, dv.
+    let terms = |name: &str| match name {
+        "o" | "dq" => layout.kv.max_len(),
+        "dk" | "dv" => layout.q.max_len() * group,
+        _ => 0,
+    };
     let mut out = Vec::new();
     let mut add = |name: &'static str,
                    a: Option<ArrayD<f64>>,
@@ -551,6 +574,7 @@ pub fn judge_all(
                 min_magnitude: min_mag,
                 max_finite: f64::from(stored.max_finite()),
                 min_spacing: stored.smallest_subnormal(),
+                spacings: subnormal_spacings(stored, terms(name)),
                 allowance,
                 order,
             }));
@@ -641,6 +665,7 @@ mod tests {
             min_magnitude: 0.0,
             max_finite: f64::from(dtype.max_finite()),
             min_spacing: dtype.smallest_subnormal(),
+            spacings: FLOOR,
             allowance: allowance.map(|a| arr3(&[[[a]]]).into_dyn()),
             order: None,
         })
@@ -777,6 +802,7 @@ mod tests {
             min_magnitude: 0.0,
             max_finite: f64::from(Dtype::Bf16.max_finite()),
             min_spacing: Dtype::Bf16.smallest_subnormal(),
+            spacings: FLOOR,
             allowance: None,
             order: None,
         })
@@ -833,6 +859,7 @@ mod tests {
             min_magnitude: 0.0,
             max_finite: f64::from(Dtype::Bf16.max_finite()),
             min_spacing: Dtype::Bf16.smallest_subnormal(),
+            spacings: FLOOR,
             allowance: allow.map(|a| reference.mapv(|_| a)),
             order: None,
         })
@@ -891,10 +918,43 @@ mod tests {
             min_magnitude: 0.0,
             max_finite: f64::from(Dtype::Bf16.max_finite()),
             min_spacing: Dtype::Bf16.smallest_subnormal(),
+            spacings: FLOOR,
             allowance: Some(allowance),
             order: None,
         });
         assert!(j.passed() && j.blind && !j.indeterminate, "{j:?}");
+    }
+
+    #[test]
+    fn f32_sums_of_subnormal_products_get_half_a_spacing_per_term() {
+        assert_eq!(subnormal_spacings(Dtype::F32, 17), FLOOR + 8.5);
+        assert_eq!(subnormal_spacings(Dtype::Bf16, 129), FLOOR);
+        assert_eq!(subnormal_spacings(Dtype::F16, 129), FLOOR);
+        // A subnormal f32 element 4.6 spacings from the reference, the emulation exact: past
+        // the plain floor of 4 spacings, inside 4 + 17/2.
+        let s = Dtype::F32.smallest_subnormal();
+        let judge_with = |spacings, off: f64| {
+            let one = |x: f64| arr3(&[[[x]]]).into_dyn();
+            judge(&Triple {
+                name: "dk",
+                actual: one(0.0),
+                reference: one(off * s),
+                emulated: one(off * s),
+                valid: &[true],
+                unit: Dtype::F32.unit_roundoff(),
+                min_magnitude: 0.0,
+                max_finite: f64::from(Dtype::F32.max_finite()),
+                min_spacing: s,
+                spacings,
+                allowance: None,
+                order: None,
+            })
+        };
+        assert!(!judge_with(FLOOR, 4.6).passed());
+        let j = judge_with(subnormal_spacings(Dtype::F32, 17), 4.6);
+        assert!(j.passed() && j.margin < 0.5, "{j:?}");
+        // Twenty spacings off fails even so.
+        assert!(!judge_with(subnormal_spacings(Dtype::F32, 17), 20.0).passed());
     }
 
     #[test]
