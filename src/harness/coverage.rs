@@ -91,7 +91,7 @@ fn length(l: usize) -> String {
         2..=14 => "2-14".into(),
         19..=30 => "19-30".into(),
         _ if l < 19 => l.to_string(),
-        _ if l % 32 == 0 => "32k".into(),
+        _ if l.is_multiple_of(32) => "32k".into(),
         _ if l % 32 == 1 || l % 32 == 31 => "32k±1".into(),
         _ => "other 33+".into(),
     }
