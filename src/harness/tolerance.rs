@@ -247,14 +247,21 @@ fn magnitude(r: &ArrayD<f64>, valid: &[bool]) -> f64 {
 }
 
 /// The absolute floor of a tensor stored as `stored` whose elements sum `terms` products, in
-/// smallest spacings: [`FLOOR`], and for f32 one more per two terms. An f32 kernel computes its
-/// products in the stored type, so where they are subnormal each is rounded to a whole spacing
-/// (half a spacing off) before the sum (an f32 fallback dK of 4.6 spacings, every product
-/// underflowing, came out 0: margin 0.67 under a floor of 4 spacings, CPU fuzz seed 2072,
-/// case 10693). A 16-bit type's spacing is far above f32's, where such products round.
-pub fn subnormal_spacings(stored: Dtype, terms: usize) -> f64 {
+/// smallest spacings: [`FLOOR`], and for f32 `(1 + factor)/2` more per term. An f32 kernel
+/// computes its products in the stored type, so where they are subnormal each intermediate is
+/// rounded to a whole spacing (half a spacing off), and a rounding before the last multiply is
+/// scaled by the remaining factor (at most `factor`: the case's largest input magnitude times
+/// the softmax scale, if above 1). An f32 fallback dK of 5 spacings summing 3 products
+/// `scale·dS·Q` (scale 0.01, spiky Q) came out 0: margin 0.69 under a floor of 4 spacings (CPU
+/// fuzz seed 2072, case 38419; case 10693, 4.6 spacings over 17 terms, 0.67). A 16-bit type's
+/// spacing is far above f32's, where such products round.
+/// At most the spacings below the normal range (`1/(2u)`): the floor stays an absolute one for
+/// the subnormal range, never reaching a normal value (huge inputs would otherwise make it
+/// infinite, and pass anything).
+pub fn subnormal_spacings(stored: Dtype, terms: usize, factor: f64) -> f64 {
     match stored {
-        Dtype::F32 => FLOOR + terms as f64 / 2.0,
+        Dtype::F32 => (FLOOR + terms as f64 * (1.0 + factor.max(0.0)) / 2.0)
+            .min(1.0 / (2.0 * Dtype::F32.unit_roundoff())),
         _ => FLOOR,
     }
 }
@@ -534,6 +541,14 @@ pub fn judge_all(
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
     let group = case.config.params.num_heads / case.config.params.num_kv_heads.max(1);
+    let largest =
+        |x: &ndarray::Array3<f32>| x.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
+    let mut factor = [&case.q, &case.k, &case.v]
+        .into_iter()
+        .chain(case.d_o.as_ref())
+        .map(largest)
+        .fold(0.0f64, f64::max);
+    factor *= case.config.params.scale.abs().max(1.0);
     // The terms one output element sums: keys for o and dq, queries of the group for dk, dv.
     let terms = |name: &str| match name {
         "o" | "dq" => layout.kv.max_len(),
@@ -574,7 +589,7 @@ pub fn judge_all(
                 min_magnitude: min_mag,
                 max_finite: f64::from(stored.max_finite()),
                 min_spacing: stored.smallest_subnormal(),
-                spacings: subnormal_spacings(stored, terms(name)),
+                spacings: subnormal_spacings(stored, terms(name), factor),
                 allowance,
                 order,
             }));
@@ -926,10 +941,16 @@ mod tests {
     }
 
     #[test]
-    fn f32_sums_of_subnormal_products_get_half_a_spacing_per_term() {
-        assert_eq!(subnormal_spacings(Dtype::F32, 17), FLOOR + 8.5);
-        assert_eq!(subnormal_spacings(Dtype::Bf16, 129), FLOOR);
-        assert_eq!(subnormal_spacings(Dtype::F16, 129), FLOOR);
+    fn f32_sums_of_subnormal_products_get_spacings_per_term() {
+        assert_eq!(subnormal_spacings(Dtype::F32, 17, 0.0), FLOOR + 8.5);
+        assert_eq!(subnormal_spacings(Dtype::F32, 3, 3.0), FLOOR + 6.0);
+        assert_eq!(subnormal_spacings(Dtype::Bf16, 129, 9.0), FLOOR);
+        // Never past the subnormal range, however large the inputs.
+        assert_eq!(
+            subnormal_spacings(Dtype::F32, 129, f64::INFINITY),
+            2f64.powi(23)
+        );
+        assert_eq!(subnormal_spacings(Dtype::F16, 129, 9.0), FLOOR);
         // A subnormal f32 element 4.6 spacings from the reference, the emulation exact: past
         // the plain floor of 4 spacings, inside 4 + 17/2.
         let s = Dtype::F32.smallest_subnormal();
@@ -951,10 +972,10 @@ mod tests {
             })
         };
         assert!(!judge_with(FLOOR, 4.6).passed());
-        let j = judge_with(subnormal_spacings(Dtype::F32, 17), 4.6);
+        let j = judge_with(subnormal_spacings(Dtype::F32, 17, 0.0), 4.6);
         assert!(j.passed() && j.margin < 0.5, "{j:?}");
         // Twenty spacings off fails even so.
-        assert!(!judge_with(subnormal_spacings(Dtype::F32, 17), 20.0).passed());
+        assert!(!judge_with(subnormal_spacings(Dtype::F32, 17, 0.0), 20.0).passed());
     }
 
     #[test]
