@@ -52,7 +52,10 @@ fn infinities_the_emulation_holds_are_no_error_and_keep_the_threshold_finite() {
         .zip(&e)
         .filter(|(r, e)| r.abs() < 65504.0 && e.is_infinite() && e.signum() != r.signum())
         .count();
-    assert!(flipped > 0, "no dQ infinity of the reference's opposite sign");
+    assert!(
+        flipped > 0,
+        "no dQ infinity of the reference's opposite sign"
+    );
     let run = checker.check(&case, cs).unwrap();
     assert!(run.failures().is_empty(), "{:?}", run.failures());
     let dq = run.judgements.iter().find(|j| j.tensor == "dq").unwrap();
