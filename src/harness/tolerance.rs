@@ -541,14 +541,19 @@ pub fn judge_all(
     let vk = layout.kv.valid_tokens();
     let u = dtype.unit_roundoff();
     let group = case.config.params.num_heads / case.config.params.num_kv_heads.max(1);
-    let largest =
-        |x: &ndarray::Array3<f32>| x.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
-    let mut factor = [&case.q, &case.k, &case.v]
-        .into_iter()
-        .chain(case.d_o.as_ref())
-        .map(largest)
-        .fold(0.0f64, f64::max);
-    factor *= case.config.params.scale.abs().max(1.0);
+    // Only f32 tensors take it (`subnormal_spacings`): a pass over the inputs skipped otherwise.
+    let factor = if dtype == Dtype::F32 {
+        let largest =
+            |x: &ndarray::Array3<f32>| x.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
+        [&case.q, &case.k, &case.v]
+            .into_iter()
+            .chain(case.d_o.as_ref())
+            .map(largest)
+            .fold(0.0f64, f64::max)
+            * case.config.params.scale.abs().max(1.0)
+    } else {
+        0.0
+    };
     // The terms one output element sums: keys for o and dq, queries of the group for dk, dv.
     let terms = |name: &str| match name {
         "o" | "dq" => layout.kv.max_len(),
@@ -793,6 +798,29 @@ mod tests {
 
     /// A `[2, 2, 4]` bf16 tensor: row (0, 0) holds values of `big`, row (1, 1) of `small`, the
     /// rest 1; `actual` edits the reference; the emulation is the reference rounded to bf16.
+    /// One bf16 dK of two tokens, both valid, judged with the plain floor.
+    fn bf16_dk(
+        actual: ArrayD<f64>,
+        reference: ArrayD<f64>,
+        emulated: ArrayD<f64>,
+        allowance: Option<ArrayD<f64>>,
+    ) -> Judgement {
+        judge(&Triple {
+            name: "dk",
+            actual,
+            reference,
+            emulated,
+            valid: &[true, true],
+            unit: Dtype::Bf16.unit_roundoff(),
+            min_magnitude: 0.0,
+            max_finite: f64::from(Dtype::Bf16.max_finite()),
+            min_spacing: Dtype::Bf16.smallest_subnormal(),
+            spacings: FLOOR,
+            allowance,
+            order: None,
+        })
+    }
+
     fn two_scale_rows(big: f64, small: f64, edit: impl Fn(&mut ArrayD<f64>)) -> Judgement {
         let reference = ndarray::Array3::from_shape_fn((2, 2, 4), |(t, h, d)| {
             let s = match (t, h) {
@@ -806,21 +834,7 @@ mod tests {
         let emulated = reference.mapv(|x| f64::from(Dtype::Bf16.round_f64(x)));
         let mut actual = emulated.clone();
         edit(&mut actual);
-        let valid = [true, true];
-        judge(&Triple {
-            name: "dk",
-            actual,
-            reference,
-            emulated,
-            valid: &valid,
-            unit: Dtype::Bf16.unit_roundoff(),
-            min_magnitude: 0.0,
-            max_finite: f64::from(Dtype::Bf16.max_finite()),
-            min_spacing: Dtype::Bf16.smallest_subnormal(),
-            spacings: FLOOR,
-            allowance: None,
-            order: None,
-        })
+        bf16_dk(actual, reference, emulated, None)
     }
 
     #[test]
@@ -863,21 +877,8 @@ mod tests {
         emulated[[0, 0, 0]] += emu_off;
         let mut actual = emulated.clone();
         edit(&mut actual);
-        let valid = [true, true];
-        judge(&Triple {
-            name: "dk",
-            actual,
-            reference: reference.clone(),
-            emulated,
-            valid: &valid,
-            unit: Dtype::Bf16.unit_roundoff(),
-            min_magnitude: 0.0,
-            max_finite: f64::from(Dtype::Bf16.max_finite()),
-            min_spacing: Dtype::Bf16.smallest_subnormal(),
-            spacings: FLOOR,
-            allowance: allow.map(|a| reference.mapv(|_| a)),
-            order: None,
-        })
+        let allowance = allow.map(|a| reference.mapv(|_| a));
+        bf16_dk(actual, reference, emulated, allowance)
     }
 
     #[test]
@@ -922,21 +923,12 @@ mod tests {
         emulated[[0, 0, 0]] += 0.4;
         // Row 1 lies inside its allowance, row 0 does not.
         let allowance = ndarray::arr3(&[[[0.2, 0.2]], [[1.5, 1.5]]]).into_dyn();
-        let valid = [true, true];
-        let j = judge(&Triple {
-            name: "dk",
-            actual: reference.mapv(|_| 0.0),
+        let j = bf16_dk(
+            reference.mapv(|_| 0.0),
             reference,
             emulated,
-            valid: &valid,
-            unit: Dtype::Bf16.unit_roundoff(),
-            min_magnitude: 0.0,
-            max_finite: f64::from(Dtype::Bf16.max_finite()),
-            min_spacing: Dtype::Bf16.smallest_subnormal(),
-            spacings: FLOOR,
-            allowance: Some(allowance),
-            order: None,
-        });
+            Some(allowance),
+        );
         assert!(j.passed() && j.blind && !j.indeterminate, "{j:?}");
     }
 
