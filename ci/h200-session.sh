@@ -82,7 +82,8 @@ for s in $stages; do
       run 120 "$ss" calibrate --backend cuda --cases 3000 --seed 1 --out "$out/calibrate.json" ;;
     bench)
       run 150 "$ss" bench --backend cuda --out "$out/bench.json" ${BENCH_ARGS:-}
-      run 150 python3 bench/peers.py "$out/bench.json" ;;
+      # JAX's start and compiles take most of a minute (bench/peers_jax.py, its own process).
+      [ "${PEERS:-1}" = 1 ] && run 240 python3 bench/peers.py "$out/bench.json" ;;
     variants)
       # Kernel variants timed back to back with the default build, the 512-token fallback
       # forward and the small-seq workloads' forward and backward.
@@ -119,7 +120,9 @@ for s in $stages; do
       echo "-> exit $?" | tee -a "$log" ;;
     sanitize)
       run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --out /tmp/san-m
-      run 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --forward-only --filter fix512
+      # The tiled fallback (both directions, 16 and 512 tokens) and the small-seq kernels.
+      run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,fix16
+      run 150 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,fix16
       run 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 6 --seed 6 --shrink-time 0 --out /tmp/san-r ;;
     mutants)
       run 150 "$ss" mutants --backend cuda --cases 150 --seed 1 ;;

@@ -335,15 +335,19 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
 // banks: K rows are read two per quarter-warp (64 bytes each: stride = 64 mod 128 bytes), V rows
 // four (rows 2t, 32 bytes each: stride = 16 mod 64 bytes).
 #define FT_BM 64
-// Keys per tile above D = 64 (the registers of S grow with it).
+// Keys per tile above D = 64 (the registers of S grow with it), and at D = 256 (where the
+// shared memory of a 64-key tile would pass the 48 KiB a launch gets by default).
 #ifndef FT_BN_WIDE_D
 #define FT_BN_WIDE_D 32
+#endif
+#ifndef FT_BN_D256
+#define FT_BN_D256 32
 #endif
 #define FT_THREADS (4 * PT_LWARP_THREADS)
 
 template <int D>
 struct FtShape {
-  static const int BN = D > 64 ? FT_BN_WIDE_D : 64;  // keys per tile
+  static const int BN = D > 128 ? FT_BN_D256 : (D > 64 ? FT_BN_WIDE_D : 64);  // keys per tile
   static const int NT = BN / 8;      // n-tiles of S
   static const int KS = D + 32;  // K row stride in elements
   static const int VS = D + 8;   // V row stride in elements
@@ -393,14 +397,18 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
     fb_range(r, lq, lk, mask, wl, wr, lo_r[hh], hi_r[hh]);
     if (r >= lq) lo_r[hh] = 1, hi_r[hh] = 0;
   }
-  pt_v4 xa[D / 32][2];
+  // Q as fragments, held in registers up to D = 128. At D = 256 they would not fit beside the
+  // P·V accumulator (128 registers), so each key tile re-reads them (L1 hits).
+  pt_v4 xa[D <= 128 ? D / 32 : 1][2];
+  if constexpr (D <= 128) {
 #pragma unroll
-  for (int ch = 0; ch < D / 32; ++ch)
+    for (int ch = 0; ch < D / 32; ++ch)
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = wrow + g + 8 * hh;
-      xa[ch][hh] = r < lq ? pt_ld16(qb + r * rq + ch * 32 + t * 8) : pt_zero4();
-    }
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = wrow + g + 8 * hh;
+        xa[ch][hh] = r < lq ? pt_ld16(qb + r * rq + ch * 32 + t * 8) : pt_zero4();
+      }
+  }
   typename E::T* ks = sm;
   typename E::T* vs = sm + S::BN * S::KS;
   const float ninf = -pt_inf();
@@ -432,6 +440,15 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
       for (int ch = 0; ch < D / 32; ++ch) {
         const pt_v4 yb = pt_ld16(ks + (nt * 8 + g) * S::KS + ch * 32 + t * 8);
+        pt_v4 a0, a1;
+        if constexpr (D <= 128) {
+          a0 = xa[ch][0];
+          a1 = xa[ch][1];
+        } else {
+          const int r = wrow + g;
+          a0 = r < lq ? pt_ld16(qb + r * rq + ch * 32 + t * 8) : pt_zero4();
+          a1 = r + 8 < lq ? pt_ld16(qb + (r + 8) * rq + ch * 32 + t * 8) : pt_zero4();
+        }
 #ifdef FT_CHAIN_S
         float* part = s[nt];
 #else
@@ -439,9 +456,8 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 #endif
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-          pt_mma<E>(part, pt_word(xa[ch][0], 2 * j), pt_word(xa[ch][1], 2 * j),
-                    pt_word(xa[ch][0], 2 * j + 1), pt_word(xa[ch][1], 2 * j + 1),
-                    pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
+          pt_mma<E>(part, pt_word(a0, 2 * j), pt_word(a1, 2 * j), pt_word(a0, 2 * j + 1),
+                    pt_word(a1, 2 * j + 1), pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
 #ifndef FT_CHAIN_S
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += part[e];
@@ -540,6 +556,367 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tiled backward on the matrix cores: the same inputs as the tiled forward (16-bit, Dqk == Dv ==
+// D in {64, 128}), in two kernels, as the scalar backward, so that every gradient is summed in a
+// fixed order without atomics (the determinism property reruns each case bitwise).
+//
+// Query side, one block per (64-row query tile, head), each warp owning 16 rows as in the
+// forward, Q and dO held as fragments. Pass 1 over the key tiles: S = Q·Kᵀ and dP = dO·Vᵀ, then
+// Z = Σ exp(s - lse) and Σ exp(s - lse)·dP (f64, the reason is fb_bwd_q's); D = that sum / Z.
+// Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, rounded with saturation to
+// the input type (the small-seq kernels and the emulation round it so), dQ += dS·K. D and Z go to
+// the workspace for the key side.
+// Key side, one block per (64-key tile, kv head), each warp owning 16 keys: over the group's
+// query heads and the query tiles that can see the block's keys, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, P
+// and dS from the query side's lse, Z and D, dV += P·dO (P rounded to the input type, as the
+// forward's P·V) and dK += dS·Q. K and V fragments are re-read (L1) for every query tile: held,
+// they and the two accumulators took more than 255 registers at D = 128.
+//
+// Both kernels copy their column tiles (K and V; Q and dO) to shared memory in one cp.async
+// group and read them in both roles: as B with the reduction over dims (rows g, the forward's K
+// read) and as B with the reduction over rows (rows 2t, 2t+1, 2t+8, 2t+9, the forward's V read).
+
+// Columns per tile (keys in the query-side kernel, queries in the key-side one).
+template <int D>
+struct FtbShape {
+  static const int BN = D > 64 ? 32 : 64;
+  static const int NT = BN / 8;
+  static const int S = D + 32;  // row stride in elements (both tiles)
+  static const int ELEMS = 2 * BN * S;
+};
+
+PT_INLINE double pt_quad_sum_d(double x) {
+  x += pt_shfl_d(x, pt_lane() ^ 1);
+  return x + pt_shfl_d(x, pt_lane() ^ 2);
+}
+
+// Rows of a slot that can see a key in [c0, c1]: [r0, r1] (empty when r0 > r1). The visible
+// range [lo, hi] of row r only grows with r (fb_range), so each end is a binary search.
+PT_INLINE void fb_rows_seeing(int c0, int c1, int lq, int lk, int mask, int wl, int wr, int& r0,
+                              int& r1) {
+  int a = 0, b = lq;  // first row with hi >= c0
+  while (a < b) {
+    const int mid = (a + b) >> 1;
+    int lo, hi;
+    fb_range(mid, lq, lk, mask, wl, wr, lo, hi);
+    if (hi >= c0) b = mid;
+    else a = mid + 1;
+  }
+  r0 = a;
+  a = 0, b = lq;  // first row with lo > c1
+  while (a < b) {
+    const int mid = (a + b) >> 1;
+    int lo, hi;
+    fb_range(mid, lq, lk, mask, wl, wr, lo, hi);
+    if (lo > c1) b = mid;
+    else a = mid + 1;
+  }
+  r1 = a - 1;
+}
+
+// x[nt][e] += Σ_d a[row][d] · y[nt*8 + col][d] over 32-dim chunks (each chunk from zero, added in
+// f32: the forward's order), a as fragments (lane t: dims 8t..8t+7 of each chunk), y rows in
+// shared memory with stride SS.
+template <class E, int D, int NT, int SS>
+PT_INLINE void ftb_dots(float (*x)[4], const pt_v4 (*a)[2], const typename E::T* y) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int ch = 0; ch < D / 32; ++ch) {
+      const pt_v4 yb = pt_ld16(y + (nt * 8 + g) * SS + ch * 32 + t * 8);
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        pt_mma<E>(part, pt_word(a[ch][0], 2 * j), pt_word(a[ch][1], 2 * j),
+                  pt_word(a[ch][0], 2 * j + 1), pt_word(a[ch][1], 2 * j + 1),
+                  pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[nt][e] += part[e];
+    }
+}
+
+// The fragments of 16 rows (row0 + g, row0 + g + 8; zero at and past n) of a row-major tensor.
+template <int D>
+PT_INLINE void ftb_rows(pt_v4 (*a)[2], const void* base16, long long rs, int row0, int n) {
+  const pt_u16* base = (const pt_u16*)base16;
+  const int t = pt_llane() & 3, g = pt_llane() >> 2;
+#pragma unroll
+  for (int ch = 0; ch < D / 32; ++ch)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + g + 8 * hh;
+      a[ch][hh] = r < n ? pt_ld16(base + r * rs + ch * 32 + t * 8) : pt_zero4();
+    }
+}
+
+// acc[c][j] += A · y over BN rows of y (shared memory, stride SS), A given as packed fragments of
+// a 16 x BN matrix (pa[kk]: columns kk*16..kk*16+15); output dims permuted as in the forward's
+// P·V (n-tile j, column 2t+e of chunk c is dim c*64 + (2t+e)*8 + j).
+template <class E, int D, int BN, int SS>
+PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typename E::T* y) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      const typename E::T* yr = y + (kk * 16 + 2 * t) * SS + c * 64 + g * 8;
+      const pt_v4 v0 = pt_ld16(yr), v1 = pt_ld16(yr + SS);
+      const pt_v4 v8 = pt_ld16(yr + 8 * SS), v9 = pt_ld16(yr + 9 * SS);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        pt_mma<E>(acc[c][j], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], pt_bsel(v0, v1, j),
+                  pt_bsel(v8, v9, j));
+    }
+}
+
+// A fragments of the 16 x BN matrix x (accumulator layout), each value passed through f first.
+template <class E, int BN, class F>
+PT_INLINE void ftb_pack(pt_u32 (*pa)[4], const float (*x)[4], F f) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = E::pack2(f(x[2 * kk][0]), f(x[2 * kk][1]));
+    pa[kk][1] = E::pack2(f(x[2 * kk][2]), f(x[2 * kk][3]));
+    pa[kk][2] = E::pack2(f(x[2 * kk + 1][0]), f(x[2 * kk + 1][1]));
+    pa[kk][3] = E::pack2(f(x[2 * kk + 1][2]), f(x[2 * kk + 1][3]));
+  }
+}
+
+template <class E>
+struct FtbSat {
+  PT_INLINE float operator()(float x) const { return pt_sat<E>(x); }
+};
+struct FtbSame {
+  PT_INLINE float operator()(float x) const { return x; }
+};
+
+// Stores a 16-row accumulator (rows row0 + g, + 8 below n) times mul, rounded, at p + r * rs.
+template <class E, class O, int D>
+PT_INLINE void ftb_store(typename O::T* p, long long rs, int row0, int n, float (*acc)[8][4],
+                         float mul) {
+  const int t = pt_llane() & 3, g = pt_llane() >> 2;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row0 + g + 8 * hh;
+    if (r >= n) continue;
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      float x[16];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = acc[c][i][2 * hh];
+        x[i + 8] = acc[c][i][2 * hh + 1];
+      }
+      pt_store16<E, O>(p + r * rs + c * 64 + t * 16, x, mul);
+    }
+  }
+}
+
+template <class E, class O, int D>
+PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                         const typename E::T* d_o, const float* lse, float* delta, float* rowsum,
+                         typename O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,
+                         const int* off_kv, int b, int H, int Hkv, int tiles, float scale,
+                         int mask, int wl, int wr, typename E::T* sm) {
+  typedef FtbShape<D> S;
+  const long long item = pt_bid();
+  const int tile = (int)(item % tiles);
+  const long long rest = item / tiles;
+  const int slot = (int)(rest % b), h = (int)(rest / b);
+  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const int row0 = tile * FT_BM;
+  if (row0 >= lq) return;  // block-uniform
+  const int hk = fb_kv_head(h, H / Hkv);
+  const long long rq = (long long)H * D, rk = (long long)Hkv * D;
+  const long long tq0 = off_q[slot];
+  const typename E::T* qb = q + tq0 * rq + (long long)h * D;
+  const typename E::T* ob = d_o + tq0 * rq + (long long)h * D;
+  const typename E::T* kb = k + (long long)off_kv[slot] * rk + (long long)hk * D;
+  const typename E::T* vb = v + (long long)off_kv[slot] * rk + (long long)hk * D;
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const int wrow = row0 + pt_lwarp() * 16;
+  int lo_b, hi_b, unused;
+  fb_range(row0, lq, lk, mask, wl, wr, lo_b, unused);
+  fb_range((row0 + FT_BM < lq ? row0 + FT_BM : lq) - 1, lq, lk, mask, wl, wr, unused, hi_b);
+  const float ninf = -pt_inf();
+  int lo_r[2], hi_r[2];
+  float lr[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = wrow + g + 8 * hh;
+    fb_range(r, lq, lk, mask, wl, wr, lo_r[hh], hi_r[hh]);
+    lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
+    if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
+  }
+  pt_v4 xq[D / 32][2], xo[D / 32][2];
+  ftb_rows<D>(xq, qb, rq, wrow, lq);
+  ftb_rows<D>(xo, ob, rq, wrow, lq);
+  typename E::T* ks = sm;
+  typename E::T* vs = sm + S::BN * S::S;
+  const int kt0 = lo_b <= hi_b ? (lo_b / S::BN) * S::BN : lk;
+  float z[2] = {0.f, 0.f}, dd[2] = {0.f, 0.f};
+  float acc[D / 64][8][4];
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][j][e] = 0.f;
+  for (int pass = 0; pass < 2; ++pass) {
+    double dsum[2] = {0.0, 0.0};
+    for (int kt = kt0; kt <= hi_b; kt += S::BN) {
+      pt_sync();  // every warp done with the previous tile
+      ft_copy<E, D, S::S, S::BN>(ks, kb + kt * rk, rk, lk - kt);
+      ft_copy<E, D, S::S, S::BN>(vs, vb + kt * rk, rk, lk - kt);
+      pt_cp_commit();
+      pt_cp_wait<0>();
+      pt_sync();
+      float s[S::NT][4], dp[S::NT][4];
+      ftb_dots<E, D, S::NT, S::S>(s, xq, ks);
+      ftb_dots<E, D, S::NT, S::S>(dp, xo, vs);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = kt + nt * 8 + 2 * t + e;
+            const bool vis = key >= lo_r[hh] && key <= hi_r[hh];
+            const float ex = vis ? pt_exp(pt_mul_rn(s[nt][2 * hh + e], scale) - lr[hh]) : 0.f;
+            const float x = dp[nt][2 * hh + e];
+            // Selects, not products with zero: a masked key's dP may be infinite.
+            if (pass == 0) {
+              z[hh] += ex;
+              dsum[hh] += vis ? (double)ex * (double)x : 0.0;
+            } else {
+              const float p = z[hh] > 0.f ? ex / z[hh] : 0.f;
+              s[nt][2 * hh + e] = vis ? p * (x - dd[hh]) : 0.f;
+            }
+          }
+      if (pass == 1) {
+        pt_u32 pa[S::BN / 16][4];
+        ftb_pack<E, S::BN>(pa, s, FtbSat<E>());
+        ftb_rows_mma<E, D, S::BN, S::S>(acc, pa, ks);
+      }
+    }
+    if (pass == 0) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        z[hh] = pt_quad_sum(z[hh]);
+        const double ds = pt_quad_sum_d(dsum[hh]);
+        dd[hh] = z[hh] > 0.f ? (float)(ds / (double)z[hh]) : 0.f;
+        const int r = wrow + g + 8 * hh;
+        if (t == 0 && r < lq) {
+          delta[(tq0 + r) * H + h] = dd[hh];
+          rowsum[(tq0 + r) * H + h] = z[hh];
+        }
+      }
+    }
+  }
+  ftb_store<E, O, D>(dq + tq0 * rq + (long long)h * D, rq, wrow, lq, acc, scale);
+}
+
+template <class E, class O, int D>
+PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                          const typename E::T* d_o, const float* lse, const float* delta,
+                          const float* rowsum, typename O::T* dk, typename O::T* dv,
+                          const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,
+                          int b, int H, int Hkv, int tiles, float scale, int mask, int wl, int wr,
+                          typename E::T* sm) {
+  typedef FtbShape<D> S;
+  const long long item = pt_bid();
+  const int tile = (int)(item % tiles);
+  const long long rest = item / tiles;
+  const int slot = (int)(rest % b), hk = (int)(rest / b);
+  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const int key0 = tile * FT_BM;
+  if (key0 >= lk) return;  // block-uniform
+  const int group = H / Hkv;
+  const long long rq = (long long)H * D, rk = (long long)Hkv * D;
+  const long long tq0 = off_q[slot], tk0 = off_kv[slot];
+  const typename E::T* kb = k + tk0 * rk + (long long)hk * D;
+  const typename E::T* vb = v + tk0 * rk + (long long)hk * D;
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const int wkey = key0 + pt_lwarp() * 16;
+  int r0, r1;
+  fb_rows_seeing(key0, (key0 + FT_BM < lk ? key0 + FT_BM : lk) - 1, lq, lk, mask, wl, wr, r0, r1);
+  const int qt0 = (r0 / S::BN) * S::BN;
+  typename E::T* qs = sm;
+  typename E::T* os = sm + S::BN * S::S;
+  float* rowf = (float*)(sm + S::ELEMS);  // lse, D, Z of the tile's rows
+  const float ninf = -pt_inf();
+  float ak[D / 64][8][4], av[D / 64][8][4];
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ak[c][j][e] = av[c][j][e] = 0.f;
+  for (int hh0 = 0; hh0 < group; ++hh0) {
+    // This kernel walks its own group's heads (the planted head-index bug is in the query-major
+    // kernels' decoding, fb_kv_head, so their lse disagrees with this kernel's P).
+    const int h = hk * group + hh0;
+    const typename E::T* qb = q + tq0 * rq + (long long)h * D;
+    const typename E::T* ob = d_o + tq0 * rq + (long long)h * D;
+    for (int qt = qt0; qt <= r1; qt += S::BN) {
+      pt_sync();  // every warp done with the previous tile
+      ft_copy<E, D, S::S, S::BN>(qs, qb + qt * rq, rq, lq - qt);
+      ft_copy<E, D, S::S, S::BN>(os, ob + qt * rq, rq, lq - qt);
+      pt_cp_commit();
+      for (int i = pt_tid(); i < S::BN; i += FT_THREADS) {
+        const int r = qt + i;
+        const long long at = (tq0 + r) * H + h;
+        rowf[i] = r < lq ? lse[at] : ninf;
+        rowf[S::BN + i] = r < lq ? delta[at] : 0.f;
+        rowf[2 * S::BN + i] = r < lq ? rowsum[at] : 0.f;
+      }
+      pt_cp_wait<0>();
+      pt_sync();
+      float s[S::NT][4], dp[S::NT][4];
+      {
+        pt_v4 xk[D / 32][2];
+        ftb_rows<D>(xk, kb, rk, wkey, lk);
+        ftb_dots<E, D, S::NT, S::S>(s, xk, qs);
+      }
+      {
+        pt_v4 xv[D / 32][2];
+        ftb_rows<D>(xv, vb, rk, wkey, lk);
+        ftb_dots<E, D, S::NT, S::S>(dp, xv, os);
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int c = wkey + g + 8 * hh;
+#pragma unroll
+        for (int nt = 0; nt < S::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = nt * 8 + 2 * t + e, r = qt + i;
+            int lo, hi;
+            fb_range(r, lq, lk, mask, wl, wr, lo, hi);
+            const float lr = rowf[i], Z = rowf[2 * S::BN + i];
+            const bool vis = r < lq && c < lk && c >= lo && c <= hi && lr != ninf;
+            const float ex = vis ? pt_exp(pt_mul_rn(s[nt][2 * hh + e], scale) - lr) : 0.f;
+            const float p = Z > 0.f ? ex / Z : 0.f;
+            s[nt][2 * hh + e] = vis ? p : 0.f;
+            dp[nt][2 * hh + e] = vis ? p * (dp[nt][2 * hh + e] - rowf[S::BN + i]) : 0.f;
+          }
+      }
+      pt_u32 pa[S::BN / 16][4];
+      ftb_pack<E, S::BN>(pa, s, FtbSame());
+      ftb_rows_mma<E, D, S::BN, S::S>(av, pa, os);
+      ftb_pack<E, S::BN>(pa, dp, FtbSat<E>());
+      ftb_rows_mma<E, D, S::BN, S::S>(ak, pa, qs);
+    }
+  }
+  ftb_store<E, O, D>(dk + tk0 * rk + (long long)hk * D, rk, wkey, lk, ak, scale);
+  ftb_store<E, O, D>(dv + tk0 * rk + (long long)hk * D, rk, wkey, lk, av, 1.f);
+}
+
 // 16-byte aligned: the tiled kernel copies and reads it 16 bytes per lane (pt_cp_async16, pt_ld16).
 alignas(16) extern __shared__ float fb_smem[];
 
@@ -549,27 +926,63 @@ alignas(16) extern __shared__ float fb_smem[];
 #ifndef FT_MIN_BLOCKS
 #define FT_MIN_BLOCKS 3
 #endif
+// At D = 256 the P·V accumulator alone takes 128 registers: 2 blocks (255 registers at most).
 #if defined(PT_CUDA) && FT_MIN_BLOCKS > 0
-#define FT_BOUNDS __launch_bounds__(FT_THREADS, FT_MIN_BLOCKS)
+#define FT_BOUNDS(D) __launch_bounds__(FT_THREADS, (D) > 128 ? 2 : FT_MIN_BLOCKS)
 #else
-#define FT_BOUNDS
+#define FT_BOUNDS(D)
 #endif
 
 #define FT_KERNEL(SUF, E, O, D)                                                                \
-  PT_KERNEL FT_BOUNDS void fallback_fwd_tc_##SUF##_d##D(                                        \
+  PT_KERNEL FT_BOUNDS(D) void fallback_fwd_tc_##SUF##_d##D(                                        \
       const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse, const int* cu_q,         \
       const int* cu_kv, const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,   \
       float scale, int mask, int wl, int wr) {                                                  \
     ft_fwd<E, O, D>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, tiles, scale, mask, \
                     wl, wr, (E::T*)fb_smem);                                                    \
   }
-#define FT_KERNELS(D)                    \
+// The backward's blocks per multiprocessor: at D = 128 the query side holds Q and dO fragments,
+// dQ and two score tiles (about 180 registers), so 3 blocks would spill.
+#ifndef FTB_MIN_BLOCKS
+#define FTB_MIN_BLOCKS 2
+#endif
+#if defined(PT_CUDA) && FTB_MIN_BLOCKS > 0
+#define FTB_BOUNDS __launch_bounds__(FT_THREADS, FTB_MIN_BLOCKS)
+#else
+#define FTB_BOUNDS
+#endif
+
+#define FTB_KERNEL(SUF, E, O, D)                                                               \
+  PT_KERNEL FTB_BOUNDS void fallback_bwd_q_tc_##SUF##_d##D(                                     \
+      const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
+      float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv,                 \
+      const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles, float scale,       \
+      int mask, int wl, int wr) {                                                               \
+    ftb_bwd_q<E, O, D>(q, k, v, d_o, lse, delta, rowsum, dq, cu_q, cu_kv, off_q, off_kv, b, H,  \
+                       Hkv, tiles, scale, mask, wl, wr, (E::T*)fb_smem);                        \
+  }                                                                                             \
+  PT_KERNEL FTB_BOUNDS void fallback_bwd_kv_tc_##SUF##_d##D(                                    \
+      const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
+      const float* delta, const float* rowsum, O::T* dk, O::T* dv, const int* cu_q,             \
+      const int* cu_kv, const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,  \
+      float scale, int mask, int wl, int wr) {                                                  \
+    ftb_bwd_kv<E, O, D>(q, k, v, d_o, lse, delta, rowsum, dk, dv, cu_q, cu_kv, off_q, off_kv,   \
+                        b, H, Hkv, tiles, scale, mask, wl, wr, (E::T*)fb_smem);                 \
+  }
+#define FT_FWD_KERNELS(D)                \
   FT_KERNEL(bf16, BF16, BF16, D)         \
   FT_KERNEL(f16, F16, F16, D)            \
   FT_KERNEL(bf16_o32, BF16, F32, D)      \
   FT_KERNEL(f16_o32, F16, F32, D)
+#define FT_KERNELS(D)                    \
+  FT_FWD_KERNELS(D)                      \
+  FTB_KERNEL(bf16, BF16, BF16, D)        \
+  FTB_KERNEL(f16, F16, F16, D)           \
+  FTB_KERNEL(bf16_o32, BF16, F32, D)     \
+  FTB_KERNEL(f16_o32, F16, F32, D)
 FT_KERNELS(64)
 FT_KERNELS(128)
+FT_FWD_KERNELS(256)
 
 
 #define FB_KERNELS(SUF, E, O)                                                                  \

@@ -381,6 +381,23 @@ impl CudaBackend {
         if d.b == 0 {
             return Ok(());
         }
+        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd() {
+            // One block per (head, slot, query tile), then per (kv head, slot, key tile).
+            let smem = d.tiled_bwd_smem();
+            let items = d.heads as i64 * d.b as i64 * d.tiled_tiles() as i64;
+            let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
+            if blocks > 0 {
+                let cfg = Self::cfg(blocks, smem);
+                self.launch(Family::Fallback, &name_q, Kernel::TiledBwdQ, (d, p), cfg)?;
+            }
+            let items = d.kv_heads as i64 * d.b as i64 * key_tiles as i64;
+            let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
+            if blocks > 0 {
+                let cfg = Self::cfg(blocks, smem);
+                self.launch(Family::Fallback, &name_kv, Kernel::TiledBwdKv, (d, p), cfg)?;
+            }
+            return Ok(());
+        }
         let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {

@@ -717,6 +717,22 @@ impl HipBackend {
         if d.b == 0 {
             return Ok(());
         }
+        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd() {
+            // One block per (head, slot, query tile), then per (kv head, slot, key tile).
+            let smem = d.tiled_bwd_smem();
+            let sides = [
+                (name_q, Kernel::TiledBwdQ, d.heads, d.tiled_tiles()),
+                (name_kv, Kernel::TiledBwdKv, d.kv_heads, key_tiles),
+            ];
+            for (name, kernel, heads, tiles) in sides {
+                let items = heads as i64 * d.b as i64 * tiles as i64;
+                let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
+                if blocks > 0 {
+                    self.launch(Family::Fallback, &name, kernel, (d, p), (blocks, smem))?;
+                }
+            }
+            return Ok(());
+        }
         let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
         let blocks = Self::blocks(d.tq * d.heads as i64)?;
         if blocks > 0 {
@@ -784,6 +800,10 @@ pub fn kernels() -> Vec<KernelInfo> {
                 }
             } else if name.starts_with("fallback_fwd_tc") {
                 Kernel::TiledFwd
+            } else if name.starts_with("fallback_bwd_q_tc") {
+                Kernel::TiledBwdQ
+            } else if name.starts_with("fallback_bwd_kv_tc") {
+                Kernel::TiledBwdKv
             } else if name.starts_with("fallback_fwd") {
                 Kernel::FallbackFwd
             } else if name.starts_with("fallback_bwd_q") {
@@ -844,6 +864,9 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
             d.dv = dim as i32;
             if let Some((n, _)) = d.tiled_fwd() {
                 v.push(("fallback", n));
+            }
+            if let Some((names, _)) = d.tiled_bwd() {
+                v.extend(names.into_iter().map(|n| ("fallback", n)));
             }
         }
         d.max_lq = SMALL_SEQ_MAX_ROWS;
@@ -1098,18 +1121,20 @@ mod tests {
     fn every_launchable_kernel_is_listed() {
         let names = kernel_names();
         // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 3 kernels, and
-        // the tiled forward for 4 suffixes x 2 dims.
+        // for 4 suffixes the tiled forward at 3 dims and both tiled backward kernels at 2.
         assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
         assert_eq!(
             names.iter().filter(|(s, _)| *s == "fallback").count(),
-            15 + 8
+            15 + 4 * 3 + 2 * 4 * 2
         );
         let fb = include_str!("../../kernels/fallback.cu");
         for suf in ["bf16", "f16", "f32", "bf16_o32", "f16_o32"] {
             assert!(fb.contains(&format!("FB_KERNELS({suf},")), "{suf}");
         }
         for d in TILED_HEAD_DIMS {
-            assert!(fb.contains(&format!("FT_KERNELS({d})")), "{d}");
+            let bwd = crate::backend::launch::TILED_BWD_HEAD_DIMS.contains(&d);
+            let instance = if bwd { "FT_KERNELS" } else { "FT_FWD_KERNELS" };
+            assert!(fb.contains(&format!("\n{instance}({d})")), "{d}");
         }
     }
 

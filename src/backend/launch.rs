@@ -14,7 +14,10 @@ pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 pub const SMALL_SEQ_MAX_ROWS: i32 = 17;
 
 /// Head dims the tiled (matrix-core) fallback forward is instantiated for.
-pub const TILED_HEAD_DIMS: [usize; 2] = [64, 128];
+pub const TILED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head dims the tiled fallback backward is instantiated for (at 256 its key side's two
+/// accumulators alone would take every register: the scalar backward takes those).
+pub const TILED_BWD_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query rows per block of the tiled fallback forward (`FT_BM` in kernels/fallback.cu).
 pub const TILED_ROWS: i32 = 64;
 /// Fewest queries (longest slot) for which the tiled fallback forward is launched. On an H200
@@ -180,8 +183,38 @@ impl LaunchDims {
         })
     }
 
+    /// The tiled fallback backward's two kernels (query side, key side) and the key tiles per
+    /// slot of the key side, where the tiled forward applies ([`LaunchDims::tiled_fwd`]) and
+    /// the head dim is in [`TILED_BWD_HEAD_DIMS`]: so the kernel that
+    /// [`LaunchDims::fallback_fwd_kernel`] names tells which arithmetic both directions took. The query side's grid is the forward's; the key side's
+    /// is `kv_heads * b * key_tiles` blocks.
+    pub fn tiled_bwd(&self) -> Option<([String; 2], i32)> {
+        let (fwd, _) = self.tiled_fwd()?;
+        if !TILED_BWD_HEAD_DIMS.contains(&(self.dqk as usize)) {
+            return None;
+        }
+        let tail = fwd.strip_prefix("fallback_fwd_tc_")?;
+        let key_tiles = (self.max_lk.max(0) + TILED_ROWS - 1) / TILED_ROWS;
+        Some((
+            [
+                format!("fallback_bwd_q_tc_{tail}"),
+                format!("fallback_bwd_kv_tc_{tail}"),
+            ],
+            key_tiles,
+        ))
+    }
+
+    /// Dynamic shared memory of the tiled fallback backward (both kernels): two column tiles
+    /// of padded rows, and three f32 values per column (`FtbShape` in kernels/fallback.cu).
+    pub fn tiled_bwd_smem(&self) -> u32 {
+        let d = self.dqk.max(0) as u32;
+        let bn = if d > 64 { 32 } else { 64 };
+        2 * bn * (d + 32) * 2 + 3 * bn * 4
+    }
+
     /// Name of the fallback forward kernel this launch takes: the tiled one where
-    /// [`LaunchDims::tiled_fwd`] applies, else the scalar `fallback_fwd_<dtype>`.
+    /// [`LaunchDims::tiled_fwd`] applies, else the scalar `fallback_fwd_<dtype>`. The backward
+    /// follows the same rule ([`LaunchDims::tiled_bwd`]).
     pub fn fallback_fwd_kernel(&self) -> String {
         match self.tiled_fwd() {
             Some((name, _)) => name,
@@ -195,11 +228,13 @@ impl LaunchDims {
     }
 
     /// Dynamic shared memory of the tiled fallback forward: one key tile of K and one of V, rows
-    /// padded (`FtShape` in kernels/fallback.cu). Sized for 64-key tiles, the most any build
-    /// of the kernel uses (above D = 64 it takes 32 unless `FT_BN_WIDE_D` says otherwise).
+    /// padded (`FtShape` in kernels/fallback.cu). Sized for 64-key tiles up to D = 128, the
+    /// most any build of the kernel uses (above D = 64 it takes 32 unless `FT_BN_WIDE_D` says
+    /// otherwise), and for 32 at D = 256 (`FT_BN_D256`, at most 32).
     pub fn tiled_fwd_smem(&self) -> u32 {
         let d = self.dqk.max(0) as u32;
-        64 * ((d + 32) + (d + 8)) * 2
+        let keys = if d > 128 { 32 } else { 64 };
+        keys * ((d + 32) + (d + 8)) * 2
     }
 
     /// Why the fallback kernels cannot take this launch, if they cannot.
@@ -251,6 +286,8 @@ pub enum Kernel {
     TiledFwd,
     FallbackBwdQ,
     FallbackBwdKv,
+    TiledBwdQ,
+    TiledBwdKv,
 }
 
 /// The arguments of a launch, in the order of the kernel's parameters (`kernels/*.cu`).
@@ -286,7 +323,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.dk),
             Ptr(p.dv),
         ],
-        Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => {
+        Kernel::FallbackBwdQ | Kernel::FallbackBwdKv | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
             let inputs = [
                 Ptr(p.q),
                 Ptr(p.k),
@@ -296,7 +333,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
                 Ptr(p.delta),
                 Ptr(p.rowsum),
             ];
-            let outputs: &[Arg] = if k == Kernel::FallbackBwdQ {
+            let outputs: &[Arg] = if matches!(k, Kernel::FallbackBwdQ | Kernel::TiledBwdQ) {
                 &[Ptr(p.dq)]
             } else {
                 &[Ptr(p.dk), Ptr(p.dv)]
@@ -309,12 +346,16 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
-        Kernel::TiledFwd => {
+        Kernel::TiledFwd | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
+            let tiles = match (k, d.tiled_bwd()) {
+                (Kernel::TiledBwdKv, Some((_, key_tiles))) => key_tiles,
+                _ => d.tiled_tiles(),
+            };
             v.extend([
                 I32(d.b),
                 I32(d.heads),
                 I32(d.kv_heads),
-                I32(d.tiled_tiles()),
+                I32(tiles),
                 F32(d.scale),
                 I32(d.mask),
                 I32(d.window.0),
@@ -352,6 +393,21 @@ pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
             ("v", p.v),
             ("d_o", p.d_o),
             ("dq", p.dq),
+            ("dk", p.dk),
+            ("dv", p.dv),
+        ],
+        Kernel::TiledBwdQ => &[
+            ("q", p.q),
+            ("k", p.k),
+            ("v", p.v),
+            ("d_o", p.d_o),
+            ("dq", p.dq),
+        ],
+        Kernel::TiledBwdKv => &[
+            ("q", p.q),
+            ("k", p.k),
+            ("v", p.v),
+            ("d_o", p.d_o),
             ("dk", p.dk),
             ("dv", p.dv),
         ],
@@ -432,8 +488,62 @@ mod tests {
         assert_eq!(t(dims(Dtype::F16, false, 64, 64, 3)).map(|x| x.1), Some(1));
         assert_eq!(t(dims(Dtype::F32, false, 64, 64, 9)), None);
         assert_eq!(t(dims(Dtype::Bf16, false, 128, 64, 9)), None);
-        assert_eq!(t(dims(Dtype::Bf16, false, 256, 256, 9)), None);
+        assert_eq!(
+            t(dims(Dtype::Bf16, false, 256, 256, 9)),
+            Some(("fallback_fwd_tc_bf16_d256".into(), 1))
+        );
         assert_eq!(t(dims(Dtype::Bf16, false, 96, 96, 9)), None);
+    }
+
+    #[test]
+    fn tiled_backward_follows_the_forward_rule_and_tiles_the_keys() {
+        let d = LaunchDims {
+            max_lk: 130,
+            ..dims(Dtype::F16, true, 64, 64, 65)
+        };
+        assert_eq!(
+            d.tiled_bwd(),
+            Some((
+                [
+                    "fallback_bwd_q_tc_f16_o32_d64".to_string(),
+                    "fallback_bwd_kv_tc_f16_o32_d64".to_string()
+                ],
+                3
+            ))
+        );
+        for no in [
+            dims(Dtype::Bf16, false, 256, 256, 9),
+            dims(Dtype::Bf16, false, 128, 128, 2),
+            dims(Dtype::F32, false, 64, 64, 9),
+            dims(Dtype::Bf16, false, 128, 64, 9),
+        ] {
+            assert_eq!(no.tiled_bwd(), None);
+        }
+        // The key side's launch passes its key tiles, the query side the forward's query tiles.
+        // The tile count comes before scale, mask and the window's two ends.
+        let tiles = |k| {
+            let args = args_of(k, &d, &Ptrs::default());
+            match args[args.len() - 5] {
+                Arg::I32(x) => x,
+                _ => panic!("the fifth argument from the end is the tile count"),
+            }
+        };
+        assert_eq!(tiles(Kernel::TiledBwdKv), 3);
+        assert_eq!(tiles(Kernel::TiledBwdQ), 2);
+    }
+
+    #[test]
+    fn tiled_backward_shared_memory_holds_two_padded_column_tiles() {
+        // 64 columns at D = 64, 32 above; rows padded by 32 elements; lse, D, Z per column.
+        assert_eq!(
+            dims(Dtype::Bf16, false, 64, 64, 9).tiled_bwd_smem(),
+            2 * 64 * 96 * 2 + 3 * 64 * 4
+        );
+        assert_eq!(
+            dims(Dtype::Bf16, false, 128, 128, 9).tiled_bwd_smem(),
+            2 * 32 * 160 * 2 + 3 * 32 * 4
+        );
+        assert!(dims(Dtype::Bf16, false, 128, 128, 9).tiled_bwd_smem() <= 48 * 1024);
     }
 
     #[test]
@@ -447,8 +557,15 @@ mod tests {
             dims(Dtype::Bf16, false, 64, 64, 1).tiled_fwd_smem(),
             64 * (96 + 72) * 2
         );
+        assert_eq!(
+            dims(Dtype::Bf16, false, 256, 256, 1).tiled_fwd_smem(),
+            32 * (288 + 264) * 2
+        );
         // Under the 48 KiB a launch gets without raising the limit.
-        assert!(dims(Dtype::Bf16, false, 128, 128, 1).tiled_fwd_smem() <= 48 * 1024);
+        for d in TILED_HEAD_DIMS {
+            let d = d as i32;
+            assert!(dims(Dtype::Bf16, false, d, d, 1).tiled_fwd_smem() <= 48 * 1024);
+        }
     }
 
     #[test]

@@ -132,6 +132,9 @@ impl Signs {
 /// Per output tensor of the small-seq path, the row votes of `actual` against `emulated`.
 pub fn signs(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outputs) -> Vec<Signs> {
     let u = case.config.dtype.unit_roundoff();
+    // The spacing of the dtype's values near e: 2u|e| for normal values, the smallest subnormal
+    // below (an emulated 0 beside a device subnormal is one ulp off, not 1e300 of them).
+    let tiny = case.config.dtype.smallest_subnormal();
     paired(case, small, actual, emulated)
         .iter()
         .map(|t| {
@@ -150,7 +153,7 @@ pub fn signs(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outp
                     up += d as i64;
                     away += (d * e.signum()) as i64;
                     s.differing += 1;
-                    s.signed_ulps += (a - e) / (2.0 * u * e.abs()).max(f64::MIN_POSITIVE);
+                    s.signed_ulps += (a - e) / (2.0 * u * e.abs()).max(tiny);
                 }
                 col += 1;
                 if col == t.row {
@@ -234,6 +237,37 @@ mod tests {
             differing: 1,
             signed_ulps: 0.0,
         }
+    }
+
+    #[test]
+    fn an_emulated_zero_beside_a_subnormal_is_one_ulp_off() {
+        use crate::config::AttnConfig;
+        use ndarray::Array3;
+        use smallseq_reference::{Dtype, Layout, Mask};
+        let dt = Dtype::Bf16;
+        let x = || Array3::<f32>::from_elem((1, 1, 64), 0.5);
+        let cfg = AttnConfig::new(dt, 1, 64, Mask::Padding);
+        let case = Case::new(cfg, Layout::packed(&[(1, 1)]), x(), x(), x(), None).unwrap();
+        let o = |first: f64| {
+            let mut o = Array3::<f64>::from_elem((1, 1, 64), 0.25);
+            o[(0, 0, 0)] = first;
+            Outputs {
+                o: Some(o),
+                ..Outputs::default()
+            }
+        };
+        let tiny = dt.smallest_subnormal();
+        let s = signs(&case, (true, false), &o(tiny), &o(0.0));
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].differing, s[0].mean_ulps()), (1, 1.0));
+        // A normal value one spacing above its emulation: one ulp too.
+        let up = 0.25 * (1.0 + 2.0 * dt.unit_roundoff());
+        let s = signs(&case, (true, false), &o(up), &o(0.25));
+        assert!(
+            (s[0].mean_ulps() - 1.0).abs() < 1e-12,
+            "{}",
+            s[0].mean_ulps()
+        );
     }
 
     #[test]

@@ -840,7 +840,10 @@ impl<'a> Checker<'a> {
             let bwd_path = |p: &Pair| p.bwd.as_ref().map(|b| b.path);
             let changed = if p.fwd.path != base.fwd.path || bwd_path(&p) != bwd_path(base) {
                 Some("the path")
-            } else if p.fwd.path == Some(Path::Fallback) && kernel(&sub) != kernel(case) {
+            } else if (p.fwd.path == Some(Path::Fallback)
+                || bwd_path(&p) == Some(Some(Path::Fallback)))
+                && kernel(&sub) != kernel(case)
+            {
                 Some("the fallback kernel")
             } else if self.runner.external() {
                 // A framework may pick another kernel or GEMM blocking for another batch

@@ -68,7 +68,8 @@ pub trait Runner: Send + Sync {
     fn dispatcher(&self, opts: &RunOptions) -> Option<Dispatcher>;
     /// The `emulation_conformance` rate budget of `tensor`, where it is judged.
     fn rounding_budget(&self, tensor: &str) -> Option<f64>;
-    /// Which fallback forward kernel a launch takes, where there are several.
+    /// Which fallback forward kernel a launch takes, where there are several (the backward
+    /// picks its kernels by the same rule, so the name tells both).
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String>;
     /// Forward, then backward from that forward when the case has `d_o`.
     ///
