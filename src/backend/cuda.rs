@@ -7,7 +7,7 @@
 //! raw device pointers and are what the benchmark times.
 
 use super::kernel_cache::{fingerprint, KernelCache};
-use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
+use super::launch::{args_of, check_aligned, Arg, Gpu, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS,
@@ -352,7 +352,7 @@ impl CudaBackend {
     /// Unsupported shapes, driver errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
-        if let Some((name, tiles)) = d.tiled_fwd() {
+        if let Some((name, tiles)) = d.tiled_fwd(Gpu::Cuda) {
             // One block per (head, slot, query tile): `blocks` counts warps.
             let items = d.heads as i64 * d.b as i64 * tiles as i64;
             let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
@@ -381,7 +381,7 @@ impl CudaBackend {
         if d.b == 0 {
             return Ok(());
         }
-        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd() {
+        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd(Gpu::Cuda) {
             // One block per (head, slot, query tile), then per (kv head, slot, key tile).
             let smem = d.tiled_bwd_smem();
             let items = d.heads as i64 * d.b as i64 * d.tiled_tiles() as i64;
@@ -839,7 +839,7 @@ impl Backend for CudaBackend {
     }
 
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
-        Some(dims_of(config, layout, false).fallback_fwd_kernel())
+        Some(dims_of(config, layout, false).fallback_fwd_kernel(Gpu::Cuda))
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {

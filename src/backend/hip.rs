@@ -19,7 +19,7 @@
 //! `hipDeviceProp_t` layout.
 
 use super::kernel_cache::fingerprint;
-use super::launch::{args_of, check_aligned, Arg, Kernel, WARPS_PER_BLOCK};
+use super::launch::{args_of, check_aligned, Arg, Gpu, Kernel, WARPS_PER_BLOCK};
 pub use super::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_HEAD_DIMS, TILED_ROWS,
@@ -675,7 +675,7 @@ impl HipBackend {
     /// Unsupported shapes, HIP errors.
     pub fn launch_fallback_fwd(&self, d: &LaunchDims, p: &Ptrs) -> Result<()> {
         Self::check_fallback(d)?;
-        if let Some((name, tiles)) = d.tiled_fwd() {
+        if let Some((name, tiles)) = d.tiled_fwd(Gpu::Hip) {
             // One block per (head, slot, query tile): `blocks` counts items.
             let items = d.heads as i64 * d.b as i64 * tiles as i64;
             let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
@@ -717,7 +717,7 @@ impl HipBackend {
         if d.b == 0 {
             return Ok(());
         }
-        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd() {
+        if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd(Gpu::Hip) {
             // One block per (head, slot, query tile), then per (kv head, slot, key tile).
             let smem = d.tiled_bwd_smem();
             let sides = [
@@ -859,13 +859,13 @@ pub fn kernel_names() -> Vec<(&'static str, String)> {
         if let Ok(names) = HipBackend::fallback_names(&d) {
             v.extend(names.into_iter().map(|n| ("fallback", n)));
         }
-        for dim in TILED_HEAD_DIMS {
+        for &dim in Gpu::Hip.tiled_fwd_dims() {
             d.dqk = dim as i32;
             d.dv = dim as i32;
-            if let Some((n, _)) = d.tiled_fwd() {
+            if let Some((n, _)) = d.tiled_fwd(Gpu::Hip) {
                 v.push(("fallback", n));
             }
-            if let Some((names, _)) = d.tiled_bwd() {
+            if let Some((names, _)) = d.tiled_bwd(Gpu::Hip) {
                 v.extend(names.into_iter().map(|n| ("fallback", n)));
             }
         }
@@ -1057,7 +1057,7 @@ impl Backend for HipBackend {
     }
 
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
-        Some(dims_of(config, layout, false).fallback_fwd_kernel())
+        Some(dims_of(config, layout, false).fallback_fwd_kernel(Gpu::Hip))
     }
 
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
@@ -1121,20 +1121,19 @@ mod tests {
     fn every_launchable_kernel_is_listed() {
         let names = kernel_names();
         // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 3 kernels, and
-        // for 4 suffixes the tiled forward at 3 dims and both tiled backward kernels at 2.
+        // the tiled forward for 4 suffixes x 2 dims (HIP builds no tiled backward and no
+        // tiled forward at D = 256: kernels/fallback.cu says why).
         assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
         assert_eq!(
             names.iter().filter(|(s, _)| *s == "fallback").count(),
-            15 + 4 * 3 + 2 * 4 * 2
+            15 + 4 * 2
         );
         let fb = include_str!("../../kernels/fallback.cu");
         for suf in ["bf16", "f16", "f32", "bf16_o32", "f16_o32"] {
             assert!(fb.contains(&format!("FB_KERNELS({suf},")), "{suf}");
         }
-        for d in TILED_HEAD_DIMS {
-            let bwd = crate::backend::launch::TILED_BWD_HEAD_DIMS.contains(&d);
-            let instance = if bwd { "FT_KERNELS" } else { "FT_FWD_KERNELS" };
-            assert!(fb.contains(&format!("\n{instance}({d})")), "{d}");
+        for &d in Gpu::Hip.tiled_fwd_dims() {
+            assert!(fb.contains(&format!("\nFT_KERNELS({d})")), "{d}");
         }
     }
 

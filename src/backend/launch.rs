@@ -13,11 +13,47 @@ pub const SMALL_SEQ_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// 24 keys, and `docs/semantics.md` §3.1 allows 17).
 pub const SMALL_SEQ_MAX_ROWS: i32 = 17;
 
-/// Head dims the tiled (matrix-core) fallback forward is instantiated for.
+/// Head dims the tiled (matrix-core) fallback forward is instantiated for on CUDA.
 pub const TILED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-/// Head dims the tiled fallback backward is instantiated for (at 256 its key side's two
-/// accumulators alone would take every register: the scalar backward takes those).
+/// Head dims the tiled fallback backward is instantiated for on CUDA (at 256 its key side's
+/// two accumulators alone would take every register: the scalar backward takes those).
 pub const TILED_BWD_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Which GPU backend launches: the tiled kernels each builds differ (kernels/fallback.cu
+/// builds the tiled backward and the D = 256 tiled forward for CUDA only, their gfx942 compile
+/// taking minutes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gpu {
+    Cuda,
+    Hip,
+}
+
+impl Gpu {
+    /// The backend named `name`, if it is one of the two.
+    pub fn named(name: &str) -> Option<Gpu> {
+        match name {
+            "cuda" => Some(Gpu::Cuda),
+            "hip" => Some(Gpu::Hip),
+            _ => None,
+        }
+    }
+
+    /// Head dims of its tiled fallback forward.
+    pub fn tiled_fwd_dims(self) -> &'static [usize] {
+        match self {
+            Gpu::Cuda => &TILED_HEAD_DIMS,
+            Gpu::Hip => &TILED_HEAD_DIMS[..2],
+        }
+    }
+
+    /// Head dims of its tiled fallback backward.
+    pub fn tiled_bwd_dims(self) -> &'static [usize] {
+        match self {
+            Gpu::Cuda => &TILED_BWD_HEAD_DIMS,
+            Gpu::Hip => &[],
+        }
+    }
+}
 /// Query rows per block of the tiled fallback forward (`FT_BM` in kernels/fallback.cu).
 pub const TILED_ROWS: i32 = 64;
 /// Fewest queries (longest slot) for which the tiled fallback forward is launched. On an H200
@@ -170,10 +206,10 @@ impl LaunchDims {
     /// The tiled fallback forward's kernel name and query tiles per slot, when it takes this
     /// launch: 16-bit inputs, `Dqk == Dv` in [`TILED_HEAD_DIMS`], and some slot with at least
     /// [`TILED_MIN_QUERIES`] queries. Its grid is `heads * b * tiles` blocks of 4 logical warps.
-    pub fn tiled_fwd(&self) -> Option<(String, i32)> {
+    pub fn tiled_fwd(&self, gpu: Gpu) -> Option<(String, i32)> {
         let suffix = self.dtype_suffix(false).ok()?;
         let fits = self.dqk == self.dv
-            && TILED_HEAD_DIMS.contains(&(self.dqk as usize))
+            && gpu.tiled_fwd_dims().contains(&(self.dqk as usize))
             && self.max_lq >= TILED_MIN_QUERIES;
         fits.then(|| {
             (
@@ -188,20 +224,24 @@ impl LaunchDims {
     /// the head dim is in [`TILED_BWD_HEAD_DIMS`]: so the kernel that
     /// [`LaunchDims::fallback_fwd_kernel`] names tells which arithmetic both directions took. The query side's grid is the forward's; the key side's
     /// is `kv_heads * b * key_tiles` blocks.
-    pub fn tiled_bwd(&self) -> Option<([String; 2], i32)> {
-        let (fwd, _) = self.tiled_fwd()?;
-        if !TILED_BWD_HEAD_DIMS.contains(&(self.dqk as usize)) {
+    pub fn tiled_bwd(&self, gpu: Gpu) -> Option<([String; 2], i32)> {
+        let (fwd, _) = self.tiled_fwd(gpu)?;
+        if !gpu.tiled_bwd_dims().contains(&(self.dqk as usize)) {
             return None;
         }
         let tail = fwd.strip_prefix("fallback_fwd_tc_")?;
-        let key_tiles = (self.max_lk.max(0) + TILED_ROWS - 1) / TILED_ROWS;
         Some((
             [
                 format!("fallback_bwd_q_tc_{tail}"),
                 format!("fallback_bwd_kv_tc_{tail}"),
             ],
-            key_tiles,
+            self.tiled_key_tiles(),
         ))
+    }
+
+    /// Key tiles per slot of the tiled backward's key side: the longest slot's.
+    pub fn tiled_key_tiles(&self) -> i32 {
+        (self.max_lk.max(0) + TILED_ROWS - 1) / TILED_ROWS
     }
 
     /// Dynamic shared memory of the tiled fallback backward (both kernels): two column tiles
@@ -215,8 +255,8 @@ impl LaunchDims {
     /// Name of the fallback forward kernel this launch takes: the tiled one where
     /// [`LaunchDims::tiled_fwd`] applies, else the scalar `fallback_fwd_<dtype>`. The backward
     /// follows the same rule ([`LaunchDims::tiled_bwd`]).
-    pub fn fallback_fwd_kernel(&self) -> String {
-        match self.tiled_fwd() {
+    pub fn fallback_fwd_kernel(&self, gpu: Gpu) -> String {
+        match self.tiled_fwd(gpu) {
             Some((name, _)) => name,
             None => format!("fallback_fwd_{}", self.dtype_suffix(true).unwrap_or("?")),
         }
@@ -347,8 +387,8 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
         Kernel::TiledFwd | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
-            let tiles = match (k, d.tiled_bwd()) {
-                (Kernel::TiledBwdKv, Some((_, key_tiles))) => key_tiles,
+            let tiles = match k {
+                Kernel::TiledBwdKv => d.tiled_key_tiles(),
                 _ => d.tiled_tiles(),
             };
             v.extend([
@@ -473,7 +513,7 @@ mod tests {
 
     #[test]
     fn tiled_forward_takes_16_bit_square_heads_of_64_and_128() {
-        let t = |d: LaunchDims| d.tiled_fwd();
+        let t = |d: LaunchDims| d.tiled_fwd(Gpu::Cuda);
         assert_eq!(
             t(dims(Dtype::Bf16, false, 128, 128, 512)),
             Some(("fallback_fwd_tc_bf16_d128".into(), 8))
@@ -502,7 +542,7 @@ mod tests {
             ..dims(Dtype::F16, true, 64, 64, 65)
         };
         assert_eq!(
-            d.tiled_bwd(),
+            d.tiled_bwd(Gpu::Cuda),
             Some((
                 [
                     "fallback_bwd_q_tc_f16_o32_d64".to_string(),
@@ -517,7 +557,7 @@ mod tests {
             dims(Dtype::F32, false, 64, 64, 9),
             dims(Dtype::Bf16, false, 128, 64, 9),
         ] {
-            assert_eq!(no.tiled_bwd(), None);
+            assert_eq!(no.tiled_bwd(Gpu::Cuda), None);
         }
         // The key side's launch passes its key tiles, the query side the forward's query tiles.
         // The tile count comes before scale, mask and the window's two ends.
@@ -530,6 +570,18 @@ mod tests {
         };
         assert_eq!(tiles(Kernel::TiledBwdKv), 3);
         assert_eq!(tiles(Kernel::TiledBwdQ), 2);
+    }
+
+    #[test]
+    fn hip_launches_the_tiled_forward_at_64_and_128_and_no_tiled_backward() {
+        let d = |dim| dims(Dtype::Bf16, false, dim, dim, 100);
+        assert!(d(128).tiled_fwd(Gpu::Hip).is_some());
+        assert_eq!(d(256).tiled_fwd(Gpu::Hip), None);
+        assert!(d(256).tiled_fwd(Gpu::Cuda).is_some());
+        assert_eq!(d(128).tiled_bwd(Gpu::Hip), None);
+        assert_eq!(d(256).fallback_fwd_kernel(Gpu::Hip), "fallback_fwd_bf16");
+        assert_eq!(Gpu::named("hip"), Some(Gpu::Hip));
+        assert_eq!(Gpu::named("cpu"), None);
     }
 
     #[test]
@@ -570,11 +622,12 @@ mod tests {
 
     #[test]
     fn fallback_forward_kernel_follows_the_longest_query_side() {
-        let name = |max_lq| dims(Dtype::Bf16, false, 128, 128, max_lq).fallback_fwd_kernel();
+        let name =
+            |max_lq| dims(Dtype::Bf16, false, 128, 128, max_lq).fallback_fwd_kernel(Gpu::Cuda);
         assert_eq!(name(2), "fallback_fwd_bf16");
         assert_eq!(name(3), "fallback_fwd_tc_bf16_d128");
         let f32_dims = dims(Dtype::F32, false, 128, 128, 9);
-        assert_eq!(f32_dims.fallback_fwd_kernel(), "fallback_fwd_f32");
+        assert_eq!(f32_dims.fallback_fwd_kernel(Gpu::Cuda), "fallback_fwd_f32");
     }
 
     #[test]

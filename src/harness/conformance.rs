@@ -147,6 +147,8 @@ pub fn counts(
     grads: Option<&GradAllowance>,
 ) -> Vec<Count> {
     let u = case.config.dtype.unit_roundoff();
+    // Below the normal range the dtype's spacing is its smallest subnormal, not 2u|y|.
+    let tiny = case.config.dtype.smallest_subnormal();
     paired(case, small, actual, emulated)
         .iter()
         .map(|t| {
@@ -173,7 +175,7 @@ pub fn counts(
                         continue;
                     }
                 }
-                let ulp = 2.0 * u * y.abs();
+                let ulp = (2.0 * u * y.abs()).max(tiny);
                 let differs = if x.is_finite() && y.is_finite() {
                     (x - y).abs() > ulp * 1.01
                 } else {
@@ -291,6 +293,24 @@ mod tests {
             Outcome::Skip { reason } if reason.contains("no outputs")
         ));
         assert_eq!(count(1024, 0, 256).allowance(0.02), Some(256.0));
+    }
+
+    #[test]
+    fn one_subnormal_spacing_is_one_ulp_and_two_are_more() {
+        use crate::case::samples::one_query_two_keys as case;
+        let mut c = case(1.0, [0.5, 0.5], [1.0, 2.0], 1.0);
+        c.config.dtype = smallseq_reference::Dtype::F16;
+        let tiny = c.config.dtype.smallest_subnormal();
+        let o = |x: f64| Outputs {
+            o: Some(ndarray::Array3::from_elem((1, 1, 1), x)),
+            ..Outputs::default()
+        };
+        let off =
+            |got: f64, emulated: f64| counts(&c, (true, false), &o(got), &o(emulated), None)[0].off;
+        assert_eq!(off(tiny, 0.0), 0);
+        assert_eq!(off(3.0 * tiny, 2.0 * tiny), 0);
+        assert_eq!(off(2.0 * tiny, 0.0), 1);
+        assert_eq!(off(1.0 + 4.0 * c.config.dtype.unit_roundoff(), 1.0), 1);
     }
 
     #[test]

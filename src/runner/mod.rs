@@ -202,8 +202,8 @@ impl<R: Runner + ?Sized> Runner for &R {
 /// The policy of an in-tree backend served by a worker: what the campaign process knows
 /// without opening the device (its budgets by name, the launch rules of `backend::launch`).
 pub fn in_tree_fallback_kernel(name: &str, config: &AttnConfig, layout: &Layout) -> Option<String> {
-    matches!(name, "cuda" | "hip")
-        .then(|| crate::backend::launch::dims_of(config, layout, false).fallback_fwd_kernel())
+    let gpu = crate::backend::launch::Gpu::named(name)?;
+    Some(crate::backend::launch::dims_of(config, layout, false).fallback_fwd_kernel(gpu))
 }
 
 /// The rounding budget of a runner named `name` that declares (or not) the small-seq
