@@ -12,7 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/stage.sh
 stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check'
-stage clippy cargo clippy --workspace --all-targets -- -D warnings
+# Clippy with the release profile: the build scripts and proc macros it compiles (syn, serde_derive,
+# clap_derive, …; the dev profile builds them at opt-level 3, `[profile.dev.package."*"]`) are
+# then the ones `cargo test --release` uses, built once, not once per profile. The lints are
+# the same (no code of the workspace depends on debug_assertions).
+stage clippy cargo clippy --release --workspace --all-targets -- -D warnings
 stage tests cargo test --workspace --release
 stage mutants cargo run -q --release -- mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
 stage fuzz-campaign cargo run -q --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
