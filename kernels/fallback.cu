@@ -366,17 +366,31 @@ PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long r
   }
 }
 
+// The work item of a tiled block: the grid is 1-D over (head, slot, tile), tile fastest (both
+// tiled directions and both sides of the backward).
+struct FtItem {
+  int tile, slot, head, lq, lk;
+};
+PT_INLINE FtItem ft_item(int tiles, int b, const int* cu_q, const int* cu_kv) {
+  const long long item = pt_bid();
+  const long long rest = item / tiles;
+  FtItem it;
+  it.tile = (int)(item % tiles);
+  it.slot = (int)(rest % b);
+  it.head = (int)(rest / b);
+  it.lq = cu_q[it.slot + 1] - cu_q[it.slot];
+  it.lk = cu_kv[it.slot + 1] - cu_kv[it.slot];
+  return it;
+}
+
 template <class E, class O, int D>
 PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                       typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
                       const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,
                       float scale, int mask, int wl, int wr, typename E::T* sm) {
   typedef FtShape<D> S;
-  const long long item = pt_bid();
-  const int tile = (int)(item % tiles);
-  const long long rest = item / tiles;
-  const int slot = (int)(rest % b), h = (int)(rest / b);
-  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
+  const int tile = it.tile, slot = it.slot, h = it.head, lq = it.lq, lk = it.lk;
   const int row0 = tile * FT_BM;
   if (row0 >= lq) return;  // block-uniform
   const int hk = fb_kv_head(h, H / Hkv);
@@ -724,11 +738,8 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
                          const int* off_kv, int b, int H, int Hkv, int tiles, float scale,
                          int mask, int wl, int wr, typename E::T* sm) {
   typedef FtbShape<D> S;
-  const long long item = pt_bid();
-  const int tile = (int)(item % tiles);
-  const long long rest = item / tiles;
-  const int slot = (int)(rest % b), h = (int)(rest / b);
-  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
+  const int tile = it.tile, slot = it.slot, h = it.head, lq = it.lq, lk = it.lk;
   const int row0 = tile * FT_BM;
   if (row0 >= lq) return;  // block-uniform
   const int hk = fb_kv_head(h, H / Hkv);
@@ -829,11 +840,8 @@ PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const 
                           int b, int H, int Hkv, int tiles, float scale, int mask, int wl, int wr,
                           typename E::T* sm) {
   typedef FtbShape<D> S;
-  const long long item = pt_bid();
-  const int tile = (int)(item % tiles);
-  const long long rest = item / tiles;
-  const int slot = (int)(rest % b), hk = (int)(rest / b);
-  const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
+  const int tile = it.tile, slot = it.slot, hk = it.head, lq = it.lq, lk = it.lk;
   const int key0 = tile * FT_BM;
   if (key0 >= lk) return;  // block-uniform
   const int group = H / Hkv;
