@@ -241,20 +241,13 @@ mod tests {
 
     #[test]
     fn an_emulated_zero_beside_a_subnormal_is_one_ulp_off() {
-        use crate::config::AttnConfig;
         use ndarray::Array3;
-        use smallseq_reference::{Dtype, Layout, Mask};
-        let dt = Dtype::Bf16;
-        let x = || Array3::<f32>::from_elem((1, 1, 64), 0.5);
-        let cfg = AttnConfig::new(dt, 1, 64, Mask::Padding);
-        let case = Case::new(cfg, Layout::packed(&[(1, 1)]), x(), x(), x(), None).unwrap();
-        let o = |first: f64| {
-            let mut o = Array3::<f64>::from_elem((1, 1, 64), 0.25);
-            o[(0, 0, 0)] = first;
-            Outputs {
-                o: Some(o),
-                ..Outputs::default()
-            }
+        let mut case = crate::case::samples::one_query_two_keys(1.0, [0.5, 0.5], [1.0, 2.0], 1.0);
+        let dt = smallseq_reference::Dtype::Bf16;
+        case.config.dtype = dt;
+        let o = |x: f64| Outputs {
+            o: Some(Array3::from_elem((1, 1, 1), x)),
+            ..Outputs::default()
         };
         let tiny = dt.smallest_subnormal();
         let s = signs(&case, (true, false), &o(tiny), &o(0.0));
