@@ -12,9 +12,9 @@ cd "$(dirname "$0")/.."
 ci/cuda-tools.sh
 # The backend's unit tests need the feature and NVRTC, no GPU (cudarc loads both at run time).
 # They include the kernel cache's compile-once test, required here rather than skipped. Under
-# `.ci/run` they ran already, with the HIP backend's, in one binary (SMALLSEQ_BACKEND_TESTS_RAN=1).
+# `.ci/run` they ran already, in its cargo test with both features (SMALLSEQ_BACKEND_TESTS_RAN=1).
 if [ "${SMALLSEQ_BACKEND_TESTS_RAN:-}" = 1 ]; then
-  echo "== backend unit tests (cuda): ran in this run's ci/backend-unit-tests.sh cuda,hip"
+  echo "== backend unit tests (cuda): ran in this run's cargo test (features cuda,hip)"
 else
   ci/backend-unit-tests.sh cuda
 fi

@@ -11,9 +11,10 @@
 #      code objects of step 1, and the binary exits 2 with one line when there is no GPU;
 #   5. the host model of a gfx942 wavefront (tests/hip_lane_model.rs) passes.
 # It installs Debian's clang-19, lld-19, llvm-19 and libamdhip64-dev when they are missing.
-# Under `.ci/run`: SMALLSEQ_HIP_OBJECTS_BUILT=1 (step 1 ran in the background),
-# SMALLSEQ_HIP_MODEL_RAN=1 (step 5 ran in `cargo test`) and SMALLSEQ_BACKEND_TESTS_RAN=1 (the
-# backend's unit tests ran in ci/backend-unit-tests.sh cuda,hip) skip what already ran.
+# Under `.ci/run`: SMALLSEQ_HIP_OBJECTS_BUILT=1 (step 1 ran before the tests),
+# SMALLSEQ_HIP_BINARIES_BUILT=1 (its `cargo test`, with the hip feature, built the binary and
+# the example of step 4a), SMALLSEQ_HIP_MODEL_RAN=1 (step 5 ran in that `cargo test`) and
+# SMALLSEQ_BACKEND_TESTS_RAN=1 (so did the backend's unit tests) skip what already ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -31,12 +32,17 @@ for f in kernels/*.cu; do stems+=("$(basename "$f" .cu)"); done
 # -- 4a. build and link (embeds the objects of step 1) -----------------------------------------
 export HIP_PATH=${HIP_PATH:-/usr}
 arch_list=$(IFS=,; echo "${archs[*]}")
-SMALLSEQ_HIP_PREBUILT=$PWD/$out SMALLSEQ_HIP_ARCHS=$arch_list \
-  cargo build -q --release --features hip --bin smallseq --example hip_kernel_names
+if [ "${SMALLSEQ_HIP_BINARIES_BUILT:-}" = 1 ]; then
+  # `.ci/run`'s `cargo test` built both, with the cuda and hip features, on these objects.
+  echo "== build: target/release/smallseq and examples/hip_kernel_names from this run's cargo test"
+else
+  SMALLSEQ_HIP_PREBUILT=$PWD/$out SMALLSEQ_HIP_ARCHS=$arch_list \
+    cargo build -q --release --features hip --bin smallseq --example hip_kernel_names
+fi
 # The backend's own unit tests (kernel names, launch lists) need the feature, hence here (under
-# `.ci/run` they ran already, with the CUDA backend's, in one binary: ci/backend-unit-tests.sh).
+# `.ci/run` they ran already, in its cargo test with both features).
 if [ "${SMALLSEQ_BACKEND_TESTS_RAN:-}" = 1 ]; then
-  echo "== backend unit tests (hip): ran in this run's ci/backend-unit-tests.sh cuda,hip"
+  echo "== backend unit tests (hip): ran in this run's cargo test (features cuda,hip)"
 else
   ci/backend-unit-tests.sh hip
 fi

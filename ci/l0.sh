@@ -8,17 +8,34 @@
 # (.github/workflows/nightly-cpu.yml: installing cargo-fuzz and the AddressSanitizer build cost
 # more than the 12 minutes L0 has on two cores); L0 replays their committed seeds in
 # `cargo test` (tests/fuzz_corpus.rs).
+#
+#   ci/l0.sh [lint|test]      (both when left out; `.ci/run` runs `lint`, then `test`)
+#
+# SMALLSEQ_L0_FEATURES=cuda,hip builds the tests and the binary with the GPU backends' features
+# (as `.ci/run` does, after `. ci/feature-env.sh; feature_env cuda,hip`): their unit tests and
+# the GPU test files then run in the same `cargo test`, the GPU ones printing SKIP here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/stage.sh
+part=${1:-all}
+case $part in lint | test | all) ;; *) echo "usage: ci/l0.sh [lint|test]" >&2; exit 2 ;; esac
+features=()
+[ -n "${SMALLSEQ_L0_FEATURES:-}" ] &&
+  features=(--features "$(echo ",$SMALLSEQ_L0_FEATURES" | sed 's/,/,smallseq-proptests\//g; s/^,//')")
+if [ "$part" != test ]; then
 stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check'
 # Clippy with the release profile: the build scripts and proc macros it compiles (syn, serde_derive,
 # clap_derive, …; the dev profile builds them at opt-level 3, `[profile.dev.package."*"]`) are
 # then the ones `cargo test --release` uses, built once, not once per profile. The lints are
 # the same (no code of the workspace depends on debug_assertions).
 stage clippy cargo clippy --release --workspace --all-targets -- -D warnings
-stage tests cargo test --workspace --release
-stage mutants cargo run -q --release -- mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
-stage fuzz-campaign cargo run -q --release -- fuzz --cases 300 --seed 1 --out target/l0/fuzz
+fi
+[ "$part" = lint ] && exit 0
+stage tests cargo test --workspace --release "${features[@]}"
+# The binary `cargo test` built for the CLI tests (with the same features): `cargo run` would
+# resolve the dependencies' features without the dev-dependencies and compile again.
+bin=target/release/smallseq
+stage mutants "$bin" mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
+stage fuzz-campaign "$bin" fuzz --cases 300 --seed 1 --out target/l0/fuzz
 stage report-pages ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
-stage adapters env SMALLSEQ_BIN=target/release/smallseq ci/adapters.sh
+stage adapters env SMALLSEQ_BIN="$bin" ci/adapters.sh
