@@ -8,7 +8,9 @@
 //! `SMALLSEQ_HIP_ARCHS` (default `gfx942,gfx90a,gfx950`); an arch the compiler does not know is
 //! skipped with a warning, but gfx942 must build when a compiler was found.
 //! `SMALLSEQ_HIP_PREBUILT=DIR` embeds `DIR/{small_seq,fallback}.<arch>.hsaco` instead of
-//! compiling (CI compiles once and checks what it embeds).
+//! compiling; `SMALLSEQ_HIP_EXPORT=DIR` writes the objects it embeds there, with `DIR/archs`
+//! (the archs, space-separated), as `ci/hip-code-objects.sh` does: either way CI compiles once
+//! and checks what it embeds (`.ci/run` exports, so the compile overlaps cargo's).
 //! Without a compiler nothing is embedded and the backend needs `SMALLSEQ_HIP_CODE_OBJECTS=DIR`
 //! at run time; it says so when opened. Objects compiled from the same sources, flags, archs and
 //! compiler as last time are reused, so a rerun of this script (a new commit) costs nothing.
@@ -31,6 +33,7 @@ fn main() {
         "SMALLSEQ_HIP_CLANG",
         "SMALLSEQ_HIP_ARCHS",
         "SMALLSEQ_HIP_PREBUILT",
+        "SMALLSEQ_HIP_EXPORT",
         "ROCM_PATH",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
@@ -58,6 +61,9 @@ fn main() {
             }
         },
     };
+    if let Some(dir) = std::env::var_os("SMALLSEQ_HIP_EXPORT") {
+        export(Path::new(&dir), &objects);
+    }
     let mut rs = String::from(
         "/// Embedded code objects: (arch, kernel file stem, path of the object at build time).\n\
          pub const EMBEDDED: &[(&str, &str, &[u8])] = &[\n",
@@ -70,6 +76,21 @@ fn main() {
     }
     rs.push_str("];\n");
     std::fs::write(out.join("hip_code_objects.rs"), rs).expect("writing hip_code_objects.rs");
+}
+
+/// Copies `objects` into `dir` as `<stem>.<arch>.hsaco` and lists their archs in `dir/archs`.
+fn export(dir: &Path, objects: &[(String, String, PathBuf)]) {
+    std::fs::create_dir_all(dir).expect("creating SMALLSEQ_HIP_EXPORT");
+    let mut archs: Vec<&str> = Vec::new();
+    for (arch, stem, path) in objects {
+        std::fs::copy(path, dir.join(format!("{stem}.{arch}.hsaco")))
+            .expect("copying a code object into SMALLSEQ_HIP_EXPORT");
+        if !archs.contains(&arch.as_str()) {
+            archs.push(arch);
+        }
+    }
+    std::fs::write(dir.join("archs"), format!("{}\n", archs.join(" ")))
+        .expect("writing SMALLSEQ_HIP_EXPORT/archs");
 }
 
 /// `git` in this package's directory; `None` when it fails or git is missing.

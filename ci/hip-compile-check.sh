@@ -11,7 +11,8 @@
 #      code objects of step 1, and the binary exits 2 with one line when there is no GPU;
 #   5. the host model of a gfx942 wavefront (tests/hip_lane_model.rs) passes.
 # It installs Debian's clang-19, lld-19, llvm-19 and libamdhip64-dev when they are missing.
-# Under `.ci/run`: SMALLSEQ_HIP_OBJECTS_BUILT=1 (step 1 ran before the tests),
+# Under `.ci/run`: SMALLSEQ_HIP_OBJECTS_BUILT=1 (step 1 ran in its `cargo test`: build.rs
+# compiled the objects it embeds and exported them to target/hip-co, SMALLSEQ_HIP_EXPORT),
 # SMALLSEQ_HIP_BINARIES_BUILT=1 (its `cargo test`, with the hip feature, built the binary and
 # the example of step 4a), SMALLSEQ_HIP_MODEL_RAN=1 (step 5 ran in that `cargo test`) and
 # SMALLSEQ_BACKEND_TESTS_RAN=1 (so did the backend's unit tests) skip what already ran.
@@ -22,7 +23,12 @@ out=target/hip-co
 
 # -- 1. code objects (ci/hip-code-objects.sh, which installs the packages; `.ci/run` has built
 # them already) -------------------------------------------------------------------------------
-[ "${SMALLSEQ_HIP_OBJECTS_BUILT:-}" = 1 ] || ci/hip-code-objects.sh
+if [ "${SMALLSEQ_HIP_OBJECTS_BUILT:-}" = 1 ]; then
+  echo "== code objects: built by this run's cargo test (build.rs, flags: $(cat kernels/hip.flags))"
+  for f in "$out"/*.hsaco; do printf '   %-28s %8d bytes\n' "$(basename "$f")" "$(stat -c %s "$f")"; done
+else
+  ci/hip-code-objects.sh
+fi
 OBJDUMP=llvm-objdump-19
 READELF=llvm-readelf-19
 read -r -a archs < "$out/archs"

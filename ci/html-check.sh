@@ -69,7 +69,13 @@ for dir in "$@"; do
   total=$((total + n))
   check "$dir/report.html" "$n" "run$total-$(basename "$dir")" || fail=1
 done
-cargo run -q --release -- report "$@" --out "$work/trend.html"
+# The caller's binary (SMALLSEQ_BIN: `.ci/run` passes the one its tests built, with their
+# features), else the release build.
+if [ -n "${SMALLSEQ_BIN:-}" ]; then
+  "$SMALLSEQ_BIN" report "$@" --out "$work/trend.html"
+else
+  cargo run -q --release -- report "$@" --out "$work/trend.html"
+fi
 check "$work/trend.html" "$total" trend || fail=1
 
 # The check must be able to fail: a page with a script error and a wrong count.

@@ -37,5 +37,5 @@ stage tests cargo test --workspace --release "${features[@]}"
 bin=target/release/smallseq
 stage mutants "$bin" mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
 stage fuzz-campaign "$bin" fuzz --cases 300 --seed 1 --out target/l0/fuzz
-stage report-pages ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
+stage report-pages env SMALLSEQ_BIN="$bin" ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
 stage adapters env SMALLSEQ_BIN="$bin" ci/adapters.sh
