@@ -335,7 +335,7 @@ fn model_rates(
     for c in cases {
         let got = outputs(c, &f32s, &mut at);
         let y = oracle(c).expect("the reference of a drawn case");
-        for n in conformance::counts(c, (true, true), &got, &y.emulated, y.grads.as_ref()) {
+        for n in conformance::counts(c, (true, true), &got, &y.emulated, y.undecided()) {
             let r = rates.entry(n.tensor).or_default();
             if n.judged() {
                 r.judged += 1;
@@ -344,7 +344,7 @@ fn model_rates(
                 r.max_rate = r.max_rate.max(n.rate());
             }
         }
-        for s in bias::signs(c, (true, true), &got, &y.emulated) {
+        for s in bias::signs(c, (true, true), &got, &y.emulated, y.undecided()) {
             let r = rates.entry(s.tensor).or_default();
             for v in [s.up, s.away].iter().filter(|v| v.n >= enough) {
                 r.votes += 1;

@@ -18,6 +18,9 @@ pub struct EmuForward {
     pub o: Array3<f32>,
     /// `[Tq, H]`; `-inf` at don't-care tokens and empty rows.
     pub lse: Array2<f32>,
+    /// `o` before its rounding to the dtype (the f32 accumulator): how far each output lies from
+    /// a rounding boundary of the dtype, which a judge of roundings needs.
+    pub o_acc: Array3<f32>,
 }
 
 /// Gradients as the device stores them (values of the dtype; 0 at don't-care tokens).
@@ -29,6 +32,8 @@ pub struct EmuGradients {
     pub dk: Array3<f32>,
     /// `[Tk, Hkv, Dv]`
     pub dv: Array3<f32>,
+    /// `dv` before its rounding to the dtype (as [`EmuForward::o_acc`]).
+    pub dv_acc: Array3<f32>,
 }
 
 /// Forward pass, and the gradients when `p.d_o` is present, with the kernels' roundings for
@@ -40,11 +45,13 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
     let mut fwd = EmuForward {
         o: Array3::zeros((tq, nh, dv)),
         lse: Array2::from_elem((tq, nh), f32::NEG_INFINITY),
+        o_acc: Array3::zeros((tq, nh, dv)),
     };
     let mut grads = p.d_o.map(|_| EmuGradients {
         dq: Array3::zeros((tq, nh, dqk)),
         dk: Array3::zeros((tk, nkv, dqk)),
         dv: Array3::zeros((tk, nkv, dv)),
+        dv_acc: Array3::zeros((tk, nkv, dv)),
     });
     for i in 0..p.layout.slots() {
         let sg = SlotGeom::of(p.layout, i);
@@ -143,6 +150,7 @@ fn emulate_group(
             }
             for (d, &od) in o.iter().enumerate() {
                 fwd.o[[sg.off_q + r, h, d]] = dtype.round(od);
+                fwd.o_acc[[sg.off_q + r, h, d]] = od;
             }
         }
 
@@ -204,6 +212,7 @@ fn emulate_group(
                 }
                 for d in 0..dv {
                     gr.dv[[sg.off_kv + c, hk, d]] = dtype.round(dv_acc[c * dv + d]);
+                    gr.dv_acc[[sg.off_kv + c, hk, d]] = dv_acc[c * dv + d];
                 }
             }
         }

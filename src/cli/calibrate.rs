@@ -136,7 +136,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             pair.small_seq(),
             &pair.outputs(),
             &y.emulated,
-            y.grads.as_ref(),
+            y.undecided(),
         ) {
             if !c.judged() {
                 continue;
@@ -157,7 +157,13 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 r.max_margin = Some(r.max_margin.map_or(m, |x| x.max(m)));
             }
         }
-        for s in bias::signs(&case, pair.small_seq(), &pair.outputs(), &y.emulated) {
+        for s in bias::signs(
+            &case,
+            pair.small_seq(),
+            &pair.outputs(),
+            &y.emulated,
+            y.undecided(),
+        ) {
             let key = format!(
                 "{} d{} {}",
                 case.config.dtype.name(),

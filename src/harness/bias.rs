@@ -24,7 +24,7 @@
 //! correct one may move few or none (then it passes: nothing leans either way). Smaller
 //! tensors are not judged.
 
-use super::conformance::{paired, CONFORMANCE_TENSORS};
+use super::conformance::{paired, Undecided, CONFORMANCE_TENSORS};
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
 
@@ -129,8 +129,16 @@ impl Signs {
     }
 }
 
-/// Per output tensor of the small-seq path, the row votes of `actual` against `emulated`.
-pub fn signs(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outputs) -> Vec<Signs> {
+/// Per output tensor of the small-seq path, the row votes of `actual` against `emulated`; an
+/// element whose rounding the noise in `undecided` decides has no vote (as in conformance:
+/// which way it lands says nothing of the kernel's roundings).
+pub fn signs(
+    case: &Case,
+    small: (bool, bool),
+    actual: &Outputs,
+    emulated: &Outputs,
+    undecided: Undecided<'_>,
+) -> Vec<Signs> {
     let u = case.config.dtype.unit_roundoff();
     // The spacing of the dtype's values near e: 2u|e| for normal values, the smallest subnormal
     // below (an emulated 0 beside a device subnormal is one ulp off, not 1e300 of them).
@@ -147,8 +155,10 @@ pub fn signs(case: &Case, small: (bool, bool), actual: &Outputs, emulated: &Outp
                 signed_ulps: 0.0,
             };
             let (mut up, mut away, mut col) = (0i64, 0i64, 0usize);
+            let mut noise = undecided.flags(t, case.config.dtype);
             for (a, e) in t.pairs() {
-                if a.is_finite() && e.is_finite() && a != e {
+                let decided_by_noise = noise.as_mut().and_then(Iterator::next) == Some(true);
+                if !decided_by_noise && a.is_finite() && e.is_finite() && a != e {
                     let d = (a - e).signum();
                     up += d as i64;
                     away += (d * e.signum()) as i64;
@@ -250,12 +260,18 @@ mod tests {
             ..Outputs::default()
         };
         let tiny = dt.smallest_subnormal();
-        let s = signs(&case, (true, false), &o(tiny), &o(0.0));
+        let s = signs(
+            &case,
+            (true, false),
+            &o(tiny),
+            &o(0.0),
+            Undecided::default(),
+        );
         assert_eq!(s.len(), 1);
         assert_eq!((s[0].differing, s[0].mean_ulps()), (1, 1.0));
         // A normal value one spacing above its emulation: one ulp too.
         let up = 0.25 * (1.0 + 2.0 * dt.unit_roundoff());
-        let s = signs(&case, (true, false), &o(up), &o(0.25));
+        let s = signs(&case, (true, false), &o(up), &o(0.25), Undecided::default());
         assert!(
             (s[0].mean_ulps() - 1.0).abs() < 1e-12,
             "{}",

@@ -16,15 +16,90 @@
 //!
 //! dQ and dK where dS = P·(dP − D) cancels are not about roundings: a one-ulp change of dS
 //! moves a near-zero sum by many of its ulps, and two correct kernels differ there however
-//! they round. Such elements are left out of the count one by one: an element whose
-//! conditioning allowance ([`super::conditioning`]) exceeds half an ulp of its dtype at the
-//! emulation's value is not counted (`Count::excluded`), so the rate of the rest, the
-//! elements a rounding decides, is judged on every backend.
-
-use super::conditioning::GradAllowance;
+//! they round. Nor are o and dV where P's own f32 noise can round it either way and the
+//! output cancels (near-tied keys of large logits). Such elements are left out of the count
+//! one by one: an element whose noise ([`Undecided`]: the conditioning allowance of dQ and
+//! dK, P's rounding noise of o and dV, [`super::conditioning`]) exceeds half an ulp of its
+//! dtype at the emulation's value is not counted (`Count::excluded`), so the rate of the
+//! rest, the elements the kernel's roundings decide, is judged on every backend.
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
 use std::cmp::Ordering;
+
+/// One tensor's per-element noise, and where known the emulation's value before its rounding
+/// to the dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct Noise<'a> {
+    pub noise: &'a ndarray::Array3<f64>,
+    pub acc: Option<&'a ndarray::Array3<f64>>,
+}
+
+/// Per output tensor, the per-element noise that can decide its roundings (None: nothing left
+/// out of that tensor).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Undecided<'a> {
+    pub o: Option<Noise<'a>>,
+    pub dq: Option<Noise<'a>>,
+    pub dk: Option<Noise<'a>>,
+    pub dv: Option<Noise<'a>>,
+}
+
+impl<'a> Undecided<'a> {
+    /// The noise of `tensor` (`o`, `dq`, `dk`, `dv`).
+    pub fn of(&self, tensor: &str) -> Option<Noise<'a>> {
+        match tensor {
+            "o" => self.o,
+            "dq" => self.dq,
+            "dk" => self.dk,
+            "dv" => self.dv,
+            _ => None,
+        }
+    }
+
+    /// Per valid element of `t` (in [`Paired::pairs`] order), whether noise decides its
+    /// rounding; None where the tensor has no noise.
+    pub fn flags<'b>(
+        &'b self,
+        t: &'b Paired<'_>,
+        dtype: smallseq_reference::Dtype,
+    ) -> Option<impl Iterator<Item = bool> + 'b> {
+        let n = self.of(t.tensor)?;
+        let u = dtype.unit_roundoff();
+        let mut acc = n.acc.map(|a| t.over_valid(a));
+        Some(
+            t.over_valid(n.noise)
+                .zip(t.over_valid(t.emulated))
+                .map(move |(noise, y)| {
+                    let acc = acc.as_mut().and_then(Iterator::next);
+                    Self::decides(noise, acc, y, u, dtype)
+                }),
+        )
+    }
+
+    /// Whether noise `noise` decides the rounding of an output whose emulated value is `y` (and
+    /// `acc` before its rounding, where known) in `dtype` of unit roundoff `u`: `acc ± noise`
+    /// round to different values (a boundary lies within the noise: at an exact midpoint any
+    /// noise decides), or without `acc` the noise exceeds half an ulp at `y`. NaN on either
+    /// side is no proof that the noise is small.
+    pub fn decides(
+        noise: f64,
+        acc: Option<f64>,
+        y: f64,
+        u: f64,
+        dtype: smallseq_reference::Dtype,
+    ) -> bool {
+        let above_half_ulp = !matches!(
+            noise.partial_cmp(&(u * y.abs())),
+            Some(Ordering::Less | Ordering::Equal)
+        );
+        match acc {
+            Some(a) if a.is_finite() && noise.is_finite() => {
+                above_half_ulp || dtype.round_f64(a - noise) != dtype.round_f64(a + noise)
+            }
+            _ => above_half_ulp,
+        }
+    }
+}
 
 /// Fewest valid elements of a tensor for the conformance rate to be judged.
 pub const MIN_CONFORMANCE_ELEMENTS: usize = 256;
@@ -43,7 +118,7 @@ pub struct Count {
     pub elements: usize,
     pub off: usize,
     pub row: usize,
-    /// Elements left out because their conditioning allowance dominates (dq, dk).
+    /// Elements left out because noise decides their rounding ([`Undecided`]).
     pub excluded: usize,
 }
 
@@ -137,14 +212,14 @@ pub fn paired<'a>(
 }
 
 /// Per output tensor the small-seq path computed, the [`Count`] of `actual` against
-/// `emulated`; dq and dk without the elements whose allowance in `grads` dominates (see the
+/// `emulated`, without the elements whose rounding the noise in `undecided` decides (see the
 /// module's doc).
 pub fn counts(
     case: &Case,
     small: (bool, bool),
     actual: &Outputs,
     emulated: &Outputs,
-    grads: Option<&GradAllowance>,
+    undecided: Undecided<'_>,
 ) -> Vec<Count> {
     let u = case.config.dtype.unit_roundoff();
     // Below the normal range the dtype's spacing is its smallest subnormal, not 2u|y|.
@@ -152,12 +227,7 @@ pub fn counts(
     paired(case, small, actual, emulated)
         .iter()
         .map(|t| {
-            let allow = grads.and_then(|g| match t.tensor {
-                "dq" => Some(&g.dq),
-                "dk" => Some(&g.dk),
-                _ => None,
-            });
-            let mut allow = allow.map(|al| t.over_valid(al));
+            let mut noise = undecided.flags(t, case.config.dtype);
             let mut c = Count {
                 tensor: t.tensor,
                 elements: 0,
@@ -166,14 +236,9 @@ pub fn counts(
                 excluded: 0,
             };
             for (x, y) in t.pairs() {
-                // Half an ulp of the dtype at the emulation's value.
-                if let Some(al) = allow.as_mut().and_then(Iterator::next) {
-                    // NaN on either side is no proof the allowance is small: excluded.
-                    let within = al.partial_cmp(&(u * y.abs()));
-                    if !matches!(within, Some(Ordering::Less | Ordering::Equal)) {
-                        c.excluded += 1;
-                        continue;
-                    }
+                if noise.as_mut().and_then(Iterator::next) == Some(true) {
+                    c.excluded += 1;
+                    continue;
                 }
                 let ulp = (2.0 * u * y.abs()).max(tiny);
                 let differs = if x.is_finite() && y.is_finite() {
@@ -305,8 +370,16 @@ mod tests {
             o: Some(ndarray::Array3::from_elem((1, 1, 1), x)),
             ..Outputs::default()
         };
-        let off =
-            |got: f64, emulated: f64| counts(&c, (true, false), &o(got), &o(emulated), None)[0].off;
+        let off = |got: f64, emulated: f64| {
+            counts(
+                &c,
+                (true, false),
+                &o(got),
+                &o(emulated),
+                Undecided::default(),
+            )[0]
+            .off
+        };
         assert_eq!(off(tiny, 0.0), 0);
         assert_eq!(off(3.0 * tiny, 2.0 * tiny), 0);
         assert_eq!(off(2.0 * tiny, 0.0), 1);
@@ -330,12 +403,18 @@ mod tests {
             (true, true),
             &off(&y.emulated),
             &y.emulated,
-            y.grads.as_ref(),
+            y.undecided(),
         );
         assert_eq!((find(&cs, "dk").excluded, find(&cs, "dk").off), (2, 0));
         assert_eq!((find(&cs, "dq").excluded, find(&cs, "dq").elements), (1, 0));
         // Without the allowances they would count as off.
-        let cs = counts(&c, (true, true), &off(&y.emulated), &y.emulated, None);
+        let cs = counts(
+            &c,
+            (true, true),
+            &off(&y.emulated),
+            &y.emulated,
+            Undecided::default(),
+        );
         assert_eq!(find(&cs, "dk").off, 2);
         // No cancellation, bf16 (in f32 the f32 noise of any order exceeds half an ulp, so
         // every gradient element is left out): every element counted, the wrong ones off.
@@ -347,13 +426,13 @@ mod tests {
             (true, true),
             &off(&y.emulated),
             &y.emulated,
-            y.grads.as_ref(),
+            y.undecided(),
         );
         for t in ["dq", "dk"] {
             let n = find(&cs, t);
             assert_eq!((n.excluded, n.off), (0, n.elements), "{t}: {n:?}");
         }
-        let cs = counts(&c, (true, true), &y.emulated, &y.emulated, y.grads.as_ref());
+        let cs = counts(&c, (true, true), &y.emulated, &y.emulated, y.undecided());
         assert!(cs.iter().all(|c| c.off == 0), "{cs:?}");
     }
 }

@@ -2,8 +2,8 @@
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
 use super::capsule::{build_commit, COMMIT, PROVENANCE};
-use super::conformance;
 use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
+use super::{bias, conformance};
 use crate::backend::rounding_budget_of;
 use crate::case::Case;
 use crate::dispatch::Path;
@@ -105,7 +105,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     let fwd_small = small("smallseq.path").unwrap_or(false);
     let paths = (fwd_small, small("smallseq.path_bwd").unwrap_or(fwd_small));
     if let (Some(be), true) = (case.meta.get("smallseq.backend"), paths.0 || paths.1) {
-        let counts = conformance::counts(case, paths, &case.outputs, &y.emulated, y.grads.as_ref());
+        let counts = conformance::counts(case, paths, &case.outputs, &y.emulated, y.undecided());
         match conformance::judge(&counts, |t| rounding_budget_of(be, t)) {
             Outcome::Fail(f) => {
                 d.failed = true;
@@ -116,6 +116,18 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
             }
             Outcome::Pass => d.say(format!("emulation_conformance: pass ({be} budgets)")),
             Outcome::Skip { reason } => d.say(format!("emulation_conformance: skip ({reason})")),
+        }
+        // The bias test judges the forward path's outputs only where it was small-seq.
+        if paths.0 {
+            let signs = bias::signs(case, paths, &case.outputs, &y.emulated, y.undecided());
+            match bias::judge(&signs, |t| bias::bias_budget_of(be, t)) {
+                Outcome::Fail(f) => {
+                    d.failed = true;
+                    d.say(format!("rounding_bias FAILED ({be} budgets): {}", f.detail));
+                }
+                Outcome::Pass => d.say(format!("rounding_bias: pass ({be} budgets)")),
+                Outcome::Skip { reason } => d.say(format!("rounding_bias: skip ({reason})")),
+            }
         }
     }
     if !d.failed {
