@@ -136,7 +136,22 @@ fn sigkill_leaves_the_last_partial_report() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let first = json(&out.join("report.json"))["cases"].as_u64().unwrap();
-    std::thread::sleep(Duration::from_secs(7));
+    // Rewritten as it runs: wait for a later partial report (every 5 s of campaign time; on a
+    // loaded machine a fixed 7 s sleep sometimes saw none), then SIGKILL the campaign.
+    let cases = || {
+        std::fs::read_to_string(out.join("report.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|r| r["cases"].as_u64())
+    };
+    let start = Instant::now();
+    while cases().is_none_or(|n| n <= first) {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the partial report was not rewritten in 90 s (still {first} cases)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let rep = json(&out.join("report.json"));

@@ -148,12 +148,12 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
             .join(",")
     };
     Ok(format!(
-        "wrote {}: {} {}, {} heads ({} kv), head dims {}/{}, mask {}, window ({}, {}), scale {}{}, \
-         {} slots (q {}; kv {}), {} data seed {}, {}",
+        "wrote {}: {} {}, {} ({} kv), head dims {}/{}, mask {}, window ({}, {}), scale {}{}, \
+         {} (q {}; kv {}), {} data seed {}, {}",
         a.out.display(),
         case.config.layout.name(),
         case.config.dtype.name(),
-        p.num_heads,
+        counted(p.num_heads, "head"),
         p.num_kv_heads,
         p.head_dim_qk,
         p.head_dim_v,
@@ -166,7 +166,7 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
         } else {
             ""
         },
-        lens.len(),
+        counted(lens.len(), "slot"),
         side(lens.iter().map(|l| l.0).collect()),
         side(lens.iter().map(|l| l.1).collect()),
         dist.name(),
@@ -177,4 +177,9 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
             "forward only"
         }
     ))
+}
+
+/// `n` and `noun`, plural unless `n` is 1.
+fn counted(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
