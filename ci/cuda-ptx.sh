@@ -9,8 +9,9 @@
 # SMALLSEQ_CUDA_MUTANT_PTX=1 builds each to PTX through ptxas too, as the nightly CPU tier does
 # (.github/workflows/nightly-cpu.yml). One process per build and as many at once as there are
 # cores (NVRTC and ptxas are single-threaded). A file whose source does not name a define
-# compiles to the plain build's PTX, so nvrtc_compile.py compiles only the files that name it. `.ci/run` starts it in the background, beside the HIP code objects,
-# while cargo builds and tests; ci/cuda-compile-check.sh then reports and gates on the logs.
+# compiles to the plain build's PTX, so nvrtc_compile.py compiles only the files that name it.
+# `.ci/run` starts it in the background while cargo builds and tests; ci/cuda-compile-check.sh
+# then reports and gates on the logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)

@@ -11,9 +11,10 @@
 #
 #   ci/l0.sh [lint|test]      (both when left out; `.ci/run` runs `lint`, then `test`)
 #
-# SMALLSEQ_L0_FEATURES=cuda,hip builds the tests and the binary with the GPU backends' features
-# (as `.ci/run` does, after `. ci/feature-env.sh; feature_env cuda,hip`): their unit tests and
-# the GPU test files then run in the same `cargo test`, the GPU ones printing SKIP here.
+# SMALLSEQ_L0_FEATURES=cuda,hip lints, builds and tests with the GPU backends' features (as
+# `.ci/run` does, with NVRTC from `feature_env cuda` of ci/feature-env.sh and the HIP objects
+# from build.rs): their unit tests and the GPU test files then run in the same `cargo test`,
+# the GPU ones printing SKIP here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/stage.sh
@@ -30,13 +31,10 @@ stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check
 # the same (no code of the workspace depends on debug_assertions).
 # With SMALLSEQ_L0_FEATURES the GPU backends' code is linted too; the build script then embeds
 # no HIP code objects (SMALLSEQ_HIP_CLANG=none: lints need none, and its "no HIP compiler"
-# warning is expected here), so clippy does not wait on clang.
-if [ ${#features[@]} -gt 0 ]; then
-  stage clippy env SMALLSEQ_HIP_CLANG=none HIP_PATH="${HIP_PATH:-/usr}" \
-    cargo clippy --release --workspace --all-targets "${features[@]}" -- -D warnings
-else
-  stage clippy cargo clippy --release --workspace --all-targets -- -D warnings
-fi
+# warning is expected here), so clippy does not wait on clang. Without the hip feature both
+# settings are unread.
+stage clippy env SMALLSEQ_HIP_CLANG=none HIP_PATH="${HIP_PATH:-/usr}" \
+  cargo clippy --release --workspace --all-targets "${features[@]}" -- -D warnings
 fi
 [ "$part" = lint ] && exit 0
 stage tests cargo test --workspace --release "${features[@]}"

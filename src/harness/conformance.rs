@@ -20,8 +20,9 @@
 //! output cancels (near-tied keys of large logits). Such elements are left out of the count
 //! one by one: an element whose noise ([`Undecided`]: the conditioning allowance of dQ and
 //! dK, P's rounding noise of o and dV, [`super::conditioning`]) exceeds half an ulp of its
-//! dtype at the emulation's value is not counted (`Count::excluded`), so the rate of the
-//! rest, the elements the kernel's roundings decide, is judged on every backend.
+//! dtype at the emulation's value, or for o and dV reaches a rounding boundary from the
+//! emulation's value before its rounding, is not counted (`Count::excluded`), so the rate of
+//! the rest, the elements the kernel's roundings decide, is judged on every backend.
 use super::props::{Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
 use std::cmp::Ordering;
@@ -64,32 +65,25 @@ impl<'a> Undecided<'a> {
         dtype: smallseq_reference::Dtype,
     ) -> Option<impl Iterator<Item = bool> + 'b> {
         let n = self.of(t.tensor)?;
-        let u = dtype.unit_roundoff();
         let mut acc = n.acc.map(|a| t.over_valid(a));
         Some(
             t.over_valid(n.noise)
                 .zip(t.over_valid(t.emulated))
                 .map(move |(noise, y)| {
                     let acc = acc.as_mut().and_then(Iterator::next);
-                    Self::decides(noise, acc, y, u, dtype)
+                    Self::decides(noise, acc, y, dtype)
                 }),
         )
     }
 
     /// Whether noise `noise` decides the rounding of an output whose emulated value is `y` (and
-    /// `acc` before its rounding, where known) in `dtype` of unit roundoff `u`: `acc ± noise`
+    /// `acc` before its rounding, where known) in `dtype`: `acc ± noise`
     /// round to different values (a boundary lies within the noise: at an exact midpoint any
     /// noise decides), or without `acc` the noise exceeds half an ulp at `y`. NaN on either
     /// side is no proof that the noise is small.
-    pub fn decides(
-        noise: f64,
-        acc: Option<f64>,
-        y: f64,
-        u: f64,
-        dtype: smallseq_reference::Dtype,
-    ) -> bool {
+    pub fn decides(noise: f64, acc: Option<f64>, y: f64, dtype: smallseq_reference::Dtype) -> bool {
         let above_half_ulp = !matches!(
-            noise.partial_cmp(&(u * y.abs())),
+            noise.partial_cmp(&(dtype.unit_roundoff() * y.abs())),
             Some(Ordering::Less | Ordering::Equal)
         );
         match acc {
