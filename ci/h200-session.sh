@@ -8,8 +8,9 @@
 #
 # BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
-# Stages, in the order given: tests calibrate bench variants ncu stalls sanitize mutants fuzz
-# fuzzbg fuzzwait (default: all but variants, stalls, fuzzbg and fuzzwait; VARIANTS lists the
+# Stages, in the order given: tests calibrate bench variants fbvariants ncu ncubwd stalls
+# sanitize sancases mutants fuzz fuzzbg fuzzwait (default: tests calibrate bench ncu sanitize
+# mutants fuzz; VARIANTS lists the
 # variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
 # seed, 2027 by default; FUZZ_VARIANTS the campaigns `fuzzbg` starts side by side, one per
 # variant, `default` for the shipped build, `seed=N` in a variant for its own seed). Results go
@@ -130,6 +131,47 @@ for s in $stages; do
         "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --fallback false \
         --filter rnd1-17_h16,q1 > "$out/ncu-stalls.txt" 2>&1
       echo "-> exit $?" | tee -a "$log" ;;
+    fbvariants)
+      # The fallback's kernels (forward and backward) timed per variant, back to back with the
+      # default build: 512-token slots and W3 (D = 256).
+      for v in default ${VARIANTS:-}; do
+        echo "-- variant: $v" | tee -a "$log"
+        split_variant "$v"
+        run 120 env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "$ss" bench --backend cuda \
+          --iters 20 --filter fix512,rnd1-17_h32
+      done ;;
+    ncubwd)
+      # The tiled fallback backward's limits on 512-token slots and W3: registers, occupancy,
+      # tensor pipe, shared-memory wavefronts and bank conflicts, the main stalls; per variant.
+      for v in default ${VARIANTS:-}; do
+        echo "-- variant: $v" | tee -a "$log"
+        split_variant "$v"
+        run 150 env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" ncu --clock-control none \
+          --kernel-name regex:'fallback_bwd_(q|kv)_tc' --launch-count 4 --metrics \
+launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
+smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,\
+smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,\
+gpu__time_duration.sum \
+          "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,rnd1-17_h32
+      done ;;
+    sancases)
+      # compute-sanitizer on small cases of the tiled backward (its bench workloads take minutes
+      # a launch under racecheck): D = 256 (the dV/dK split), GQA and causal; D = 128 and 64
+      # (swizzled tiles), two slots, a window, more than one key tile.
+      mk() { "$ss" case new --out "/tmp/$1.safetensors" "${@:2}" > /dev/null || echo "case new $1 failed" | tee -a "$log"; }
+      mk sc256 --dtype bf16 --heads 2 --kv-heads 1 --head-dim 256 --q-lens 20,33 --kv-lens 24,40 --mask causal
+      mk sc128 --dtype f16 --heads 2 --kv-heads 1 --head-dim 128 --q-lens 40,3 --kv-lens 70,5
+      mk sc64 --dtype bf16 --heads 1 --head-dim 64 --q-lens 70 --kv-lens 90 --window=8,3
+      for c in sc256 sc128 sc64; do
+        for tool in racecheck memcheck; do
+          run 90 compute-sanitizer --tool $tool --error-exitcode 1 "$ss" run --backend cuda \
+            --case "/tmp/$c.safetensors" --out "/tmp/$c-$tool.safetensors"
+        done
+      done ;;
     sanitize)
       run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --out /tmp/san-m
       # The tiled fallback (both directions, 16 and 512 tokens) and the small-seq kernels.

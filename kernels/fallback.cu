@@ -371,8 +371,7 @@ PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long r
 struct FtItem {
   int tile, slot, head, lq, lk;
 };
-PT_INLINE FtItem ft_item(int tiles, int b, const int* cu_q, const int* cu_kv) {
-  const long long item = pt_bid();
+PT_INLINE FtItem ft_item(long long item, int tiles, int b, const int* cu_q, const int* cu_kv) {
   const long long rest = item / tiles;
   FtItem it;
   it.tile = (int)(item % tiles);
@@ -389,7 +388,7 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
                       const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles,
                       float scale, int mask, int wl, int wr, typename E::T* sm) {
   typedef FtShape<D> S;
-  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
+  const FtItem it = ft_item(pt_bid(), tiles, b, cu_q, cu_kv);
   const int tile = it.tile, slot = it.slot, h = it.head, lq = it.lq, lk = it.lk;
   const int row0 = tile * FT_BM;
   if (row0 >= lq) return;  // block-uniform
@@ -591,14 +590,41 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 // group and read them in both roles: as B with the reduction over dims (rows g, the forward's K
 // read) and as B with the reduction over rows (rows 2t, 2t+1, 2t+8, 2t+9, the forward's V read).
 
+// A tile read in both roles cannot have conflict-free 16-byte reads under one row padding: the
+// reduction over dims has a quarter-warp read rows g in {0, 1} at chunks t (wants a row stride of
+// 16 mod 32 words), the one over rows reads rows 2t at chunks g (wants 4 mod 8 words). Padded
+// rows (D + 32 elements: the first) left the second 4-way conflicted, 1-2e8 conflicts per
+// 512-token launch (NOTES v11). Swizzled rows serve both: chunk c of row r sits at chunk
+// c ^ f(r) of its row, f(r) = (r & 6) ^ ((r & 1) << 2), which sends rows g = 0, 1 to chunk
+// halves 0-3 and 4-7 and rows 2t to chunk pairs 2t. FTB_SWIZZLE=0 keeps the padded rows.
+#ifndef FTB_SWIZZLE
+#define FTB_SWIZZLE 1
+#endif
 // Columns per tile (keys in the query-side kernel, queries in the key-side one).
 template <int D>
 struct FtbShape {
   static const int BN = D > 64 ? 32 : 64;
   static const int NT = BN / 8;
-  static const int S = D + 32;  // row stride in elements (both tiles)
+  static const int S = FTB_SWIZZLE ? D : D + 32;  // row stride in elements (both tiles)
   static const int ELEMS = 2 * BN * S;
+  // Element offset of 16-byte chunk c of row r.
+  static PT_INLINE int at(int r, int c) {
+    return r * S + ((FTB_SWIZZLE ? c ^ ((r & 6) ^ ((r & 1) << 2)) : c) << 3);
+  }
 };
+
+// Copies rows [0, BN) of a column tile (rows past n zero-filled) into shared memory.
+template <class E, int D>
+PT_INLINE void ftb_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
+  typedef FtbShape<D> S;
+  const int CH = D / 8;
+  for (int i = pt_tid(); i < S::BN * CH; i += FT_THREADS) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < n;
+    pt_cp_async16(dst + S::at(r, c), ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
+                  ok);
+  }
+}
 
 PT_INLINE double pt_quad_sum_d(double x) {
   x += pt_shfl_d(x, pt_lane() ^ 1);
@@ -630,10 +656,10 @@ PT_INLINE void fb_rows_seeing(int c0, int c1, int lq, int lk, int mask, int wl, 
 }
 
 // x[nt][e] += Σ_d a[row][d] · y[nt*8 + col][d] over 32-dim chunks (each chunk from zero, added in
-// f32: the forward's order), a as fragments (lane t: dims 8t..8t+7 of each chunk), y rows in
-// shared memory with stride SS.
-template <class E, int D, int NT, int SS>
-PT_INLINE void ftb_dots(float (*x)[4], const pt_v4 (*a)[2], const typename E::T* y) {
+// f32: the forward's order), a from an FtbFrags (lane t: dims 8t..8t+7 of each chunk), y rows in
+// shared memory (FtbShape's layout).
+template <class E, int D, int NT, class A>
+PT_INLINE void ftb_dots(float (*x)[4], const A& a, const typename E::T* y) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -643,13 +669,13 @@ PT_INLINE void ftb_dots(float (*x)[4], const pt_v4 (*a)[2], const typename E::T*
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int ch = 0; ch < D / 32; ++ch) {
-      const pt_v4 yb = pt_ld16(y + (nt * 8 + g) * SS + ch * 32 + t * 8);
+      const pt_v4 yb = pt_ld16(y + FtbShape<D>::at(nt * 8 + g, ch * 4 + t));
+      const pt_v4 a0 = a.at(ch, 0), a1 = a.at(ch, 1);
       float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        pt_mma<E>(part, pt_word(a[ch][0], 2 * j), pt_word(a[ch][1], 2 * j),
-                  pt_word(a[ch][0], 2 * j + 1), pt_word(a[ch][1], 2 * j + 1),
-                  pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
+        pt_mma<E>(part, pt_word(a0, 2 * j), pt_word(a1, 2 * j), pt_word(a0, 2 * j + 1),
+                  pt_word(a1, 2 * j + 1), pt_word(yb, 2 * j), pt_word(yb, 2 * j + 1));
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[nt][e] += part[e];
     }
@@ -669,19 +695,45 @@ PT_INLINE void ftb_rows(pt_v4 (*a)[2], const void* base16, long long rs, int row
     }
 }
 
-// acc[c][j] += A · y over BN rows of y (shared memory, stride SS), A given as packed fragments of
+// The A operand of ftb_dots: 16 rows of a row-major tensor as fragments. Up to D = 128 they are
+// held in registers; at D = 256 (64 registers per tensor) they would not fit beside a 128-register
+// accumulator, so each use re-reads them (L1 hits), as the D = 256 forward re-reads Q.
+template <int D, bool HELD = (D <= 128)>
+struct FtbFrags {
+  pt_v4 a[D / 32][2];
+  PT_INLINE void load(const void* base, long long rs, int row0, int n) {
+    ftb_rows<D>(a, base, rs, row0, n);
+  }
+  PT_INLINE pt_v4 at(int ch, int hh) const { return a[ch][hh]; }
+};
+template <int D>
+struct FtbFrags<D, false> {
+  const pt_u16* base;
+  long long rs;
+  int row0, n;
+  PT_INLINE void load(const void* b, long long s, int r0, int nn) {
+    base = (const pt_u16*)b, rs = s, row0 = r0, n = nn;
+  }
+  PT_INLINE pt_v4 at(int ch, int hh) const {
+    const int r = row0 + (pt_llane() >> 2) + 8 * hh;
+    return r < n ? pt_ld16(base + r * rs + ch * 32 + (pt_llane() & 3) * 8) : pt_zero4();
+  }
+};
+
+// acc[c][j] += A · y over BN rows of y (shared memory, FtbShape's layout), A given as packed fragments of
 // a 16 x BN matrix (pa[kk]: columns kk*16..kk*16+15); output dims permuted as in the forward's
 // P·V (n-tile j, column 2t+e of chunk c is dim c*64 + (2t+e)*8 + j).
-template <class E, int D, int BN, int SS>
+template <class E, int D, int BN>
 PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typename E::T* y) {
+  typedef FtbShape<D> S;
   const int l = pt_llane(), g = l >> 2, t = l & 3;
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
-      const typename E::T* yr = y + (kk * 16 + 2 * t) * SS + c * 64 + g * 8;
-      const pt_v4 v0 = pt_ld16(yr), v1 = pt_ld16(yr + SS);
-      const pt_v4 v8 = pt_ld16(yr + 8 * SS), v9 = pt_ld16(yr + 9 * SS);
+      const int r = kk * 16 + 2 * t, ck = c * 8 + g;
+      const pt_v4 v0 = pt_ld16(y + S::at(r, ck)), v1 = pt_ld16(y + S::at(r + 1, ck));
+      const pt_v4 v8 = pt_ld16(y + S::at(r + 8, ck)), v9 = pt_ld16(y + S::at(r + 9, ck));
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         pt_mma<E>(acc[c][j], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], pt_bsel(v0, v1, j),
@@ -738,7 +790,7 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
                          const int* off_kv, int b, int H, int Hkv, int tiles, float scale,
                          int mask, int wl, int wr, typename E::T* sm) {
   typedef FtbShape<D> S;
-  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
+  const FtItem it = ft_item(pt_bid(), tiles, b, cu_q, cu_kv);
   const int tile = it.tile, slot = it.slot, h = it.head, lq = it.lq, lk = it.lk;
   const int row0 = tile * FT_BM;
   if (row0 >= lq) return;  // block-uniform
@@ -764,9 +816,9 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
     if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
   }
-  pt_v4 xq[D / 32][2], xo[D / 32][2];
-  ftb_rows<D>(xq, qb, rq, wrow, lq);
-  ftb_rows<D>(xo, ob, rq, wrow, lq);
+  FtbFrags<D> xq, xo;
+  xq.load(qb, rq, wrow, lq);
+  xo.load(ob, rq, wrow, lq);
   typename E::T* ks = sm;
   typename E::T* vs = sm + S::BN * S::S;
   const int kt0 = lo_b <= hi_b ? (lo_b / S::BN) * S::BN : lk;
@@ -782,14 +834,14 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     double dsum[2] = {0.0, 0.0};
     for (int kt = kt0; kt <= hi_b; kt += S::BN) {
       pt_sync();  // every warp done with the previous tile
-      ft_copy<E, D, S::S, S::BN>(ks, kb + kt * rk, rk, lk - kt);
-      ft_copy<E, D, S::S, S::BN>(vs, vb + kt * rk, rk, lk - kt);
+      ftb_copy<E, D>(ks, kb + kt * rk, rk, lk - kt);
+      ftb_copy<E, D>(vs, vb + kt * rk, rk, lk - kt);
       pt_cp_commit();
       pt_cp_wait<0>();
       pt_sync();
       float s[S::NT][4], dp[S::NT][4];
-      ftb_dots<E, D, S::NT, S::S>(s, xq, ks);
-      ftb_dots<E, D, S::NT, S::S>(dp, xo, vs);
+      ftb_dots<E, D, S::NT>(s, xq, ks);
+      ftb_dots<E, D, S::NT>(dp, xo, vs);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -812,7 +864,7 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       if (pass == 1) {
         pt_u32 pa[S::BN / 16][4];
         ftb_pack<E, S::BN>(pa, s, FtbSat<E>());
-        ftb_rows_mma<E, D, S::BN, S::S>(acc, pa, ks);
+        ftb_rows_mma<E, D, S::BN>(acc, pa, ks);
       }
     }
     if (pass == 0) {
@@ -832,18 +884,27 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
   ftb_store<E, O, D>(dq + tq0 * rq + (long long)h * D, rq, wrow, lq, acc, scale);
 }
 
-template <class E, class O, int D>
-PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const typename E::T* v,
-                          const typename E::T* d_o, const float* lse, const float* delta,
-                          const float* rowsum, typename O::T* dk, typename O::T* dv,
-                          const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,
-                          int b, int H, int Hkv, int tiles, float scale, int mask, int wl, int wr,
-                          typename E::T* sm) {
+// What a key-side block accumulates: dV (bit 0), dK (bit 1).
+#define FTB_DV 1
+#define FTB_DK 2
+// Key-side blocks per (kv head, slot, key tile): one up to D = 128; at D = 256 the two
+// accumulators (128 registers each) cannot share a thread, so one block computes dV and another
+// dK, each P again (the dK block dP too): 8 products per (query, key) pair of the backward
+// instead of 7.
+template <int D>
+struct FtbParts {
+  static const int N = D > 128 ? 2 : 1;
+};
+
+template <class E, class O, int D, int PART>
+PT_INLINE void ftb_bwd_kv_part(const FtItem& it, const typename E::T* q, const typename E::T* k,
+                               const typename E::T* v, const typename E::T* d_o, const float* lse,
+                               const float* delta, const float* rowsum, typename O::T* dk,
+                               typename O::T* dv, const int* off_q, const int* off_kv, int H,
+                               int Hkv, float scale, int mask, int wl, int wr, typename E::T* sm) {
   typedef FtbShape<D> S;
-  const FtItem it = ft_item(tiles, b, cu_q, cu_kv);
   const int tile = it.tile, slot = it.slot, hk = it.head, lq = it.lq, lk = it.lk;
   const int key0 = tile * FT_BM;
-  if (key0 >= lk) return;  // block-uniform
   const int group = H / Hkv;
   const long long rq = (long long)H * D, rk = (long long)Hkv * D;
   const long long tq0 = off_q[slot], tk0 = off_kv[slot];
@@ -858,13 +919,17 @@ PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const 
   typename E::T* os = sm + S::BN * S::S;
   float* rowf = (float*)(sm + S::ELEMS);  // lse, D, Z of the tile's rows
   const float ninf = -pt_inf();
-  float ak[D / 64][8][4], av[D / 64][8][4];
+  // A part's unused accumulator is one element that nothing reads.
+  float ak[(PART & FTB_DK) ? D / 64 : 1][8][4], av[(PART & FTB_DV) ? D / 64 : 1][8][4];
 #pragma unroll
   for (int c = 0; c < D / 64; ++c)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ak[c][j][e] = av[c][j][e] = 0.f;
+      for (int e = 0; e < 4; ++e) {
+        if constexpr ((PART & FTB_DK) != 0) ak[c][j][e] = 0.f;
+        if constexpr ((PART & FTB_DV) != 0) av[c][j][e] = 0.f;
+      }
   for (int hh0 = 0; hh0 < group; ++hh0) {
     // This kernel walks its own group's heads (the planted head-index bug is in the query-major
     // kernels' decoding, fb_kv_head, so their lse disagrees with this kernel's P).
@@ -873,8 +938,8 @@ PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const 
     const typename E::T* ob = d_o + tq0 * rq + (long long)h * D;
     for (int qt = qt0; qt <= r1; qt += S::BN) {
       pt_sync();  // every warp done with the previous tile
-      ft_copy<E, D, S::S, S::BN>(qs, qb + qt * rq, rq, lq - qt);
-      ft_copy<E, D, S::S, S::BN>(os, ob + qt * rq, rq, lq - qt);
+      ftb_copy<E, D>(qs, qb + qt * rq, rq, lq - qt);
+      ftb_copy<E, D>(os, ob + qt * rq, rq, lq - qt);
       pt_cp_commit();
       for (int i = pt_tid(); i < S::BN; i += FT_THREADS) {
         const int r = qt + i;
@@ -885,16 +950,16 @@ PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const 
       }
       pt_cp_wait<0>();
       pt_sync();
-      float s[S::NT][4], dp[S::NT][4];
+      float s[S::NT][4], dp[(PART & FTB_DK) ? S::NT : 1][4];
       {
-        pt_v4 xk[D / 32][2];
-        ftb_rows<D>(xk, kb, rk, wkey, lk);
-        ftb_dots<E, D, S::NT, S::S>(s, xk, qs);
+        FtbFrags<D> xk;
+        xk.load(kb, rk, wkey, lk);
+        ftb_dots<E, D, S::NT>(s, xk, qs);
       }
-      {
-        pt_v4 xv[D / 32][2];
-        ftb_rows<D>(xv, vb, rk, wkey, lk);
-        ftb_dots<E, D, S::NT, S::S>(dp, xv, os);
+      if constexpr ((PART & FTB_DK) != 0) {
+        FtbFrags<D> xv;
+        xv.load(vb, rk, wkey, lk);
+        ftb_dots<E, D, S::NT>(dp, xv, os);
       }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -911,18 +976,49 @@ PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const 
             const float ex = vis ? pt_exp(pt_mul_rn(s[nt][2 * hh + e], scale) - lr) : 0.f;
             const float p = Z > 0.f ? ex / Z : 0.f;
             s[nt][2 * hh + e] = vis ? p : 0.f;
-            dp[nt][2 * hh + e] = vis ? p * (dp[nt][2 * hh + e] - rowf[S::BN + i]) : 0.f;
+            if constexpr ((PART & FTB_DK) != 0)
+              dp[nt][2 * hh + e] = vis ? p * (dp[nt][2 * hh + e] - rowf[S::BN + i]) : 0.f;
           }
       }
       pt_u32 pa[S::BN / 16][4];
-      ftb_pack<E, S::BN>(pa, s, FtbSame());
-      ftb_rows_mma<E, D, S::BN, S::S>(av, pa, os);
-      ftb_pack<E, S::BN>(pa, dp, FtbSat<E>());
-      ftb_rows_mma<E, D, S::BN, S::S>(ak, pa, qs);
+      if constexpr ((PART & FTB_DV) != 0) {
+        ftb_pack<E, S::BN>(pa, s, FtbSame());
+        ftb_rows_mma<E, D, S::BN>(av, pa, os);
+      }
+      if constexpr ((PART & FTB_DK) != 0) {
+        ftb_pack<E, S::BN>(pa, dp, FtbSat<E>());
+        ftb_rows_mma<E, D, S::BN>(ak, pa, qs);
+      }
     }
   }
-  ftb_store<E, O, D>(dk + tk0 * rk + (long long)hk * D, rk, wkey, lk, ak, scale);
-  ftb_store<E, O, D>(dv + tk0 * rk + (long long)hk * D, rk, wkey, lk, av, 1.f);
+  if constexpr ((PART & FTB_DK) != 0)
+    ftb_store<E, O, D>(dk + tk0 * rk + (long long)hk * D, rk, wkey, lk, ak, scale);
+  if constexpr ((PART & FTB_DV) != 0)
+    ftb_store<E, O, D>(dv + tk0 * rk + (long long)hk * D, rk, wkey, lk, av, 1.f);
+}
+
+// The key side's grid is (kv head, slot, key tile, part), part fastest (FtbParts).
+template <class E, class O, int D>
+PT_INLINE void ftb_bwd_kv(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                          const typename E::T* d_o, const float* lse, const float* delta,
+                          const float* rowsum, typename O::T* dk, typename O::T* dv,
+                          const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,
+                          int b, int H, int Hkv, int tiles, float scale, int mask, int wl, int wr,
+                          typename E::T* sm) {
+  const int parts = FtbParts<D>::N;
+  const long long bid = pt_bid();
+  const FtItem it = ft_item(bid / parts, tiles, b, cu_q, cu_kv);
+  if (it.tile * FT_BM >= it.lk) return;  // block-uniform
+  if constexpr (FtbParts<D>::N == 1) {
+    ftb_bwd_kv_part<E, O, D, FTB_DV | FTB_DK>(it, q, k, v, d_o, lse, delta, rowsum, dk, dv, off_q,
+                                              off_kv, H, Hkv, scale, mask, wl, wr, sm);
+  } else if (bid % parts == 0) {
+    ftb_bwd_kv_part<E, O, D, FTB_DV>(it, q, k, v, d_o, lse, delta, rowsum, dk, dv, off_q, off_kv,
+                                     H, Hkv, scale, mask, wl, wr, sm);
+  } else {
+    ftb_bwd_kv_part<E, O, D, FTB_DK>(it, q, k, v, d_o, lse, delta, rowsum, dk, dv, off_q, off_kv,
+                                     H, Hkv, scale, mask, wl, wr, sm);
+  }
 }
 
 // 16-byte aligned: the tiled kernel copies and reads it 16 bytes per lane (pt_cp_async16, pt_ld16).
@@ -1002,7 +1098,7 @@ FT_KERNELS(64)
 FT_KERNELS(128)
 // CUDA only, as the tiled backward (above): clang -O3 for gfx942 took two minutes more on it.
 #if defined(PT_CUDA) || defined(FTB_ON_HIP)
-FT_FWD_KERNELS(256)
+FT_KERNELS(256)
 #endif
 
 

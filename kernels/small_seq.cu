@@ -43,16 +43,16 @@
 // query 16 and key tile 2 keys 16-23, dead for slots of at most 16 tokens per side (a
 // warp-uniform test). Scores of a dead tile stay the zeros ss_xyt left there, which pack to
 // P = 0 and dS = 0, and stay out of the row's max and sum. Bit 0 skips the dead row tile, bit
-// 1 the dead key tile; SS_SKIP_DEAD_TILES sets both directions. Both bits in both directions
-// is the default: faster than neither everywhere on the H200, and fuzzed there (bench/NOTES.md
-// v7). The forward was faster still with the row tile's skip alone (SS_SKIP_DEAD_FWD=1, 3-7 %:
-// the key tile's skip spills 28-36 bytes at d128/d256), which waits for its own device fuzz.
+// 1 the dead key tile; SS_SKIP_DEAD_TILES sets both directions. The backward skips both (faster
+// than neither everywhere on the H200, and fuzzed there: bench/NOTES.md v7), the forward the
+// row tile alone: 3-7 % faster than both in v7, the key tile's skip spilling 28-36 bytes at
+// d128/d256 (fuzzed on the device in v13).
 #ifdef SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_FWD SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_BWD SS_SKIP_DEAD_TILES
 #endif
 #ifndef SS_SKIP_DEAD_FWD
-#define SS_SKIP_DEAD_FWD 3
+#define SS_SKIP_DEAD_FWD 1
 #endif
 #ifndef SS_SKIP_DEAD_BWD
 #define SS_SKIP_DEAD_BWD 3

@@ -390,7 +390,7 @@ impl CudaBackend {
                 let cfg = Self::cfg(blocks, smem);
                 self.launch(Family::Fallback, &name_q, Kernel::TiledBwdQ, (d, p), cfg)?;
             }
-            let items = d.kv_heads as i64 * d.b as i64 * key_tiles as i64;
+            let items = d.kv_heads as i64 * d.b as i64 * key_tiles as i64 * d.tiled_bwd_kv_parts();
             let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
             if blocks > 0 {
                 let cfg = Self::cfg(blocks, smem);

@@ -721,11 +721,11 @@ impl HipBackend {
             // One block per (head, slot, query tile), then per (kv head, slot, key tile).
             let smem = d.tiled_bwd_smem();
             let sides = [
-                (name_q, Kernel::TiledBwdQ, d.heads, d.tiled_tiles()),
-                (name_kv, Kernel::TiledBwdKv, d.kv_heads, key_tiles),
+                (name_q, Kernel::TiledBwdQ, d.heads, d.tiled_tiles(), 1),
+                (name_kv, Kernel::TiledBwdKv, d.kv_heads, key_tiles, d.tiled_bwd_kv_parts()),
             ];
-            for (name, kernel, heads, tiles) in sides {
-                let items = heads as i64 * d.b as i64 * tiles as i64;
+            for (name, kernel, heads, tiles, parts) in sides {
+                let items = heads as i64 * d.b as i64 * tiles as i64 * parts;
                 let blocks = Self::blocks(items * WARPS_PER_BLOCK as i64)?;
                 if blocks > 0 {
                     self.launch(Family::Fallback, &name, kernel, (d, p), (blocks, smem))?;

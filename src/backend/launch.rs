@@ -15,9 +15,12 @@ pub const SMALL_SEQ_MAX_ROWS: i32 = 17;
 
 /// Head dims the tiled (matrix-core) fallback forward is instantiated for on CUDA.
 pub const TILED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-/// Head dims the tiled fallback backward is instantiated for on CUDA (at 256 its key side's
-/// two accumulators alone would take every register: the scalar backward takes those).
-pub const TILED_BWD_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dims the tiled fallback backward is instantiated for on CUDA.
+pub const TILED_BWD_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Above this head dim the tiled backward's key side splits each work item over two blocks, one
+/// accumulating dV and one dK (`FtbParts` in kernels/fallback.cu): their two accumulators would
+/// take every register of one thread.
+pub const TILED_BWD_SPLIT_ABOVE: i32 = 128;
 
 /// Which GPU backend launches: the tiled kernels each builds differ (kernels/fallback.cu
 /// builds the tiled backward and the D = 256 tiled forward for CUDA only, their gfx942 compile
@@ -222,8 +225,9 @@ impl LaunchDims {
     /// The tiled fallback backward's two kernels (query side, key side) and the key tiles per
     /// slot of the key side, where the tiled forward applies ([`LaunchDims::tiled_fwd`]) and
     /// the head dim is in [`TILED_BWD_HEAD_DIMS`]: so the kernel that
-    /// [`LaunchDims::fallback_fwd_kernel`] names tells which arithmetic both directions took. The query side's grid is the forward's; the key side's
-    /// is `kv_heads * b * key_tiles` blocks.
+    /// [`LaunchDims::fallback_fwd_kernel`] names tells which arithmetic both directions took.
+    /// The query side's grid is the forward's; the key side's is `kv_heads * b * key_tiles *
+    /// parts` blocks ([`LaunchDims::tiled_bwd_kv_parts`]).
     pub fn tiled_bwd(&self, gpu: Gpu) -> Option<([String; 2], i32)> {
         let (fwd, _) = self.tiled_fwd(gpu)?;
         if !gpu.tiled_bwd_dims().contains(&(self.dqk as usize)) {
@@ -237,6 +241,16 @@ impl LaunchDims {
             ],
             self.tiled_key_tiles(),
         ))
+    }
+
+    /// Blocks per work item of the tiled backward's key side: 2 above
+    /// [`TILED_BWD_SPLIT_ABOVE`] (a dV block and a dK block), else 1.
+    pub fn tiled_bwd_kv_parts(&self) -> i64 {
+        if self.dqk > TILED_BWD_SPLIT_ABOVE {
+            2
+        } else {
+            1
+        }
     }
 
     /// Key tiles per slot of the tiled backward's key side: the longest slot's.
@@ -551,8 +565,14 @@ mod tests {
                 3
             ))
         );
+        assert_eq!(d.tiled_bwd_kv_parts(), 1);
+        let wide = dims(Dtype::Bf16, false, 256, 256, 9);
+        assert_eq!(
+            wide.tiled_bwd(Gpu::Cuda).map(|x| x.0[1].clone()),
+            Some("fallback_bwd_kv_tc_bf16_d256".to_string())
+        );
+        assert_eq!(wide.tiled_bwd_kv_parts(), 2);
         for no in [
-            dims(Dtype::Bf16, false, 256, 256, 9),
             dims(Dtype::Bf16, false, 128, 128, 2),
             dims(Dtype::F32, false, 64, 64, 9),
             dims(Dtype::Bf16, false, 128, 64, 9),
@@ -595,7 +615,15 @@ mod tests {
             dims(Dtype::Bf16, false, 128, 128, 9).tiled_bwd_smem(),
             2 * 32 * 160 * 2 + 3 * 32 * 4
         );
-        assert!(dims(Dtype::Bf16, false, 128, 128, 9).tiled_bwd_smem() <= 48 * 1024);
+        assert_eq!(
+            dims(Dtype::Bf16, false, 256, 256, 9).tiled_bwd_smem(),
+            2 * 32 * 288 * 2 + 3 * 32 * 4
+        );
+        // Under the 48 KiB a launch gets without raising the limit.
+        for d in TILED_BWD_HEAD_DIMS {
+            let d = d as i32;
+            assert!(dims(Dtype::Bf16, false, d, d, 9).tiled_bwd_smem() <= 48 * 1024);
+        }
     }
 
     #[test]
