@@ -722,7 +722,13 @@ impl HipBackend {
             let smem = d.tiled_bwd_smem();
             let sides = [
                 (name_q, Kernel::TiledBwdQ, d.heads, d.tiled_tiles(), 1),
-                (name_kv, Kernel::TiledBwdKv, d.kv_heads, key_tiles, d.tiled_bwd_kv_parts()),
+                (
+                    name_kv,
+                    Kernel::TiledBwdKv,
+                    d.kv_heads,
+                    key_tiles,
+                    d.tiled_bwd_kv_parts(),
+                ),
             ];
             for (name, kernel, heads, tiles, parts) in sides {
                 let items = heads as i64 * d.b as i64 * tiles as i64 * parts;

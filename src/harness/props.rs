@@ -1332,7 +1332,8 @@ fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
 /// or the saturated value (anything else, NaN or a finite value, stays and is compared);
 /// within `headroom(tensor)` of it, where one path overflows to the reference's sign and the
 /// other is not NaN, both (the finite one is judged against the reference by its own
-/// verdict). Other pairs are compared as they are.
+/// verdict). An infinity left then stands for the saturated value of its sign (as in the
+/// tolerance rule); other pairs are compared as they are.
 fn near_limit_agreed(
     a: &Outputs,
     b: &Outputs,
@@ -1374,6 +1375,19 @@ fn near_limit_agreed(
                 && !y.is_nan()
             {
                 (*x, *y) = (rv, rv);
+            }
+            // An infinity left says "at or past the limit in its direction", as the tolerance
+            // rule reads it: the saturated value of its sign. Each path passed that rule, so the
+            // two are then within the sum of their thresholds (an H200 f16 dK: +inf on the
+            // small-seq path where the reference, within the threshold of 2.2e6 of both
+            // limits, was negative, and finite on the fallback, compared as "differ by inf":
+            // fuzz seed 2095, case 49153).
+            if rv.is_finite() {
+                for v in [&mut *x, &mut *y] {
+                    if v.is_infinite() {
+                        *v = v.signum() * limit;
+                    }
+                }
             }
         });
     }
@@ -1698,7 +1712,7 @@ mod tests {
         // and 60,000 where the reference is 70,000 stay, and are compared.
         let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
         assert_eq!(dq(&a), [1.5, 45440.0, -9e4, -47072.0]);
-        assert_eq!(dq(&b), [1.25, 60000.0, -9e4, f64::NEG_INFINITY]);
+        assert_eq!(dq(&b), [1.25, 60000.0, -9e4, -65504.0]);
         // Within the tensor's headroom of the limit (a path's overflow is excused there) too.
         let headroom = |t: &str| if t == "dq" { 2500.0 } else { 0.0 };
         let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, headroom);
@@ -1740,6 +1754,26 @@ mod tests {
             |_| 4.2e4,
         );
         assert_eq!(dq(&b)[1], -65504.0);
+        // An infinity of either sign where the finite reference lies far inside the limit is the
+        // saturated value: wrong by the distance to the limit, not by an infinity that no
+        // threshold covers (the tolerance rule reads it so, and passes +inf for -15,822 under
+        // a threshold of 1e5).
+        let (a, b) = near_limit_agreed(
+            &one(f64::INFINITY),
+            &one(-15800.0),
+            &one(-15822.0),
+            65504.0,
+            |_| 1e5,
+        );
+        assert_eq!((dq(&a)[1], dq(&b)[1]), (65504.0, -15800.0));
+        let (a, _) = near_limit_agreed(
+            &one(f64::NEG_INFINITY),
+            &one(1.0),
+            &one(1.0),
+            65504.0,
+            |_| 1e-3,
+        );
+        assert_eq!(dq(&a)[1], -65504.0);
         // And the comparison fails where 45,440 stands for 70,000: against the reference and
         // against the other path alike.
         let f16 = |actual: Vec<f64>, reference: Vec<f64>| {
