@@ -836,6 +836,16 @@ class JaxChild:
 JAX_PEERS = ("jax_dpa[xla]", "jax_dpa[cudnn]")
 
 
+def skipped(skips, wname, pname):
+    """The --skip entry (PEER or WORKLOAD/PEER, substrings) that leaves out peer `pname` on
+    workload `wname`, or None."""
+    for s in skips:
+        wpart, _, ppart = s.rpartition("/")
+        if ppart in pname and (not wpart or wpart in wname):
+            return s
+    return None
+
+
 def jax_skip_records(w, why):
     out = []
     for name in JAX_PEERS:
@@ -857,6 +867,8 @@ def main(argv=None):
                     help="tiny workloads (same length draws) and the self-test; for --device cpu")
     ap.add_argument("--workloads", help="only workloads whose name contains one of these (comma-separated)")
     ap.add_argument("--peers", help="only peers whose name contains one of these (comma-separated)")
+    ap.add_argument("--skip", help="peers not to time, comma-separated: PEER, or WORKLOAD/PEER for one "
+                    "workload (substrings, e.g. q1/cudnn_varlen); each is printed and recorded as skipped")
     ap.add_argument("--no-jax", action="store_true", help="leave out the JAX peers")
     ap.add_argument("--jax-timeout", type=float, default=180.0,
                     help="seconds the JAX process may take to start or to do one workload")
@@ -892,6 +904,7 @@ def main(argv=None):
     ours = load_ours(args.bench_json)
     wl = workload_list(args.small, args.workloads.split(",") if args.workloads else None)
     peer_filter = args.peers.split(",") if args.peers else None
+    skips = [x for x in (args.skip or "").split(",") if x]
     peers = [p for p in torch_peers(dev) if not peer_filter or any(s in p.name for s in peer_filter)]
     want_jax = not args.no_jax and (not peer_filter or any(s in n for s in peer_filter for n in JAX_PEERS))
 
@@ -957,7 +970,16 @@ def main(argv=None):
             continue
         log(f"fp32 reference: {time.perf_counter() - t0:.1f} s; max |o| {ref.max['o']:.3g}, |dq| "
             f"{ref.max['dq']:.3g}, |dk| {ref.max['dk']:.3g}, |dv| {ref.max['dv']:.3g}")
-        recs = [run_torch_peer(c, ref, p, timer, dev, log) for p in peers]
+        recs = []
+        for p in peers:
+            why = skipped(skips, w.name, p.name)
+            if why is None:
+                recs.append(run_torch_peer(c, ref, p, timer, dev, log))
+                continue
+            r = new_record(w.name, p.name, p.call, p.layout, p.timed_bwd)
+            r.update(control=p.control, fwd_status="skip", bwd_status="skip", reason=f"not timed: --skip {why}")
+            log(f"SKIP {p.name} on {w.name}: --skip {why}")
+            recs.append(finish(r))
         del ref, c
         if dev == "cuda":
             torch.cuda.empty_cache()

@@ -25,6 +25,16 @@
 
 #define FB_WPB 4
 #define FB_MAXD 512
+// The key-side kernel's GQA sums: 0 sums dK and dV over the group's heads and rows in one f32
+// accumulator; 1 sums each head's rows apart and adds the head's sums to the group's (the
+// emulation's order, reference/src/emulate.rs). With 16 heads of 128 rows an f32 dV summed
+// flat sat 5x the emulation's error from the reference, past the tensor rule's threshold
+// (H200, fuzz seed 2095, 3 of 77,260 cases, margins 1.02-1.32; bench/NOTES.md v13); per head,
+// a host simulation of the worst element falls from 8.5e-5 to 1.5e-5 (the emulation: 2.4e-5).
+// Off until a device campaign has run it.
+#ifndef FB_GROUP_PARTIALS
+#define FB_GROUP_PARTIALS 0
+#endif
 #define FB_NJ (FB_MAXD / PT_WARP)
 
 struct FbRow {
@@ -276,6 +286,12 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
   for (int j = 0; j < FB_NJ; ++j) ak[j] = av[j] = 0.f;
   for (int hh = 0; hh < g; ++hh) {
     const int h = hk * g + hh;
+#if FB_GROUP_PARTIALS
+    // This head's sums, added to the group's after its rows (the emulation's order).
+    float gk[FB_NJ], gv[FB_NJ];
+#pragma unroll
+    for (int j = 0; j < FB_NJ; ++j) gk[j] = ak[j], gv[j] = av[j], ak[j] = av[j] = 0.f;
+#endif
     for (int r0 = 0; r0 < lq; r0 += PT_WARP) {
       int r = r0 + lane;
       float dsv = 0.f, pr = 0.f;
@@ -306,6 +322,10 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
         }
       }
     }
+#if FB_GROUP_PARTIALS
+#pragma unroll
+    for (int j = 0; j < FB_NJ; ++j) ak[j] = gk[j] + ak[j], av[j] = gv[j] + av[j];
+#endif
   }
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
