@@ -867,8 +867,9 @@ def main(argv=None):
                     help="tiny workloads (same length draws) and the self-test; for --device cpu")
     ap.add_argument("--workloads", help="only workloads whose name contains one of these (comma-separated)")
     ap.add_argument("--peers", help="only peers whose name contains one of these (comma-separated)")
-    ap.add_argument("--skip", help="peers not to time, comma-separated: PEER, or WORKLOAD/PEER for one "
-                    "workload (substrings, e.g. q1/cudnn_varlen); each is printed and recorded as skipped")
+    ap.add_argument("--skip", help="PyTorch peers not to time, comma-separated: PEER, or WORKLOAD/PEER for "
+                    "one workload (substrings, e.g. q1/cudnn_varlen); each is printed and recorded as "
+                    "skipped (--no-jax leaves out the JAX peers)")
     ap.add_argument("--no-jax", action="store_true", help="leave out the JAX peers")
     ap.add_argument("--jax-timeout", type=float, default=180.0,
                     help="seconds the JAX process may take to start or to do one workload")

@@ -98,9 +98,9 @@ for s in $stages; do
       # JAX's start and compiles take most of a minute (bench/peers_jax.py, its own process).
       # W1-W3 took about 200 s (v13); aten._cudnn_attention_forward on W4 finished no call in
       # 300 s (v11, v13) and held back every W4 and 512-token peer after it, so it is skipped
-      # there by default (PEERS_ARGS replaces that), and the limit is PEERS_LIMIT (420 s).
+      # there by default (PEERS_ARGS replaces that; PEERS_ARGS= times it), and the limit is PEERS_LIMIT (420 s).
       [ "${PEERS:-1}" = 1 ] && run "${PEERS_LIMIT:-420}" python3 bench/peers.py "$out/bench.json" \
-        ${PEERS_ARGS:---skip q1/cudnn_varlen} ;;
+        ${PEERS_ARGS---skip q1/cudnn_varlen} ;;
     variants)
       # Kernel variants timed back to back with the default build, the 512-token fallback
       # forward and the small-seq workloads' forward and backward.

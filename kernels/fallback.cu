@@ -26,8 +26,9 @@
 #define FB_WPB 4
 #define FB_MAXD 512
 // The key-side kernel's GQA sums: 0 sums dK and dV over the group's heads and rows in one f32
-// accumulator; 1 sums each head's rows apart and adds the head's sums to the group's (the
-// emulation's order, reference/src/emulate.rs). With 16 heads of 128 rows an f32 dV summed
+// accumulator (dK scaled once at the store); 1 sums each head's rows apart and adds the head's
+// sums to the group's, dK's scaled first (the emulation's order and roundings,
+// reference/src/emulate.rs). With 16 heads of 128 rows an f32 dV summed
 // flat sat 5x the emulation's error from the reference, past the tensor rule's threshold
 // (H200, fuzz seed 2095, 3 of 77,260 cases, margins 1.02-1.32; bench/NOTES.md v13); per head,
 // a host simulation of the worst element falls from 8.5e-5 to 1.5e-5 (the emulation: 2.4e-5).
@@ -323,20 +324,21 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
       }
     }
 #if FB_GROUP_PARTIALS
+    // dK's head sum scaled before it joins the group's (rounded apart: no FMA), as emulated.
 #pragma unroll
-    for (int j = 0; j < FB_NJ; ++j) ak[j] = gk[j] + ak[j], av[j] = gv[j] + av[j];
+    for (int j = 0; j < FB_NJ; ++j) ak[j] = gk[j] + pt_mul_rn(ak[j], scale), av[j] = gv[j] + av[j];
 #endif
   }
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
     int d = lane + j * PT_WARP;
-    if (d < Dqk) O::store(dk + (t * Hkv + hk) * Dqk, d, E::round(ak[j] * scale));
+    if (d < Dqk) O::store(dk + (t * Hkv + hk) * Dqk, d, E::round(FB_GROUP_PARTIALS ? ak[j] : ak[j] * scale));
     if (d < Dv) O::store(dv + (t * Hkv + hk) * Dv, d, E::round(av[j]));
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tiled forward on the matrix cores: 16-bit inputs, Dqk == Dv == D in {64, 128}.
+// Tiled forward on the matrix cores: 16-bit inputs, Dqk == Dv == D in {64, 128, 256}.
 //
 // One block of 4 logical warps per (64-row query tile of a slot, head), each warp owning 16 rows;
 // the grid is 1-D over (head, slot, tile) with the tile fastest, so neighbouring blocks read the
@@ -591,11 +593,11 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 
 // ---------------------------------------------------------------------------------------------
 // Tiled backward on the matrix cores: the same inputs as the tiled forward (16-bit, Dqk == Dv ==
-// D in {64, 128}), in two kernels, as the scalar backward, so that every gradient is summed in a
-// fixed order without atomics (the determinism property reruns each case bitwise).
+// D in {64, 128, 256}), in two kernels, as the scalar backward, so that every gradient is summed
+// in a fixed order without atomics (the determinism property reruns each case bitwise).
 //
 // Query side, one block per (64-row query tile, head), each warp owning 16 rows as in the
-// forward, Q and dO held as fragments. Pass 1 over the key tiles: S = Q·Kᵀ and dP = dO·Vᵀ, then
+// forward, Q and dO as fragments (held up to D = 128, re-read at 256: FtbFrags). Pass 1 over the key tiles: S = Q·Kᵀ and dP = dO·Vᵀ, then
 // Z = Σ exp(s - lse) and Σ exp(s - lse)·dP (f64, the reason is fb_bwd_q's); D = that sum / Z.
 // Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, rounded with saturation to
 // the input type (the small-seq kernels and the emulation round it so), dQ += dS·K. D and Z go to
@@ -604,7 +606,8 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 // query heads and the query tiles that can see the block's keys, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, P
 // and dS from the query side's lse, Z and D, dV += P·dO (P rounded to the input type, as the
 // forward's P·V) and dK += dS·Q. K and V fragments are re-read (L1) for every query tile: held,
-// they and the two accumulators took more than 255 registers at D = 128.
+// they and the two accumulators took more than 255 registers at D = 128. At D = 256 each work
+// item has two blocks, one for dV and one for dK (FtbParts).
 //
 // Both kernels copy their column tiles (K and V; Q and dO) to shared memory in one cp.async
 // group and read them in both roles: as B with the reduction over dims (rows g, the forward's K
@@ -909,8 +912,8 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
 #define FTB_DK 2
 // Key-side blocks per (kv head, slot, key tile): one up to D = 128; at D = 256 the two
 // accumulators (128 registers each) cannot share a thread, so one block computes dV and another
-// dK, each P again (the dK block dP too): 8 products per (query, key) pair of the backward
-// instead of 7.
+// dK, each P again (the dK block dP too): 10 matrix products per (query, key) pair of the
+// backward instead of 9.
 template <int D>
 struct FtbParts {
   static const int N = D > 128 ? 2 : 1;

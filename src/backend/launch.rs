@@ -258,8 +258,10 @@ impl LaunchDims {
         (self.max_lk.max(0) + TILED_ROWS - 1) / TILED_ROWS
     }
 
-    /// Dynamic shared memory of the tiled fallback backward (both kernels): two column tiles
-    /// of padded rows, and three f32 values per column (`FtbShape` in kernels/fallback.cu).
+    /// Dynamic shared memory of the tiled fallback backward (both kernels): two column tiles,
+    /// and three f32 values per column (`FtbShape` in kernels/fallback.cu). Sized for rows
+    /// padded by 32 elements (`FTB_SWIZZLE=0`, a variant `SMALLSEQ_KERNEL_DEFINES` may ask
+    /// for): the shipped swizzled rows take D elements, less.
     pub fn tiled_bwd_smem(&self) -> u32 {
         let d = self.dqk.max(0) as u32;
         let bn = if d > 64 { 32 } else { 64 };

@@ -212,7 +212,8 @@ pub trait Backend: Send + Sync {
     }
     /// Which of the backend's fallback forward kernels a launch of `config` on `layout` takes,
     /// where it has more than one (CUDA and HIP: the tiled matrix-core kernel for 16-bit
-    /// inputs with `Dqk == Dv` in {64, 128} and a longest query side of at least 3, else the
+    /// inputs with `Dqk == Dv` in {64, 128, 256} (HIP: {64, 128}) and a longest query side of at
+    /// least 3, else the
     /// scalar one). Outputs of two launches agree bitwise only when the same
     /// kernel ran, so the metamorphic slot relations skip when this differs. `None`: one kernel.
     fn fallback_fwd_kernel(&self, _config: &AttnConfig, _layout: &Layout) -> Option<String> {

@@ -1378,10 +1378,10 @@ fn near_limit_agreed(
             }
             // An infinity left says "at or past the limit in its direction", as the tolerance
             // rule reads it: the saturated value of its sign. Each path passed that rule, so the
-            // two are then within the sum of their thresholds (an H200 f16 dK: +inf on the
-            // small-seq path where the reference, within the threshold of 2.2e6 of both
-            // limits, was negative, and finite on the fallback, compared as "differ by inf":
-            // fuzz seed 2095, case 49153).
+            // two are then within the sum of their thresholds. The comparison measures one path
+            // against the other, and an infinity on the measuring side made the difference
+            // infinite (an H200 f16 dK whose threshold of 2.2e6 reached past both limits, both
+            // paths passing: "differ by inf", fuzz seed 2095, case 49153).
             if rv.is_finite() {
                 for v in [&mut *x, &mut *y] {
                     if v.is_infinite() {
