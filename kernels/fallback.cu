@@ -623,16 +623,23 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 #ifndef FTB_SWIZZLE
 #define FTB_SWIZZLE 1
 #endif
+// The largest D whose tiles are swizzled (v13: at D = 256 the swizzle's index arithmetic took the
+// key side's spill from 48 to 132 bytes and W3's backward was 4 % slower; 128 is the variant to
+// fuzz and time).
+#ifndef FTB_SWIZZLE_MAX_D
+#define FTB_SWIZZLE_MAX_D 256
+#endif
 // Columns per tile (keys in the query-side kernel, queries in the key-side one).
 template <int D>
 struct FtbShape {
   static const int BN = D > 64 ? 32 : 64;
   static const int NT = BN / 8;
-  static const int S = FTB_SWIZZLE ? D : D + 32;  // row stride in elements (both tiles)
+  static const bool SWIZZLED = FTB_SWIZZLE && D <= FTB_SWIZZLE_MAX_D;
+  static const int S = SWIZZLED ? D : D + 32;  // row stride in elements (both tiles)
   static const int ELEMS = 2 * BN * S;
   // Element offset of 16-byte chunk c of row r.
   static PT_INLINE int at(int r, int c) {
-    return r * S + ((FTB_SWIZZLE ? c ^ ((r & 6) ^ ((r & 1) << 2)) : c) << 3);
+    return r * S + ((SWIZZLED ? c ^ ((r & 6) ^ ((r & 1) << 2)) : c) << 3);
   }
 };
 
