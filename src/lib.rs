@@ -26,3 +26,11 @@ pub mod wrapper;
 pub use case::{Case, Outputs};
 pub use config::{AttnConfig, Bias, LayoutKind};
 pub use error::{Error, Result};
+
+/// Prints `SKIP <what>` for a test that cannot run here (no GPU, no clang). It writes to the
+/// process's stderr directly: libtest captures `println!`/`eprintln!` of a passing test, and a
+/// skip must show in a plain `cargo test` log such as CI's.
+pub fn print_skip(what: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP {what}");
+}

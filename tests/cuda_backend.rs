@@ -210,12 +210,7 @@ fn gpu(test: &str) -> Option<CudaBackend> {
             panic!("{test}: SMALLSEQ_REQUIRE_GPU=1 but no device: {e}")
         }
         Err(e) => {
-            // Straight to stderr: libtest captures eprintln! of a passing test, and CI's log
-            // must show the skip.
-            let _ = std::io::Write::write_fmt(
-                &mut std::io::stderr(),
-                format_args!("SKIP {test}: {e}\n"),
-            );
+            smallseq::print_skip(format_args!("{test}: {e}"));
             None
         }
     }

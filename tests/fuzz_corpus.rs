@@ -62,11 +62,9 @@ fn committed_seeds_pass_every_target() {
 #[ignore]
 fn write_seed_corpus() {
     if std::env::var_os("SMALLSEQ_WRITE_CORPUS").is_none() {
-        // Straight to stderr: libtest captures println! of a passing test.
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!("SKIP: set SMALLSEQ_WRITE_CORPUS=1 to rewrite fuzz/corpus\n"),
-        );
+        smallseq::print_skip(format_args!(
+            "set SMALLSEQ_WRITE_CORPUS=1 to rewrite fuzz/corpus"
+        ));
         return;
     }
     let mut rng = Rng::new(0x5eed_c0de);

@@ -5,12 +5,9 @@ use std::process::Command;
 #[test]
 fn hip_backend_without_a_device_exits_2_with_one_line() {
     if std::path::Path::new("/dev/kfd").exists() && cfg!(feature = "hip") {
-        // Straight to stderr: libtest captures eprintln! of a passing test, and CI's log
-        // must show the skip.
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!("SKIP: an AMD GPU driver is present; the campaign would run\n"),
-        );
+        smallseq::print_skip(format_args!(
+            "an AMD GPU driver is present; the campaign would run"
+        ));
         return;
     }
     let dir = std::env::temp_dir().join(format!("smallseq-hip-cli-{}", std::process::id()));

@@ -75,12 +75,9 @@ fn clang_or_skip(test: &str) -> Option<String> {
             Ok("1"),
             "SMALLSEQ_REQUIRE_HIP_MODEL=1 but no clang found"
         );
-        // Straight to stderr: libtest captures eprintln! of a passing test, and CI's log
-        // must show the skip.
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!("SKIP {test}: no clang (ci/hip-compile-check.sh installs one)\n"),
-        );
+        smallseq::print_skip(format_args!(
+            "{test}: no clang (ci/hip-compile-check.sh installs one)"
+        ));
     }
     cc
 }

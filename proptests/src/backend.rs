@@ -32,12 +32,7 @@ pub fn open_or_skip(name: &str, suite: &str) -> Option<Box<dyn Backend>> {
             if std::env::var("SMALLSEQ_REQUIRE_GPU").as_deref() == Ok("1") {
                 panic!("{suite}: SMALLSEQ_REQUIRE_GPU=1 and backend {name} is unavailable: {e}");
             }
-            // Straight to stderr: libtest captures eprintln! of a passing test, and CI's log
-            // must show the skip.
-            let _ = std::io::Write::write_fmt(
-                &mut std::io::stderr(),
-                format_args!("SKIP {suite}: backend {name} unavailable: {e}\n"),
-            );
+            smallseq::print_skip(format_args!("{suite}: backend {name} unavailable: {e}"));
             None
         }
         Err(e) => panic!("{suite}: opening backend {name}: {e}"),

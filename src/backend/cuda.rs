@@ -932,12 +932,7 @@ mod tests {
                 std::env::var_os("SMALLSEQ_REQUIRE_NVRTC").is_none(),
                 "SMALLSEQ_REQUIRE_NVRTC is set: {e}"
             );
-            // Straight to stderr: libtest captures eprintln! of a passing test, and CI's log
-            // must show the skip.
-            let _ = std::io::Write::write_fmt(
-                &mut std::io::stderr(),
-                format_args!("SKIP kernel_ptx cache: {e}\n"),
-            );
+            crate::print_skip(format_args!("kernel_ptx cache: {e}"));
             return;
         }
         let dir = std::env::temp_dir().join(format!("smallseq-ptx-cache-{}", std::process::id()));
