@@ -81,6 +81,17 @@ split_variant() { # VARIANT -> arrays envs (NAME=VALUE) and defs, and seed (may 
     esac
   done
 }
+# `run` under the current variant's environment and kernel defines (after split_variant).
+vrun() { run "$1" env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "${@:2}"; }
+# Calls FUNCTION once per variant, the default build first (VARIANTS lists the others).
+each_variant() { # FUNCTION
+  local v
+  for v in default ${VARIANTS:-}; do
+    echo "-- variant: $v" | tee -a "$log"
+    split_variant "$v"
+    "$1"
+  done
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
 for s in $stages; do
   echo "== $s $(date +%T)" | tee -a "$log"
@@ -104,14 +115,12 @@ for s in $stages; do
     variants)
       # Kernel variants timed back to back with the default build, the 512-token fallback
       # forward and the small-seq workloads' forward and backward.
-      for v in default ${VARIANTS:-}; do
-        echo "-- variant: $v" | tee -a "$log"
-        split_variant "$v"
-        vrun() { run "$1" env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "${@:2}"; }
+      small_seq_times() {
         vrun 90 "$ss" bench --backend cuda --iters 20 --fallback false --filter fix16,rnd,q1
         [ "${VARIANT_FIX512:-1}" = 1 ] && vrun 40 "$ss" bench --backend cuda --iters 20 \
           --forward-only --filter fix512
-      done ;;
+      }
+      each_variant small_seq_times ;;
     ncu)
       run 120 ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd|fallback_fwd_tc' \
         --launch-count 6 --metrics launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
@@ -138,19 +147,13 @@ for s in $stages; do
     fbvariants)
       # The fallback's kernels (forward and backward) timed per variant, back to back with the
       # default build: 512-token slots and W3 (D = 256).
-      for v in default ${VARIANTS:-}; do
-        echo "-- variant: $v" | tee -a "$log"
-        split_variant "$v"
-        run 120 env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "$ss" bench --backend cuda \
-          --iters 20 --filter fix512,rnd1-17_h32
-      done ;;
+      fallback_times() { vrun 120 "$ss" bench --backend cuda --iters 20 --filter fix512,rnd1-17_h32; }
+      each_variant fallback_times ;;
     ncubwd)
       # The tiled fallback backward's limits on 512-token slots and W3: registers, occupancy,
       # tensor pipe, shared-memory wavefronts and bank conflicts, the main stalls; per variant.
-      for v in default ${VARIANTS:-}; do
-        echo "-- variant: $v" | tee -a "$log"
-        split_variant "$v"
-        run 150 env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" ncu --clock-control none \
+      bwd_profile() {
+        vrun 150 ncu --clock-control none \
           --kernel-name regex:'fallback_bwd_(q|kv)_tc' --launch-count 4 --metrics \
 launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,\
 sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
@@ -161,7 +164,8 @@ smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,\
 smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,\
 gpu__time_duration.sum \
           "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,rnd1-17_h32
-      done ;;
+      }
+      each_variant bwd_profile ;;
     sancases)
       # compute-sanitizer on small cases of the tiled backward (its bench workloads take minutes
       # a launch under racecheck): D = 256 (the dV/dK split), GQA and causal; D = 128 and 64
