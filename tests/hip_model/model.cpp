@@ -668,7 +668,6 @@ static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int w
   judge("tiled", g, bu);
   // The tiled backward on the same lse, every gradient element and the workspace rows written
   // afresh (a value it failed to write would keep the sentinel).
-  {
   bu.dq.assign(bu.dq.size(), bu.sentinel);
   bu.dk.assign(bu.dk.size(), bu.sentinel);
   bu.dv.assign(bu.dv.size(), bu.sentinel);
@@ -694,7 +693,6 @@ static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int w
   check(model::run_blocks((long long)Hkv * b * ktiles * FtbParts<D>::N, tkv, why),
         "tiled bwd_kv uniform: " + why);
   judge("tiled bwd", g, bu);
-  }
 }
 
 // Element i of an input set to x (rounded to E), its double copy following.
