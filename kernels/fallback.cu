@@ -634,7 +634,7 @@ template <int D>
 struct FtbShape {
   static const int BN = D > 64 ? 32 : 64;
   static const int NT = BN / 8;
-  static const bool SWIZZLED = FTB_SWIZZLE && D <= FTB_SWIZZLE_MAX_D;
+  enum { SWIZZLED = FTB_SWIZZLE && D <= FTB_SWIZZLE_MAX_D };  // an enum: no PTX global
   static const int S = SWIZZLED ? D : D + 32;  // row stride in elements (both tiles)
   static const int ELEMS = 2 * BN * S;
   // Element offset of 16-byte chunk c of row r.
