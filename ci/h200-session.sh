@@ -7,7 +7,8 @@
 #   ci/h200-session.sh BIN_DIR OUT_DIR FUZZ_TIME [STAGE ...]
 #
 # BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
-# tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda).
+# tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda), and
+# may hold kernel-cache.tar.xz (below).
 # Stages, in the order given: tests calibrate bench variants fbvariants ncu ncubwd stalls
 # sanitize sancases mutants fuzz fuzzbg fuzzwait (default: tests calibrate bench ncu sanitize
 # mutants fuzz; VARIANTS lists the
@@ -25,6 +26,13 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 log=$out/log.txt
 ss=$bin/smallseq
+# Compiled kernels: BIN_DIR/kernel-cache.tar.xz, when there, holds cache entries filled without a
+# GPU (examples/fill_kernel_cache.rs, the same NVRTC major.minor), one pair per variant, so no
+# stage waits for NVRTC (about two minutes per variant here).
+export SMALLSEQ_KERNEL_CACHE=${SMALLSEQ_KERNEL_CACHE:-/tmp/smallseq-kcache}
+mkdir -p "$SMALLSEQ_KERNEL_CACHE"
+[ -f "$bin/kernel-cache.tar.xz" ] && tar xJf "$bin/kernel-cache.tar.xz" -C "$SMALLSEQ_KERNEL_CACHE" &&
+  echo "kernel cache: $(ls "$SMALLSEQ_KERNEL_CACHE" | wc -l) entries from $bin/kernel-cache.tar.xz" | tee -a "$log"
 # The whole script stops inside SESSION_LIMIT seconds (default 560): each command's limit is
 # cut to what is left, and a command with under 15 s left is skipped.
 deadline=$((SECONDS + ${SESSION_LIMIT:-560}))

@@ -32,9 +32,8 @@
 // flat sat 5x the emulation's error from the reference, past the tensor rule's threshold
 // (H200, fuzz seed 2095, 3 of 77,260 cases, margins 1.02-1.32; bench/NOTES.md v13); per head,
 // a host simulation of the worst element falls from 8.5e-5 to 1.5e-5 (the emulation: 2.4e-5).
-// Off until a device campaign has run it.
 #ifndef FB_GROUP_PARTIALS
-#define FB_GROUP_PARTIALS 0
+#define FB_GROUP_PARTIALS 1
 #endif
 #define FB_NJ (FB_MAXD / PT_WARP)
 
@@ -728,6 +727,11 @@ PT_INLINE void ftb_rows(pt_v4 (*a)[2], const void* base16, long long rs, int row
 // The A operand of ftb_dots: 16 rows of a row-major tensor as fragments. Up to D = 128 they are
 // held in registers; at D = 256 (64 registers per tensor) they would not fit beside a 128-register
 // accumulator, so each use re-reads them (L1 hits), as the D = 256 forward re-reads Q.
+// The query side holds them up to FTB_Q_HOLD_MAX_D: 64 frees its 64 fragment registers at
+// D = 128, for 3 blocks per SM (FTB_Q_MIN_BLOCKS) where 2 leave it latency-bound (v13).
+#ifndef FTB_Q_HOLD_MAX_D
+#define FTB_Q_HOLD_MAX_D 128
+#endif
 template <int D, bool HELD = (D <= 128)>
 struct FtbFrags {
   pt_v4 a[D / 32][2];
@@ -846,7 +850,7 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
     if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
   }
-  FtbFrags<D> xq, xo;
+  FtbFrags<D, (D <= FTB_Q_HOLD_MAX_D)> xq, xo;
   xq.load(qb, rq, wrow, lq);
   xo.load(ob, rq, wrow, lq);
   typename E::T* ks = sm;
@@ -1080,14 +1084,20 @@ alignas(16) extern __shared__ float fb_smem[];
 #ifndef FTB_MIN_BLOCKS
 #define FTB_MIN_BLOCKS 2
 #endif
+// The query side's at D = 128 (FTB_Q_HOLD_MAX_D says why it may differ).
+#ifndef FTB_Q_MIN_BLOCKS
+#define FTB_Q_MIN_BLOCKS FTB_MIN_BLOCKS
+#endif
 #if defined(PT_CUDA) && FTB_MIN_BLOCKS > 0
 #define FTB_BOUNDS __launch_bounds__(FT_THREADS, FTB_MIN_BLOCKS)
+#define FTB_Q_BOUNDS(D) __launch_bounds__(FT_THREADS, (D) == 128 ? FTB_Q_MIN_BLOCKS : FTB_MIN_BLOCKS)
 #else
 #define FTB_BOUNDS
+#define FTB_Q_BOUNDS(D)
 #endif
 
 #define FTB_KERNEL(SUF, E, O, D)                                                               \
-  PT_KERNEL FTB_BOUNDS void fallback_bwd_q_tc_##SUF##_d##D(                                     \
+  PT_KERNEL FTB_Q_BOUNDS(D) void fallback_bwd_q_tc_##SUF##_d##D(                               \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv,                 \
       const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles, float scale,       \

@@ -565,6 +565,42 @@ fn kernel_ptx_from(
     })
 }
 
+/// Compiles both kernel files for `arch` (`sm_90`) under this process's
+/// `SMALLSEQ_KERNEL_DEFINES` into `cache`, with NVRTC and no device: a machine without a GPU
+/// fills the cache that a GPU host given the same directory (`SMALLSEQ_KERNEL_CACHE`) and the
+/// same NVRTC major.minor then reads instead of compiling. Returns each file's name and whether
+/// its entry was there already.
+///
+/// # Errors
+/// NVRTC missing, a compile error, or `cache` disabled (nothing would be kept).
+pub fn fill_kernel_cache(
+    arch: &str,
+    cache: &KernelCache,
+) -> std::result::Result<Vec<(&'static str, bool)>, String> {
+    if cache.dir().is_none() {
+        return Err(format!(
+            "the kernel cache is off ({}): nothing to fill",
+            crate::backend::kernel_cache::CACHE_ENV
+        ));
+    }
+    let defines = defines_from_env();
+    std::thread::scope(|s| {
+        KERNEL_FILES
+            .map(|(name, body)| {
+                let defines = &defines;
+                s.spawn(move || {
+                    kernel_ptx(name, body, arch, defines, cache).map(|p| (name, p.cached))
+                })
+            })
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|p| Err(format!("NVRTC: {}", panic_text(p))))
+            })
+            .into_iter()
+            .collect()
+    })
+}
+
 /// A kernel file's PTX text, and whether it came from the on-disk cache.
 #[derive(Debug)]
 pub struct Ptx {
@@ -572,9 +608,6 @@ pub struct Ptx {
     pub cached: bool,
 }
 
-/// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
-/// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
-/// without a rebuild.
 /// How a thread waiting for the GPU waits, from `SMALLSEQ_CUDA_SYNC` (`spin`, `yield`,
 /// `blocking`; unset: the driver's heuristic, which spins when the process has fewer contexts
 /// than the machine has cores). Many worker processes on one host each spinning through
@@ -615,6 +648,9 @@ fn set_sync_mode(ordinal: usize) -> Result<()> {
     }
 }
 
+/// Extra kernel defines from `SMALLSEQ_KERNEL_DEFINES` (whitespace-separated `NAME` or
+/// `NAME=VALUE`): kernel variants for A/B timing (`SS_FWD_BLOCKS=5`, `FT_MIN_BLOCKS=3`, …)
+/// without a rebuild.
 fn defines_from_env() -> Vec<String> {
     std::env::var("SMALLSEQ_KERNEL_DEFINES")
         .map(|v| v.split_whitespace().map(String::from).collect())
