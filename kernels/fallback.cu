@@ -31,7 +31,8 @@
 // reference/src/emulate.rs). With 16 heads of 128 rows an f32 dV summed
 // flat sat 5x the emulation's error from the reference, past the tensor rule's threshold
 // (H200, fuzz seed 2095, 3 of 77,260 cases, margins 1.02-1.32; bench/NOTES.md v13); per head,
-// a host simulation of the worst element falls from 8.5e-5 to 1.5e-5 (the emulation: 2.4e-5).
+// a host simulation of the worst element falls from 8.5e-5 to 1.5e-5 (the emulation: 2.4e-5),
+// and two 10-minute H200 campaigns (137,692 cases, NOTES v14) had no failure of this kernel.
 #ifndef FB_GROUP_PARTIALS
 #define FB_GROUP_PARTIALS 1
 #endif
@@ -622,11 +623,11 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 #ifndef FTB_SWIZZLE
 #define FTB_SWIZZLE 1
 #endif
-// The largest D whose tiles are swizzled (v13: at D = 256 the swizzle's index arithmetic took the
-// key side's spill from 48 to 132 bytes and W3's backward was 4 % slower; 128 is the variant to
-// fuzz and time).
+// The largest D whose tiles are swizzled: at D = 256 the swizzle's index arithmetic took the key
+// side's spill from 48 to 132 bytes, and padded rows there are 4 % faster on W3's backward
+// (36,692 against 38,233 us; H200, bench/NOTES.md v14).
 #ifndef FTB_SWIZZLE_MAX_D
-#define FTB_SWIZZLE_MAX_D 256
+#define FTB_SWIZZLE_MAX_D 128
 #endif
 // Columns per tile (keys in the query-side kernel, queries in the key-side one).
 template <int D>
@@ -727,11 +728,6 @@ PT_INLINE void ftb_rows(pt_v4 (*a)[2], const void* base16, long long rs, int row
 // The A operand of ftb_dots: 16 rows of a row-major tensor as fragments. Up to D = 128 they are
 // held in registers; at D = 256 (64 registers per tensor) they would not fit beside a 128-register
 // accumulator, so each use re-reads them (L1 hits), as the D = 256 forward re-reads Q.
-// The query side holds them up to FTB_Q_HOLD_MAX_D: 64 frees its 64 fragment registers at
-// D = 128, for 3 blocks per SM (FTB_Q_MIN_BLOCKS) where 2 leave it latency-bound (v13).
-#ifndef FTB_Q_HOLD_MAX_D
-#define FTB_Q_HOLD_MAX_D 128
-#endif
 template <int D, bool HELD = (D <= 128)>
 struct FtbFrags {
   pt_v4 a[D / 32][2];
@@ -850,7 +846,7 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
     if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
   }
-  FtbFrags<D, (D <= FTB_Q_HOLD_MAX_D)> xq, xo;
+  FtbFrags<D> xq, xo;
   xq.load(qb, rq, wrow, lq);
   xo.load(ob, rq, wrow, lq);
   typename E::T* ks = sm;
@@ -1080,24 +1076,21 @@ alignas(16) extern __shared__ float fb_smem[];
                     wl, wr, (E::T*)fb_smem);                                                    \
   }
 // The backward's blocks per multiprocessor: at D = 128 the query side holds Q and dO fragments,
-// dQ and two score tiles (about 180 registers), so 3 blocks would spill.
+// dQ and two score tiles (about 180 registers), so 3 blocks would spill. Re-reading the fragments
+// instead (as at D = 256) fits the query side in 168 registers for 3 blocks, with 68-80 bytes of
+// spill: 12 % slower on 512-token slots (long-scoreboard stalls 0.45 -> 2.04 per issue; H200,
+// bench/NOTES.md v14).
 #ifndef FTB_MIN_BLOCKS
 #define FTB_MIN_BLOCKS 2
 #endif
-// The query side's at D = 128 (FTB_Q_HOLD_MAX_D says why it may differ).
-#ifndef FTB_Q_MIN_BLOCKS
-#define FTB_Q_MIN_BLOCKS FTB_MIN_BLOCKS
-#endif
 #if defined(PT_CUDA) && FTB_MIN_BLOCKS > 0
 #define FTB_BOUNDS __launch_bounds__(FT_THREADS, FTB_MIN_BLOCKS)
-#define FTB_Q_BOUNDS(D) __launch_bounds__(FT_THREADS, (D) == 128 ? FTB_Q_MIN_BLOCKS : FTB_MIN_BLOCKS)
 #else
 #define FTB_BOUNDS
-#define FTB_Q_BOUNDS(D)
 #endif
 
 #define FTB_KERNEL(SUF, E, O, D)                                                               \
-  PT_KERNEL FTB_Q_BOUNDS(D) void fallback_bwd_q_tc_##SUF##_d##D(                               \
+  PT_KERNEL FTB_BOUNDS void fallback_bwd_q_tc_##SUF##_d##D(                                     \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv,                 \
       const int* off_q, const int* off_kv, int b, int H, int Hkv, int tiles, float scale,       \

@@ -144,7 +144,6 @@ const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_TILES=2", false),
     ("SS_SKIP_DEAD_FWD=3", false),
     ("FTB_SWIZZLE=0", true),
-    ("FTB_Q_HOLD_MAX_D=64", true),
     ("FB_GROUP_PARTIALS=0", false),
 ];
 

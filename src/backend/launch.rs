@@ -260,8 +260,8 @@ impl LaunchDims {
 
     /// Dynamic shared memory of the tiled fallback backward (both kernels): two column tiles,
     /// and three f32 values per column (`FtbShape` in kernels/fallback.cu). Sized for rows
-    /// padded by 32 elements (`FTB_SWIZZLE=0`, a variant `SMALLSEQ_KERNEL_DEFINES` may ask
-    /// for): the shipped swizzled rows take D elements, less.
+    /// padded by 32 elements (the shipped build's at D = 256, and everywhere with
+    /// `FTB_SWIZZLE=0`): swizzled rows (D <= 128) take D elements, less.
     pub fn tiled_bwd_smem(&self) -> u32 {
         let d = self.dqk.max(0) as u32;
         let bn = if d > 64 { 32 } else { 64 };

@@ -28,6 +28,11 @@
 //! percent; with logits of order 1e5 (large values, scale 3) P is off by about 1 % in every
 //! kernel, and a dK that cancels down to near the f16 limit moved by 8 % between two correct
 //! paths (CPU fuzz seed 2043, cases 1564 and 1632, near-tied keys of large data).
+//!
+//! At 16 bits the kernels round dS to the input type before dS·K and dSᵀ·Q. Where dS lies
+//! within its f32 noise `δ_ij = 2 · (Dv + Lk + S_i) · u32 · P_ij · (a_ij + A_i)` of a rounding
+//! boundary, which neighbour it takes is noise too, a jump `J_ij` (the type's spacing there), so
+//! `allowance(dQ[i, h, x]) += scale · Σ_j J_ij · |K[j, x]|` and likewise dK with |Q|.
 
 use crate::case::Case;
 use ndarray::{s, Array2, Array3, ArrayView1};
@@ -117,12 +122,37 @@ pub struct PNoise {
     pub dv: Option<Array3<f64>>,
 }
 
+/// The distance between the input type's roundings of `lo` and `hi` (0 when both round alike),
+/// each saturated at the type's limit, as the kernels saturate what they round.
+fn rounding_jump(dtype: Dtype, lo: f64, hi: f64) -> f64 {
+    let max = f64::from(dtype.max_finite());
+    let r = |x: f64| f64::from(dtype.round_f64(x)).clamp(-max, max);
+    let j = (r(hi) - r(lo)).abs();
+    if j.is_finite() {
+        j
+    } else {
+        0.0
+    }
+}
+
 /// The jump and drift of one P: `J + ρ·P`, with `J` the distance between the input type's
 /// roundings of `P·(1 − ρ)` and `P·(1 + ρ)` (0 when both round alike).
 fn p_noise(dtype: Dtype, p: f64, rho: f64) -> f64 {
-    let lo = f64::from(dtype.round_f64(p * (1.0 - rho)));
-    let hi = f64::from(dtype.round_f64(p * (1.0 + rho)));
-    (hi - lo).abs() + rho * p
+    rounding_jump(dtype, p * (1.0 - rho), p * (1.0 + rho)) + rho * p
+}
+
+/// The jump of dS's rounding to a 16-bit input type (the small-seq kernels, the tiled fallback
+/// and the emulation round it before dS·K and dSᵀ·Q) where its f32 noise `delta` can decide
+/// it: which neighbour a dS within `delta` of a rounding boundary takes is noise, and it moves
+/// every dQ and dK element the pair feeds by one ulp of dS times |K| or |Q|. Two tied keys put
+/// both dS of a row on boundaries at once (dS = ±(dP₁ − dP₂)/4): an H200 campaign (seed 2097,
+/// case 43630) had the small-seq dQ one bf16 ulp of dS = 5.484375 (a midpoint) from a zero
+/// that the emulation's symmetric roundings kept, at 18 times the threshold.
+fn ds_jump(dtype: Dtype, ds: f64, delta: f64) -> f64 {
+    if dtype == Dtype::F32 {
+        return 0.0; // nothing rounds dS
+    }
+    rounding_jump(dtype, ds - delta, ds + delta)
 }
 
 /// All allowances of a case, computed in one pass over its visible (query, key) pairs.
@@ -146,6 +176,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
     let lk = longest_kv as f64;
     let nq = (case.layout.q.max_len() * p.group_size()) as f64;
     let terms = (p.head_dim_v + longest_kv) as f64;
+    let factor = 2.0 * terms * u32;
     let scale = p.scale.abs();
     let mut ord_o = Array3::<f64>::zeros(o.dim());
     let mut noise_o = Array3::<f64>::zeros(o.dim());
@@ -223,8 +254,11 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_i) * u32);
         for ((&c, &prob), &(dp, a)) in row.keys.iter().zip(&probs).zip(&dpa) {
-            let w = widen * scale * prob * (a + big_a);
+            let noise = widen * prob * (a + big_a);
             let ds = prob * (dp - big_d);
+            // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
+            // is divided by it here.
+            let w = scale * (noise + ds_jump(case.config.dtype, ds, factor * noise) / factor);
             let w_ord = scale * (ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o));
             for x in 0..p.head_dim_qk {
                 let kx = f64::from(case.k[(c, hk, x)]).abs();
@@ -239,7 +273,6 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
             }
         }
     }
-    let factor = 2.0 * terms * u32;
     let p_noise = PNoise {
         o: noise_o,
         dv: noise_dv,
@@ -307,6 +340,28 @@ mod tests {
         let dk = g.unwrap().dk[(0, 0, 0)];
         assert_eq!(dk, -1.0 / 4096.0);
         assert!(dk.abs() < al.dk[(0, 0, 0)], "{dk} vs {}", al.dk[(0, 0, 0)]);
+    }
+
+    #[test]
+    fn a_ds_on_a_rounding_boundary_gets_one_ulp_of_it() {
+        // Tied keys (P = 1/2 each), dP = v = 2 and -2.015625: dS = ±1.00390625, the midpoint
+        // between the bf16 values 1 and 1 + 2^-7, so either rounding is correct, and dQ moves by
+        // 2^-7 · |k| per key from the emulation's symmetric pair (dQ = 0).
+        let mut c = case(1.0, [0.5, 0.5], [2.0, -2.015625], 1.0);
+        c.config.dtype = Dtype::Bf16;
+        let al = allowance(&c);
+        let jump = 2.0f64.powi(-7) * 0.5;
+        assert!(al.dq[(0, 0, 0)] >= 2.0 * jump, "{}", al.dq[(0, 0, 0)]);
+        assert!(al.dk[(0, 0, 0)] >= jump, "{}", al.dk[(0, 0, 0)]);
+        // A dS a quarter of an ulp from the boundary (v0 = 2.0078125: dS = 1.005859375) has no
+        // jump: the allowance stays at f32 noise.
+        let mut far = case(1.0, [0.5, 0.5], [2.0078125, -2.015625], 1.0);
+        far.config.dtype = Dtype::Bf16;
+        let al = allowance(&far);
+        assert!(al.dq[(0, 0, 0)] < 1e-4, "{}", al.dq[(0, 0, 0)]);
+        // f32 rounds nothing: no jump.
+        let al = allowance(&case(1.0, [0.5, 0.5], [2.0, -2.015625], 1.0));
+        assert!(al.dq[(0, 0, 0)] < 1e-4, "{}", al.dq[(0, 0, 0)]);
     }
 
     #[test]
