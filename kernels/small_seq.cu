@@ -353,6 +353,65 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 }
 
 
+// Items of one query (SS_ONE_QUERY=1; off until the device has timed and fuzzed it). W4's
+// forward (one query per slot) issues 1,772 warp instructions per item, instruction-bound at
+// 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the tiles leave 15 of their
+// 16 rows empty. Such an item keeps the tiled scores and softmax of its one row (so S and lse
+// are bit for bit the tiled path's, which the backward's P = exp(s - lse) of a one-key row needs
+// to be exactly 1), skips the softmax of rows 8-15, and forms o = Σ_j P_j·V_j lane-parallel:
+// lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and of o, takes each P from the
+// lane of quad 0 that holds it, rounds it to E, and adds the exact products in f32 in key order.
+#ifndef SS_ONE_QUERY
+#define SS_ONE_QUERY 0
+#endif
+// 8 aligned bytes (a lane's 4 dims at D = 128).
+struct alignas(8) SsW2 {
+  pt_u32 x, y;
+};
+
+// The D/64 words (2 values each) of a lane's dims of one row.
+template <int D>
+PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
+  const pt_u16* p = row + pt_llane() * (D / 32);
+  if constexpr (D == 64) {
+    w[0] = *(const pt_u32*)p;
+  } else if constexpr (D == 128) {
+    const SsW2 x = *(const SsW2*)p;
+    w[0] = x.x, w[1] = x.y;
+  } else {
+    const pt_v4 x = pt_ld16(p);
+#pragma unroll
+    for (int i = 0; i < D / 64; ++i) w[i] = pt_word(x, i);
+  }
+}
+
+// o (one row) = P·V for the P of row 0 in s (C layout: quad 0's lane t holds keys nt*8 + 2t + e
+// in s[0][nt][e]); V rows past lk are not read.
+template <class E, class O, int D>
+PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
+                         int lk, typename O::T* orow) {
+  const int NW = D / 64;
+  float acc[2 * NW];
+#pragma unroll
+  for (int i = 0; i < 2 * NW; ++i) acc[i] = 0.f;
+  const int half = pt_lane() & ~31;  // this logical warp's lanes in the hardware warp (HIP: 64)
+#pragma unroll
+  for (int j = 0; j < 17; ++j) {
+    if (j >= lk) break;  // warp-uniform
+    const float p = E::round(pt_shfl(s[0][j / 8][j % 2], half | ((j % 8) / 2)));
+    pt_u32 w[NW];
+    ss_lane_dims<D>(w, (const pt_u16*)(vr + j * rs));
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      acc[2 * i] += pt_mul_rn(p, pt_lo<E>(w[i]));
+      acc[2 * i + 1] += pt_mul_rn(p, pt_hi<E>(w[i]));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2 * NW; ++i)
+    O::store(orow, pt_llane() * (D / 32) + i, E::round(ss_out_round<E>(acc[i])));
+}
+
 template <class E, class O, int D>
 PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                       typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
@@ -376,12 +435,13 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   ss_prefetch<E, D>(v + hk, rs, it.lk);
 #endif
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
+  const bool one = SS_ONE_QUERY && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, 0)) continue;
+      if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, 0) || (one && (mt | hh))) continue;
       const int row = mt * 16 + hh * 8 + g;
       float mx = ninf;
 #pragma unroll
@@ -420,6 +480,10 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
       if (t == 0 && row < it.lq)
         lse[(it.oq + row) * H + it.h] = sum > 0.f ? ss_lse(mx, sum) : ninf;
     }
+  if (one) {
+    ss_pv_one<E, O, D>(s, v + hk, rs, it.lk, o + hq);
+    return;
+  }
   pt_u32 pa[2][2][4];
   ss_afrag<E>(pa, s);
   ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f);

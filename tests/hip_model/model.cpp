@@ -350,13 +350,15 @@ struct Geometry {
 };
 
 // full: slots 0 and 1 have max_len queries, slots 0 and 2 max_len keys, whatever the draws.
+// one_query: every slot has one query (the small-seq forward's one-query items).
 static Geometry make_geometry(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv,
                               int mask, int wl, int wr, int min_len, int max_len,
-                              bool full = false) {
+                              bool full = false, bool one_query = false) {
   Geometry g{b, H, Hkv, Dqk, Dv, mask, wl, wr};
   std::uniform_int_distribution<int> len(min_len, max_len), gap(0, 2);
   for (int i = 0; i < b; ++i) {
     int lq = len(rng), lk = len(rng);
+    if (one_query) lq = 1;
     if (full && (i == 0 || i == 1)) lq = max_len;
     if (full && (i == 0 || i == 2)) lk = max_len;
     if (lk == 0 && lq > 0) lk = 1;
@@ -592,9 +594,9 @@ static void run_small(const char* family, const Geometry& g, Buffers<E, O>& bu) 
 
 template <class E, class O, int D>
 static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slots,
-                       bool full = false) {
-  const Geometry g =
-      make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17, full);
+                       bool full = false, bool one_query = false) {
+  const Geometry g = make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17,
+                                   full, one_query);
   Buffers<E, O> bu(rng, g);
   run_small<E, O, D>("small-seq", g, bu);
 }
@@ -850,6 +852,11 @@ int main(int argc, char** argv) {
   // of at most 16 leaves dead (SS_SKIP_DEAD_TILES) are live here, under both causal masks.
   test_small<BF16, BF16, 128>(rng, 4, 2, 1, false, true);
   test_small<F16, F32, 64>(rng, 4, 1, 2, true, true);
+  // Slots of one query each (the forward's one-query items with SS_ONE_QUERY=1): every head
+  // dim and mask, f32 outputs.
+  test_small<BF16, BF16, 128>(rng, 6, 2, 0, false, false, true);
+  test_small<F16, F32, 64>(rng, 5, 3, 1, false, false, true);
+  test_small<BF16, F32, 256>(rng, 4, 1, 2, false, false, true);
   // Fallback: GQA, Dqk != Dv, windows, f32, empty slots, and slots of 40..70 tokens, so that
   // rows see more than 32 keys (a reduction over half a wavefront would be wrong) and more than
   // 64 (two key tiles of a wavefront).
