@@ -9,8 +9,8 @@
 # BIN_DIR holds `smallseq` (built with --features cuda), `cuda_backend` (the test binary of
 # tests/cuda_backend.rs) and `backends` (proptests/tests/backends.rs with --features cuda), and
 # may hold kernel-cache.tar.xz (below).
-# Stages, in the order given: tests calibrate bench variants fbvariants ncu ncubwd stalls
-# sanitize sancases mutants fuzz fuzzbg fuzzwait (default: tests calibrate bench ncu sanitize
+# Stages, in the order given: tests calibrate bench variants fbvariants ncu ncubwd ncusource
+# stalls sanitize sancases mutants fuzz fuzzbg fuzzwait (default: tests calibrate bench ncu sanitize
 # mutants fuzz; VARIANTS lists the
 # variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
 # seed, 2027 by default; FUZZ_VARIANTS the campaigns `fuzzbg` starts side by side, one per
@@ -152,6 +152,22 @@ for s in $stages; do
         "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --fallback false \
         --filter rnd1-17_h16,q1 > "$out/ncu-stalls.txt" 2>&1
       echo "-> exit $?" | tee -a "$log" ;;
+    ncusource)
+      # Where the small-seq forward's instructions go on W4 (one query per slot; 1,772 warp
+      # instructions per item in v14): instructions executed and stall samples per SASS
+      # instruction and source line (-lineinfo), per variant, into ncu-source[-VARIANT].csv, and
+      # the whole report (ncu-source.ncu-rep, default build) for the Nsight Compute GUI.
+      source_profile() {
+        local tag
+        tag=$(echo "${defs[*]}" | tr -c 'A-Za-z0-9_=\n' _ | tr '=' '-')
+        vrun 150 ncu --clock-control none --kernel-name regex:small_seq_fwd --launch-count 1 \
+          --section SourceCounters --section InstructionStats --import-source yes \
+          -o "/tmp/ncu-source$tag" -f "$ss" bench --backend cuda --iters 1 --warmup 0 \
+          --rotate-mb 1 --fallback false --filter q1
+        run 60 sh -c "ncu -i /tmp/ncu-source$tag.ncu-rep --page source --csv --print-source sass > '$out/ncu-source${tag:+-$tag}.csv'"
+        [ -z "$tag" ] && cp /tmp/ncu-source.ncu-rep "$out/" 2>/dev/null
+      }
+      each_variant source_profile ;;
     fbvariants)
       # The fallback's kernels (forward and backward) timed per variant, back to back with the
       # default build: 512-token slots and W3 (D = 256).
