@@ -201,13 +201,28 @@ struct SsItem {
   long long oq, ok;
 };
 
+// SS_ITEM32=1 (off: not yet timed or fuzzed on a GPU, bench/NOTES.md v14) decodes items with a
+// 32-bit division where b·H fits 32 bits (every launch but a grid of over 4e9 items): the
+// 64-bit one is a called routine of tens of instructions per item, on kernels bound by the
+// instructions they issue.
+#ifndef SS_ITEM32
+#define SS_ITEM32 0
+#endif
+
 // Decodes the warp's work item; false when there is nothing to do (warp-uniform).
 PT_INLINE bool ss_item(SsItem& it, const int* cu_q, const int* cu_kv, const int* off_q,
                        const int* off_kv, int b, int H) {
   long long item = pt_bid() * SS_WPB + pt_lwarp();
   if (item >= (long long)b * H) return false;
-  int slot = (int)(item / H);
-  it.h = (int)(item % H);
+  int slot;
+  if (SS_ITEM32 && (long long)b * H <= 0xffffffffLL) {  // uniform over the grid
+    const unsigned u = (unsigned)item, uh = (unsigned)H;
+    slot = (int)(u / uh);
+    it.h = (int)(u - (unsigned)slot * uh);
+  } else {
+    slot = (int)(item / H);
+    it.h = (int)(item % H);
+  }
   it.lq = cu_q[slot + 1] - cu_q[slot];
   it.lk = cu_kv[slot + 1] - cu_kv[slot];
   it.oq = off_q[slot];
