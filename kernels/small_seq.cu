@@ -46,10 +46,11 @@
 // 1 the dead key tile; SS_SKIP_DEAD_TILES sets both directions. The backward skips both (faster
 // than neither everywhere on the H200, and fuzzed there: bench/NOTES.md v7), the forward the
 // row tile alone: 3-7 % faster than both in v7, the key tile's skip spilling 28-36 bytes at
-// d128/d256 (fuzzed on the device in v13). Bit 2 (forward only; not yet timed or fuzzed on a
-// GPU, bench/NOTES.md v14) skips the softmax of rows 8-15 of the first row tile when the slot
-// has at most 8 queries: those rows' fragments were zero, so their scores are 0 and pack to
-// P = 0, as the softmax of rows without a visible key gives, and they are never stored.
+// d128/d256 (fuzzed on the device in v13). Bit 2 (not yet timed or fuzzed on a GPU,
+// bench/NOTES.md v14) skips the softmax (forward) or P and dS (backward) of rows 8-15 of the
+// first row tile when the slot has at most 8 queries: those rows' Q and dO fragments were zero,
+// so their S and dP are 0 and pack to P = dS = 0, what the skipped code gives a row without a
+// visible key, and they are never stored.
 #ifdef SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_FWD SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_BWD SS_SKIP_DEAD_TILES
@@ -548,6 +549,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, 0)) continue;
+      if ((SS_SKIP_DEAD_BWD & 4) && mt == 0 && hh == 1 && it.lq <= 8) continue;
       const int row = mt * 16 + hh * 8 + g;
       const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
       float dsum = 0.f;

@@ -145,6 +145,7 @@ const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_FWD=3", false),
     ("SS_ONE_QUERY=1", false),
     ("SS_SKIP_DEAD_FWD=5", false),
+    ("SS_SKIP_DEAD_BWD=7", false),
     ("SS_ITEM32=1", false),
     ("FTB_SWIZZLE=0", true),
     ("FB_GROUP_PARTIALS=0", false),
