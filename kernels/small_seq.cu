@@ -64,6 +64,10 @@
 #define SS_DEAD_IN(bits, it, mt, nt)               \
   ((((bits) & 1) && (mt) == 1 && (it).lq <= 16) || \
    (((bits) & 2) && (nt) == 2 && (it).lk <= 16))
+// The 8 rows hh of row tile mt, dead under the skip bits: all of tile 1 (bit 0), or rows 8-15
+// of tile 0 for a slot of at most 8 queries (bit 2).
+#define SS_DEAD_ROWS(bits, it, mt, hh) \
+  (SS_DEAD_IN(bits, it, mt, 0) || (((bits) & 4) && (mt) == 0 && (hh) == 1 && (it).lq <= 8))
 #define SS_PRAGMA(x) _Pragma(#x)
 #define SS_UNROLL(n) SS_PRAGMA(unroll n)
 #ifdef PT_CUDA
@@ -460,8 +464,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD_IN(SS_SKIP_DEAD_FWD, it, mt, 0) || (one && (mt | hh))) continue;
-      if ((SS_SKIP_DEAD_FWD & 4) && mt == 0 && hh == 1 && it.lq <= 8) continue;
+      if (SS_DEAD_ROWS(SS_SKIP_DEAD_FWD, it, mt, hh) || (one && (mt | hh))) continue;
       const int row = mt * 16 + hh * 8 + g;
       float mx = ninf;
 #pragma unroll
@@ -548,8 +551,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, 0)) continue;
-      if ((SS_SKIP_DEAD_BWD & 4) && mt == 0 && hh == 1 && it.lq <= 8) continue;
+      if (SS_DEAD_ROWS(SS_SKIP_DEAD_BWD, it, mt, hh)) continue;
       const int row = mt * 16 + hh * 8 + g;
       const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
       float dsum = 0.f;
