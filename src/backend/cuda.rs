@@ -178,21 +178,9 @@ impl CudaBackend {
     fn modules(&self) -> Result<&Modules> {
         self.modules
             .get_or_init(|| {
-                // NVRTC compiles the two files in parallel (a miss costs tens of seconds);
-                // the modules load on this thread, the context's.
+                // The modules load on this thread, the context's.
                 let files = KERNEL_FILES;
-                let [small, fallback] = std::thread::scope(|s| {
-                    files
-                        .map(|(name, body)| {
-                            s.spawn(move || {
-                                kernel_ptx(name, body, &self.arch_name, &self.defines, &self.cache)
-                            })
-                        })
-                        .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|p| Err(format!("NVRTC: {}", panic_text(p))))
-                        })
-                });
+                let [small, fallback] = kernel_ptxs(&self.arch_name, &self.defines, &self.cache);
                 let load = |(name, body): (&str, &str), ptx: Ptx| {
                     let module = |text: String| {
                         self.ctx
@@ -583,21 +571,28 @@ pub fn fill_kernel_cache(
             crate::backend::kernel_cache::CACHE_ENV
         ));
     }
-    let defines = defines_from_env();
+    let ptxs = kernel_ptxs(arch, &defines_from_env(), cache);
+    KERNEL_FILES
+        .iter()
+        .zip(ptxs)
+        .map(|(&(name, _), ptx)| ptx.map(|p| (name, p.cached)))
+        .collect()
+}
+
+/// The PTX of both kernel files ([`KERNEL_FILES`] order), NVRTC compiling the two in parallel
+/// (a cache miss costs tens of seconds each).
+fn kernel_ptxs(
+    arch: &str,
+    defines: &[String],
+    cache: &KernelCache,
+) -> [std::result::Result<Ptx, String>; 2] {
     std::thread::scope(|s| {
         KERNEL_FILES
-            .map(|(name, body)| {
-                let defines = &defines;
-                s.spawn(move || {
-                    kernel_ptx(name, body, arch, defines, cache).map(|p| (name, p.cached))
-                })
-            })
+            .map(|(name, body)| s.spawn(move || kernel_ptx(name, body, arch, defines, cache)))
             .map(|h| {
                 h.join()
                     .unwrap_or_else(|p| Err(format!("NVRTC: {}", panic_text(p))))
             })
-            .into_iter()
-            .collect()
     })
 }
 
