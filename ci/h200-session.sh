@@ -73,22 +73,7 @@ collect_fuzz() { # [SUFFIX]: the campaign in /tmp/fuzzSUFFIX
     n=$((n * 3 / 4))
   done
 }
-# A variant is a comma list: SMALLSEQ_* entries are environment settings (SMALLSEQ_SS_WAVES=0),
-# seed=N a fuzz campaign's own seed, the others kernel defines (SS_SKIP_DEAD_TILES=3);
-# `default` is the shipped build.
-split_variant() { # VARIANT -> arrays envs (NAME=VALUE) and defs, and seed (may be empty)
-  envs=() defs=() seed=
-  local parts p
-  IFS=, read -r -a parts <<< "$1"
-  for p in "${parts[@]}"; do
-    case $p in
-      default) ;;
-      seed=*) seed=${p#seed=} ;;
-      SMALLSEQ_*) envs+=("$p") ;;
-      *) defs+=("$p") ;;
-    esac
-  done
-}
+. "$(dirname "$0")/variants.sh"  # split_variant
 # `run` under the current variant's environment and kernel defines (after split_variant).
 vrun() { run "$1" env "${envs[@]}" SMALLSEQ_KERNEL_DEFINES="${defs[*]}" "${@:2}"; }
 # Calls FUNCTION once per variant, the default build first (VARIANTS lists the others).

@@ -30,12 +30,9 @@ lib=$(dirname "$(find "$tools/nvidia" -name "libnvrtc.so.${ver%%.*}" | head -1)"
 cargo build -q --release --features cuda --example fill_kernel_cache
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
+. ci/variants.sh  # split_variant
 for v in "${@:-default}"; do
-  defs=()
-  IFS=, read -r -a parts <<< "$v"
-  for p in "${parts[@]}"; do
-    case $p in default | seed=* | SMALLSEQ_*) ;; *) defs+=("$p") ;; esac
-  done
+  split_variant "$v"
   echo "== ${defs[*]:-(shipped build)}"
   LD_LIBRARY_PATH=$lib SMALLSEQ_KERNEL_CACHE=$cache SMALLSEQ_KERNEL_DEFINES="${defs[*]}" \
     target/release/examples/fill_kernel_cache sm_90 2>&1 | grep -v '^smallseq: compiling'
