@@ -178,12 +178,18 @@ gpu__time_duration.sum \
     sancases)
       # compute-sanitizer on small cases of the tiled backward (its bench workloads take minutes
       # a launch under racecheck): D = 256 (the dV/dK split), GQA and causal; D = 128 and 64
-      # (swizzled tiles), two slots, a window, more than one key tile.
+      # (swizzled tiles), two slots, a window, more than one key tile; and of the small-seq
+      # kernels.
       mk() { "$ss" case new --out "/tmp/$1.safetensors" "${@:2}" > /dev/null || echo "case new $1 failed" | tee -a "$log"; }
       mk sc256 --dtype bf16 --heads 2 --kv-heads 1 --head-dim 256 --q-lens 20,33 --kv-lens 24,40 --mask causal
       mk sc128 --dtype f16 --heads 2 --kv-heads 1 --head-dim 128 --q-lens 40,3 --kv-lens 70,5
       mk sc64 --dtype bf16 --heads 1 --head-dim 64 --q-lens 70 --kv-lens 90 --window=8,3
-      for c in sc256 sc128 sc64; do
+      # The small-seq kernels' one-query items (SS_ONE_QUERY) at each head dim, 17-key slots
+      # and one-key slots among them.
+      mk sq256 --dtype f16 --heads 2 --kv-heads 1 --head-dim 256 --q-lens 1,1,2 --kv-lens 17,3,5
+      mk sq128 --dtype bf16 --heads 2 --head-dim 128 --q-lens 1,1,1,4 --kv-lens 16,2,1,7 --mask causal
+      mk sq64 --dtype f16 --heads 1 --head-dim 64 --q-lens 1,1 --kv-lens 9,17
+      for c in sc256 sc128 sc64 sq256 sq128 sq64; do
         for tool in racecheck memcheck; do
           run 90 compute-sanitizer --tool $tool --error-exitcode 1 "$ss" run --backend cuda \
             --case "/tmp/$c.safetensors" --out "/tmp/$c-$tool.safetensors"

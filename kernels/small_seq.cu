@@ -409,25 +409,36 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
 }
 
 // o (one row) = P·V for the P of row 0 in s (C layout: quad 0's lane t holds keys nt*8 + 2t + e
-// in s[0][nt][e]); V rows past lk are not read.
+// in s[0][nt][e]); V rows past lk are not read. The rows of a batch are all loaded before any
+// product: a loop that loaded key j after the products of key j - 1 waited one global-load
+// latency per key (ncu, bench/NOTES.md v15: 30 % of the W4 forward's stall samples). A batch
+// holds every key at D <= 128 (2 words a row); at D = 256 a batch of even 2 keys made ptxas
+// spill 40 bytes in the f16 forward, so there each key is loaded on its own.
 template <class E, class O, int D>
 PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
                          int lk, typename O::T* orow) {
-  const int NW = D / 64;
+  const int NW = D / 64, KB = D <= 128 ? 17 : 1;
   float acc[2 * NW];
 #pragma unroll
   for (int i = 0; i < 2 * NW; ++i) acc[i] = 0.f;
   const int half = pt_lane() & ~31;  // this logical warp's lanes in the hardware warp (HIP: 64)
 #pragma unroll
-  for (int j = 0; j < 17; ++j) {
-    if (j >= lk) break;  // warp-uniform
-    const float p = E::round(pt_shfl(s[0][j / 8][j % 2], half | ((j % 8) / 2)));
-    pt_u32 w[NW];
-    ss_lane_dims<D>(w, (const pt_u16*)(vr + j * rs));
+  for (int j0 = 0; j0 < 17; j0 += KB) {
+    if (j0 >= lk) break;  // warp-uniform
+    pt_u32 w[KB][NW];
 #pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      acc[2 * i] += pt_mul_rn(p, pt_lo<E>(w[i]));
-      acc[2 * i + 1] += pt_mul_rn(p, pt_hi<E>(w[i]));
+    for (int jj = 0; jj < KB; ++jj)
+      if (j0 + jj < 17 && j0 + jj < lk) ss_lane_dims<D>(w[jj], (const pt_u16*)(vr + (j0 + jj) * rs));
+#pragma unroll
+    for (int jj = 0; jj < KB; ++jj) {
+      const int j = j0 + jj;
+      if (j >= 17 || j >= lk) break;  // warp-uniform
+      const float p = E::round(pt_shfl(s[0][j / 8][j % 2], half | ((j % 8) / 2)));
+#pragma unroll
+      for (int i = 0; i < NW; ++i) {
+        acc[2 * i] += pt_mul_rn(p, pt_lo<E>(w[jj][i]));
+        acc[2 * i + 1] += pt_mul_rn(p, pt_hi<E>(w[jj][i]));
+      }
     }
   }
 #pragma unroll
