@@ -376,14 +376,16 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 }
 
 
-// Items of one query (SS_ONE_QUERY=1; off until the device has timed and fuzzed it). W4's
-// forward (one query per slot) issues 1,772 warp instructions per item, instruction-bound at
-// 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the tiles leave 15 of their
-// 16 rows empty. Such an item keeps the tiled scores and softmax of its one row (so S and lse
-// are bit for bit the tiled path's, which the backward's P = exp(s - lse) of a one-key row needs
-// to be exactly 1), skips the softmax of rows 8-15, and forms o = Σ_j P_j·V_j lane-parallel:
-// lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and of o, takes each P from the
-// lane of quad 0 that holds it, rounds it to E, and adds the exact products in f32 in key order.
+// Items of one query (SS_ONE_QUERY=1; off until a 10-minute device campaign, bench/NOTES.md
+// v15). W4's forward (one query per slot) issued 1,772 warp instructions per item,
+// instruction-bound at 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the
+// tiles leave 15 of their 16 rows empty. Such an item keeps the tiled scores and softmax of its
+// one row (so S and lse are bit for bit the tiled path's, which the backward's P = exp(s - lse)
+// of a one-key row needs to be exactly 1), skips the softmax of rows 8-15, and forms
+// o = Σ_j P_j·V_j lane-parallel: lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and
+// of o, takes each P from the lane of quad 0 that holds it, rounds it to E, and adds the exact
+// products in f32 in key order. Bit 1 (SS_ONE_QUERY=3) does the same for the backward
+// (ss_bwd_one): P and dS as the tiled path forms them, then dV, dK and dQ lane-parallel.
 #ifndef SS_ONE_QUERY
 #define SS_ONE_QUERY 0
 #endif
@@ -408,42 +410,93 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
   }
 }
 
-// o (one row) = P·V for the P of row 0 in s (C layout: quad 0's lane t holds keys nt*8 + 2t + e
-// in s[0][nt][e]); V rows past lk are not read. The rows of a batch are all loaded before any
-// product: a loop that loaded key j after the products of key j - 1 waited one global-load
-// latency per key (ncu, bench/NOTES.md v15: 30 % of the W4 forward's stall samples). A batch
-// holds every key at D <= 128 (2 words a row); at D = 256 a batch of even 2 keys made ptxas
-// spill 40 bytes in the f16 forward, so there each key is loaded on its own.
-template <class E, class O, int D>
-PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
-                         int lk, typename O::T* orow) {
-  const int NW = D / 64, KB = D <= 128 ? 17 : 1;
-  float acc[2 * NW];
-#pragma unroll
-  for (int i = 0; i < 2 * NW; ++i) acc[i] = 0.f;
-  const int half = pt_lane() & ~31;  // this logical warp's lanes in the hardware warp (HIP: 64)
+// Calls f(j, w) for each key j < lk of a one-query item, w being the lane's D/64 words of row j
+// of `rows`, and key j's value in row 0 of a C-layout tile set through ss_row0_key. The rows of
+// a batch are all loaded before f sees the first: a loop that loaded key j after the products
+// of key j - 1 waited one global-load latency per key (ncu, bench/NOTES.md v15: 30 % of the W4
+// forward's stall samples). A batch holds every key at D <= 128 (2 words a row); at D = 256 a
+// batch of even 2 keys made ptxas spill 40 bytes in the f16 forward, so there each key is
+// loaded on its own.
+template <int D, class F>
+PT_INLINE void ss_each_key_row(const pt_u16* rows, long long rs, int lk, F&& f) {
+  const int KB = D <= 128 ? 17 : 1;
 #pragma unroll
   for (int j0 = 0; j0 < 17; j0 += KB) {
     if (j0 >= lk) break;  // warp-uniform
-    pt_u32 w[KB][NW];
+    pt_u32 w[KB][D / 64];
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj)
-      if (j0 + jj < 17 && j0 + jj < lk) ss_lane_dims<D>(w[jj], (const pt_u16*)(vr + (j0 + jj) * rs));
+      if (j0 + jj < 17 && j0 + jj < lk) ss_lane_dims<D>(w[jj], rows + (j0 + jj) * rs);
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj) {
-      const int j = j0 + jj;
-      if (j >= 17 || j >= lk) break;  // warp-uniform
-      const float p = E::round(pt_shfl(s[0][j / 8][j % 2], half | ((j % 8) / 2)));
-#pragma unroll
-      for (int i = 0; i < NW; ++i) {
-        acc[2 * i] += pt_mul_rn(p, pt_lo<E>(w[jj][i]));
-        acc[2 * i + 1] += pt_mul_rn(p, pt_hi<E>(w[jj][i]));
-      }
+      if (j0 + jj >= 17 || j0 + jj >= lk) break;  // warp-uniform
+      f(j0 + jj, w[jj]);
     }
   }
+}
+
+// Key j's value in row 0 of s (C layout: quad 0's lane t holds keys nt*8 + 2t + e in
+// s[0][nt][e]), rounded to E as the tiled path's operand fragments round it.
+template <class E>
+PT_INLINE float ss_row0_key(const float (&s)[2][3][4], int j) {
+  const int half = pt_lane() & ~31;  // this logical warp's lanes in the hardware warp (HIP: 64)
+  return E::round(pt_shfl(s[0][j / 8][j % 2], half | ((j % 8) / 2)));
+}
+
+// Value i (of 2 per word) of a lane's words.
+template <class E, int N>
+PT_INLINE float ss_word_val(const pt_u32 (&w)[N], int i) {
+  return i % 2 ? pt_hi<E>(w[i / 2]) : pt_lo<E>(w[i / 2]);
+}
+
+// o (one row) = P·V for the P of row 0 in s; V rows past lk are not read.
+template <class E, class O, int D>
+PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
+                         int lk, typename O::T* orow) {
+  float acc[D / 32];
 #pragma unroll
-  for (int i = 0; i < 2 * NW; ++i)
+  for (int i = 0; i < D / 32; ++i) acc[i] = 0.f;
+  ss_each_key_row<D>((const pt_u16*)vr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
+    const float p = ss_row0_key<E>(s, j);
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) acc[i] += pt_mul_rn(p, ss_word_val<E>(w, i));
+  });
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i)
     O::store(orow, pt_llane() * (D / 32) + i, E::round(ss_out_round<E>(acc[i])));
+}
+
+// The gradients of a one-query item from its row of P and dS (s and ds, C layout as in
+// ss_row0_key): dV_j = P_j·dO and dK_j = dS_j·q·scale are one exact product per element, which
+// is what the tiled path's 16-row products give when 15 rows are zero (the leading 0 + keeps a
+// zero's sign as theirs: +0); dQ = Σ_j dS_j·K_j·scale adds the exact products in f32 in key
+// order, as ss_pv_one does.
+template <class E, class O, int D>
+PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
+                          const typename E::T* qrow, const typename E::T* dorow,
+                          const typename E::T* kr, long long rs, int lk, typename O::T* dq,
+                          typename O::T* dk, typename O::T* dv, float scale) {
+  const int d0 = pt_llane() * (D / 32);
+  pt_u32 qw[D / 64], ow[D / 64];
+  ss_lane_dims<D>(qw, (const pt_u16*)qrow);
+  ss_lane_dims<D>(ow, (const pt_u16*)dorow);
+  float acc[D / 32];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) acc[i] = 0.f;
+  ss_each_key_row<D>((const pt_u16*)kr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
+    const float p = ss_row0_key<E>(s, j), g = ss_row0_key<E>(ds, j);
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      acc[i] += pt_mul_rn(g, ss_word_val<E>(w, i));
+      const float dki = (0.f + pt_mul_rn(g, ss_word_val<E>(qw, i))) * scale;
+      O::store(dk + j * rs, d0 + i, E::round(ss_out_round<E>(dki)));
+      const float dvi = 0.f + pt_mul_rn(p, ss_word_val<E>(ow, i));
+      O::store(dv + j * rs, d0 + i, E::round(ss_out_round<E>(dvi)));
+    }
+  });
+  const float mul = ss_dq_mul<E>(scale);
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) O::store(dq, d0 + i, E::round(ss_out_round<E>(acc[i] * mul)));
 }
 
 template <class E, class O, int D>
@@ -469,7 +522,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   ss_prefetch<E, D>(v + hk, rs, it.lk);
 #endif
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
-  const bool one = SS_ONE_QUERY && it.lq == 1;  // warp-uniform
+  const bool one = (SS_ONE_QUERY & 1) && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -557,12 +610,13 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
 #endif
   ss_xyt<E, D>(s, q + hq, k + hkr, rs, it.lq, it.lk);
   ss_xyt<E, D>(dp, d_o + hq, v + hkr, rs, it.lq, it.lk);
+  const bool one = (SS_ONE_QUERY & 2) && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (SS_DEAD_ROWS(SS_SKIP_DEAD_BWD, it, mt, hh)) continue;
+      if (SS_DEAD_ROWS(SS_SKIP_DEAD_BWD, it, mt, hh) || (one && (mt | hh))) continue;
       const int row = mt * 16 + hh * 8 + g;
       const float lr = row < it.lq ? lse[(it.oq + row) * H + it.h] : ninf;
       float dsum = 0.f;
@@ -590,12 +644,17 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
           dp[mt][nt][hh * 2 + e] = ss_ds_in_range<E>(p * (dp[mt][nt][hh * 2 + e] - dsum));
         }
     }
-  pt_u32 pa[2][2][4], da[2][2][4];
-  ss_afrag<E>(pa, s);
-  ss_afrag<E>(da, dp);
-  ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
-  ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
-  ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
+  if (one) {
+    ss_bwd_one<E, O, D>(s, dp, q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk, dv + hk,
+                        scale);
+  } else {
+    pt_u32 pa[2][2][4], da[2][2][4];
+    ss_afrag<E>(pa, s);
+    ss_afrag<E>(da, dp);
+    ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
+    ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
+    ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
+  }
 #ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW
   // Planted bug (issue 21): dK of the slot's last key left zero in the last head.
   pt_syncwarp();

@@ -136,14 +136,15 @@ fn kernel_mutants_fail_the_model() {
 /// v13), each with whether the model's tiled fallback runs (most of its run time; the other
 /// variants change the small-seq or scalar kernels only): the small-seq kernels without the
 /// dead-tile skips, with one of them, the forward with both (v7's default), the tiled
-/// backward's column tiles in padded rather than swizzled rows, and the scalar backward's GQA
-/// sums per head (not yet run on the device).
+/// backward's column tiles in padded rather than swizzled rows, the scalar backward's GQA sums
+/// per head, and the off-by-default small-seq variants of v14/v15 (one-query items in both
+/// directions, the dead rows 8-15, 32-bit item decoding).
 const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_TILES=0", false),
     ("SS_SKIP_DEAD_TILES=1", false),
     ("SS_SKIP_DEAD_TILES=2", false),
     ("SS_SKIP_DEAD_FWD=3", false),
-    ("SS_ONE_QUERY=1", false),
+    ("SS_ONE_QUERY=3", false),
     ("SS_SKIP_DEAD_FWD=5", false),
     ("SS_SKIP_DEAD_BWD=7", false),
     ("SS_ITEM32=1", false),

@@ -852,7 +852,7 @@ int main(int argc, char** argv) {
   // of at most 16 leaves dead (SS_SKIP_DEAD_TILES) are live here, under both causal masks.
   test_small<BF16, BF16, 128>(rng, 4, 2, 1, false, true);
   test_small<F16, F32, 64>(rng, 4, 1, 2, true, true);
-  // Slots of one query each (the forward's one-query items with SS_ONE_QUERY=1): every head
+  // Slots of one query each (the one-query items of SS_ONE_QUERY, both directions): every head
   // dim and mask, f32 outputs.
   test_small<BF16, BF16, 128>(rng, 6, 2, 0, false, false, true);
   test_small<F16, F32, 64>(rng, 5, 3, 1, false, false, true);
