@@ -420,19 +420,29 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
 template <int D, class F>
 PT_INLINE void ss_each_key_row(const pt_u16* rows, long long rs, int lk, F&& f) {
   const int KB = D <= 128 ? 17 : 1;
+  // Warp-uniform exits. clang for gfx942 left the D = 256 loop (17 trips) rolled when they were
+  // breaks, and s[j / 8][j % 2] with a run-time j went to scratch (112 bytes in the forward,
+  // 208 in the backward); with guards it unrolls and uses none. NVRTC is the other way round:
+  // guards made ptxas spill 40-44 bytes at D = 128 and 256, breaks 4.
+#ifdef PT_HIP
+#define SS_KEY_EXIT(c) if (c) continue
+#else
+#define SS_KEY_EXIT(c) if (c) break
+#endif
 #pragma unroll
   for (int j0 = 0; j0 < 17; j0 += KB) {
-    if (j0 >= lk) break;  // warp-uniform
+    SS_KEY_EXIT(j0 >= lk);
     pt_u32 w[KB][D / 64];
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj)
       if (j0 + jj < 17 && j0 + jj < lk) ss_lane_dims<D>(w[jj], rows + (j0 + jj) * rs);
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj) {
-      if (j0 + jj >= 17 || j0 + jj >= lk) break;  // warp-uniform
+      SS_KEY_EXIT(j0 + jj >= 17 || j0 + jj >= lk);
       f(j0 + jj, w[jj]);
     }
   }
+#undef SS_KEY_EXIT
 }
 
 // Key j's value in row 0 of s (C layout: quad 0's lane t holds keys nt*8 + 2t + e in
