@@ -410,13 +410,12 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
   }
 }
 
-// Calls f(j, w) for each key j < lk of a one-query item, w being the lane's D/64 words of row j
-// of `rows`, and key j's value in row 0 of a C-layout tile set through ss_row0_key. The rows of
-// a batch are all loaded before f sees the first: a loop that loaded key j after the products
-// of key j - 1 waited one global-load latency per key (ncu, bench/NOTES.md v15: 30 % of the W4
-// forward's stall samples). A batch holds every key at D <= 128 (2 words a row); at D = 256 a
-// batch of even 2 keys made ptxas spill 40 bytes in the f16 forward, so there each key is
-// loaded on its own.
+// Calls f(j, w) for each key j < lk of a one-query item (lk <= 17), w being the lane's D/64
+// words of row j of `rows`; f takes key j's P or dS from ss_row0_key. The rows of a batch are
+// all loaded before f sees the first: a loop that loaded key j after the products of key j - 1
+// waited one global-load latency per key (ncu, bench/NOTES.md v15: 30 % of the W4 forward's
+// stall samples). A batch holds every key at D <= 128 (2 words a row); at D = 256 a batch of
+// even 2 keys made ptxas spill 40 bytes in the f16 forward, so there each key is loaded alone.
 template <int D, class F>
 PT_INLINE void ss_each_key_row(const pt_u16* rows, long long rs, int lk, F&& f) {
   const int KB = D <= 128 ? 17 : 1;
@@ -435,10 +434,10 @@ PT_INLINE void ss_each_key_row(const pt_u16* rows, long long rs, int lk, F&& f) 
     pt_u32 w[KB][D / 64];
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj)
-      if (j0 + jj < 17 && j0 + jj < lk) ss_lane_dims<D>(w[jj], rows + (j0 + jj) * rs);
+      if (j0 + jj < lk) ss_lane_dims<D>(w[jj], rows + (j0 + jj) * rs);
 #pragma unroll
     for (int jj = 0; jj < KB; ++jj) {
-      SS_KEY_EXIT(j0 + jj >= 17 || j0 + jj >= lk);
+      SS_KEY_EXIT(j0 + jj >= lk);
       f(j0 + jj, w[jj]);
     }
   }
