@@ -46,20 +46,20 @@
 // 1 the dead key tile; SS_SKIP_DEAD_TILES sets both directions. The backward skips both (faster
 // than neither everywhere on the H200, and fuzzed there: bench/NOTES.md v7), the forward the
 // row tile alone: 3-7 % faster than both in v7, the key tile's skip spilling 28-36 bytes at
-// d128/d256 (fuzzed on the device in v13). Bit 2 (not yet timed or fuzzed on a GPU,
-// bench/NOTES.md v14) skips the softmax (forward) or P and dS (backward) of rows 8-15 of the
-// first row tile when the slot has at most 8 queries: those rows' Q and dO fragments were zero,
-// so their S and dP are 0 and pack to P = dS = 0, what the skipped code gives a row without a
-// visible key, and they are never stored.
+// d128/d256 (fuzzed on the device in v13). Bit 2 skips the softmax (forward) or P and dS
+// (backward) of rows 8-15 of the first row tile when the slot has at most 8 queries: those
+// rows' Q and dO fragments were zero, so their S and dP are 0 and pack to P = dS = 0, what the
+// skipped code gives a row without a visible key, and they are never stored (W2 -2 %, W4's
+// backward -3 % on the H200; fuzzed 10 minutes there: bench/NOTES.md v15, v16).
 #ifdef SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_FWD SS_SKIP_DEAD_TILES
 #define SS_SKIP_DEAD_BWD SS_SKIP_DEAD_TILES
 #endif
 #ifndef SS_SKIP_DEAD_FWD
-#define SS_SKIP_DEAD_FWD 1
+#define SS_SKIP_DEAD_FWD 5
 #endif
 #ifndef SS_SKIP_DEAD_BWD
-#define SS_SKIP_DEAD_BWD 3
+#define SS_SKIP_DEAD_BWD 7
 #endif
 #define SS_DEAD_IN(bits, it, mt, nt)               \
   ((((bits) & 1) && (mt) == 1 && (it).lq <= 16) || \
@@ -206,12 +206,12 @@ struct SsItem {
   long long oq, ok;
 };
 
-// SS_ITEM32=1 (off: not yet timed or fuzzed on a GPU, bench/NOTES.md v14) decodes items with a
-// 32-bit division where b·H fits 32 bits (every launch but a grid of over 4e9 items): the
-// 64-bit one is a called routine of tens of instructions per item, on kernels bound by the
-// instructions they issue.
+// SS_ITEM32=1 decodes items with a 32-bit division where b·H fits 32 bits (every launch but a
+// grid of over 4e9 items): the 64-bit one is a called routine of tens of instructions per item,
+// on kernels bound by the instructions they issue (no time measured beyond noise, no register
+// added: bench/NOTES.md v15; fuzzed 10 minutes on the H200 with the other defaults, v16).
 #ifndef SS_ITEM32
-#define SS_ITEM32 0
+#define SS_ITEM32 1
 #endif
 
 // Decodes the warp's work item; false when there is nothing to do (warp-uniform).
@@ -376,18 +376,20 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 }
 
 
-// Items of one query (SS_ONE_QUERY=1; off until a 10-minute device campaign, bench/NOTES.md
-// v15). W4's forward (one query per slot) issued 1,772 warp instructions per item,
-// instruction-bound at 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the
+// Items of one query (SS_ONE_QUERY=1, the default since bench/NOTES.md v16: W4's forward
+// 1,622 -> 1,195 µs on the H200, 10 minutes of device fuzzing clean). W4's forward (one query
+// per slot) issued 1,772 warp instructions per item, instruction-bound at 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the
 // tiles leave 15 of their 16 rows empty. Such an item keeps the tiled scores and softmax of its
 // one row (so S and lse are bit for bit the tiled path's, which the backward's P = exp(s - lse)
 // of a one-key row needs to be exactly 1), skips the softmax of rows 8-15, and forms
 // o = Σ_j P_j·V_j lane-parallel: lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and
 // of o, takes each P from the lane of quad 0 that holds it, rounds it to E, and adds the exact
-// products in f32 in key order. Bit 1 (SS_ONE_QUERY=3) does the same for the backward
-// (ss_bwd_one): P and dS as the tiled path forms them, then dV, dK and dQ lane-parallel.
+// products in f32 in key order. Bit 1 (SS_ONE_QUERY=3; off: W4's backward 3,583 -> 3,449 µs,
+// bench/NOTES.md v16) does the same for the backward (ss_bwd_one) at D <= 128: P and dS as the
+// tiled path forms them, then dV, dK and dQ lane-parallel. At D = 256 the K rows load one key
+// at a time (batches spill, see ss_each_key_row), and W3's backward took 3 % longer with it.
 #ifndef SS_ONE_QUERY
-#define SS_ONE_QUERY 0
+#define SS_ONE_QUERY 1
 #endif
 // 8 aligned bytes (a lane's 4 dims at D = 128).
 struct alignas(8) SsW2 {
@@ -619,7 +621,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
 #endif
   ss_xyt<E, D>(s, q + hq, k + hkr, rs, it.lq, it.lk);
   ss_xyt<E, D>(dp, d_o + hq, v + hkr, rs, it.lq, it.lk);
-  const bool one = (SS_ONE_QUERY & 2) && it.lq == 1;  // warp-uniform
+  const bool one = (SS_ONE_QUERY & 2) && D <= 128 && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)

@@ -133,21 +133,22 @@ fn kernel_mutants_fail_the_model() {
 }
 
 /// Kernel variants other than the default that are timed on the H200 (bench/NOTES.md v6, v7,
-/// v13), each with whether the model's tiled fallback runs (most of its run time; the other
+/// v13-v16), each with whether the model's tiled fallback runs (most of its run time; the other
 /// variants change the small-seq or scalar kernels only): the small-seq kernels without the
-/// dead-tile skips, with one of them, the forward with both (v7's default), the tiled
+/// dead-tile skips, with one of them, the forward with both (v7's default), the backward
+/// without the dead rows 8-15 (the default until v16), the tiled items for one query and the
+/// 64-bit item decoding (both the default until v16), the one-query backward (off), the tiled
 /// backward's column tiles in padded rather than swizzled rows, the scalar backward's GQA sums
-/// per head, and the off-by-default small-seq variants of v14/v15 (one-query items in both
-/// directions, the dead rows 8-15, 32-bit item decoding).
+/// per head.
 const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_TILES=0", false),
     ("SS_SKIP_DEAD_TILES=1", false),
     ("SS_SKIP_DEAD_TILES=2", false),
     ("SS_SKIP_DEAD_FWD=3", false),
+    ("SS_SKIP_DEAD_BWD=3", false),
+    ("SS_ONE_QUERY=0", false),
     ("SS_ONE_QUERY=3", false),
-    ("SS_SKIP_DEAD_FWD=5", false),
-    ("SS_SKIP_DEAD_BWD=7", false),
-    ("SS_ITEM32=1", false),
+    ("SS_ITEM32=0", false),
     ("FTB_SWIZZLE=0", true),
     ("FB_GROUP_PARTIALS=0", false),
 ];
