@@ -86,11 +86,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         d.failed = true;
         d.say(format!("numeric_agreement FAILED: {}", f.detail));
         if let Some(w) = f.worst {
-            let dim = w.dim.map_or(String::new(), |x| format!(", dim {x}"));
-            d.say(format!(
-                "worst element: tensor {}, token {}, head {}{dim}: value {} expected {}",
-                w.tensor, w.token, w.head, w.value, w.expected
-            ));
+            d.say(format!("worst element: {}", w.describe()));
         }
     }
     if let Some(msg) = dont_care_outputs(case, &case.outputs) {
@@ -221,11 +217,7 @@ pub fn rerun(checker: &Checker, case: &Case, salt: u64) -> Result<Diagnosis> {
                 d.failed = true;
                 d.say(format!("{p}: FAIL: {}", f.detail));
                 if let Some(w) = &f.worst {
-                    let dim = w.dim.map_or(String::new(), |x| format!(", dim {x}"));
-                    d.say(format!(
-                        "  worst element: tensor {}, token {}, head {}{dim}: value {} expected {}",
-                        w.tensor, w.token, w.head, w.value, w.expected
-                    ));
+                    d.say(format!("  worst element: {}", w.describe()));
                 }
             }
         }

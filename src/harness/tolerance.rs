@@ -47,6 +47,31 @@ pub struct Worst {
     pub dim: Option<usize>,
     pub value: f64,
     pub expected: f64,
+    /// The emulation's value there: what the kernel design gives.
+    pub emulated: f64,
+}
+
+impl Worst {
+    /// Whether the output holds the emulation's own value here (the same bits, or the same
+    /// non-finite value): the kernel follows its design, and the design loses the value.
+    pub fn design_shares(&self) -> bool {
+        self.value.to_bits() == self.emulated.to_bits()
+            || same_non_finite(self.value, self.emulated)
+    }
+
+    /// One line: where, the value, the reference's, and the emulation's.
+    pub fn describe(&self) -> String {
+        let dim = self.dim.map_or(String::new(), |x| format!(", dim {x}"));
+        let design = if self.design_shares() {
+            " (the same value: a limit of the kernel design, not a deviation from it)"
+        } else {
+            ""
+        };
+        format!(
+            "tensor {}, token {}, head {}{dim}: value {} expected {}, emulation {}{design}",
+            self.tensor, self.token, self.head, self.value, self.expected, self.emulated
+        )
+    }
 }
 
 /// The verdict on one tensor.
@@ -65,6 +90,9 @@ pub struct Judgement {
     /// reaches `max |reference|` and no row of zeros fails the per-row rule, though it would
     /// fail without the emulation's error in the thresholds: a blind spot of the yardstick.
     pub blind: bool,
+    /// Valid elements where the emulation is non-finite and the reference finite and inside the
+    /// dtype's range: the emulation's error (`emu_err`) leaves them out.
+    pub emu_non_finite: usize,
     /// The tensor threshold reaches `max |reference|` and zeros pass the per-row rule on its
     /// floors and per-element allowances alone: every element lies inside the rounding noise
     /// of its own terms, so its value is not determined at the working precision (no judge
@@ -399,6 +427,23 @@ fn rows_verdict(
     worst
 }
 
+/// How many valid elements the emulation holds non-finite where the reference is finite and
+/// inside the range.
+fn emulation_overflows(t: &Triple) -> usize {
+    let per_token = t.reference.shape().iter().skip(1).product::<usize>().max(1);
+    t.emulated
+        .iter()
+        .zip(&t.reference)
+        .enumerate()
+        .filter(|(i, (e, r))| {
+            t.valid.get(i / per_token).copied().unwrap_or(false)
+                && !e.is_finite()
+                && r.is_finite()
+                && r.abs() < t.max_finite
+        })
+        .count()
+}
+
 /// Judges one tensor: the tensor rule, then the per-row rule.
 pub fn judge(t: &Triple) -> Judgement {
     let mag = magnitude(&t.reference, t.valid)
@@ -482,11 +527,18 @@ pub fn judge(t: &Triple) -> Judgement {
             dim,
             value,
             expected,
+            emulated: match dim {
+                Some(d) => t.emulated.get([token, head, d]),
+                None => t.emulated.get([token, head]),
+            }
+            .copied()
+            .unwrap_or(f64::NAN),
         });
     Judgement {
         tensor: t.name.into(),
         err: worst_row.err,
         emu_err,
+        emu_non_finite: emulation_overflows(t),
         threshold,
         margin: row
             .as_ref()
@@ -780,6 +832,37 @@ mod tests {
         assert!(triple_with(31244.0, 31244.0, f64::NEG_INFINITY).passed());
         assert!(!triple_with(20000.0, 31244.0, f64::NEG_INFINITY).passed());
         assert!(!triple_with(f64::NAN, 31244.0, 31244.0).passed());
+    }
+
+    /// H200 fuzz seed 2102, case 37242: an f16 dQ of -0.045 stored as +inf because dS of
+    /// 91,248 saturates before the product, on the device and in the emulation alike. The
+    /// verdict fails, and says that the emulation holds the same value there and how many of
+    /// its elements its own error leaves out, so it does not read as a kernel off its design.
+    #[test]
+    fn a_failure_says_where_the_design_itself_holds_the_kernels_value() {
+        let j = triple_with(f64::INFINITY, -0.045, f64::INFINITY);
+        assert!(!j.passed(), "{j:?}");
+        let w = j.worst.clone().expect("a worst element");
+        assert!(w.design_shares() && w.emulated == f64::INFINITY, "{w:?}");
+        assert!(
+            w.describe().contains("emulation inf (the same value"),
+            "{}",
+            w.describe()
+        );
+        assert_eq!(j.emu_non_finite, 1);
+        // A kernel off the emulation: neither note.
+        let j = triple_with(f64::INFINITY, -0.045, -0.05);
+        let w = j.worst.clone().expect("a worst element");
+        assert!(
+            !j.passed() && !w.design_shares() && j.emu_non_finite == 0,
+            "{j:?}"
+        );
+        assert!(!w.describe().contains("the same value"), "{}", w.describe());
+        // Past the range the emulation's infinity is the reference's own: not counted.
+        assert_eq!(
+            triple_with(f64::INFINITY, 70000.0, f64::INFINITY).emu_non_finite,
+            0
+        );
     }
 
     #[test]
