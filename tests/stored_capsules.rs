@@ -241,4 +241,10 @@ fn h200_f16_saturated_ds_fails_as_a_limit_of_the_design() {
             && text.contains("value inf expected -0.0450825"),
         "{text}"
     );
+    // Coverage counts the regime: dS past f16's range, and dQ past it elsewhere in the row.
+    let regimes = oracle(&case).unwrap().regimes;
+    assert!(
+        regimes.contains(&"ds_saturated") && regimes.contains(&"output_past_limit"),
+        "{regimes:?}"
+    );
 }

@@ -34,6 +34,9 @@ pub struct EmuGradients {
     pub dv: Array3<f32>,
     /// `dv` before its rounding to the dtype (as [`EmuForward::o_acc`]).
     pub dv_acc: Array3<f32>,
+    /// How many dS values lay past the dtype's largest finite value before their rounding
+    /// (saturated there, so the cancellation they carried into dQ and dK is lost).
+    pub ds_saturated: usize,
 }
 
 /// Forward pass, and the gradients when `p.d_o` is present, with the kernels' roundings for
@@ -52,6 +55,7 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
         dk: Array3::zeros((tk, nkv, dqk)),
         dv: Array3::zeros((tk, nkv, dv)),
         dv_acc: Array3::zeros((tk, nkv, dv)),
+        ds_saturated: 0,
     });
     for i in 0..p.layout.slots() {
         let sg = SlotGeom::of(p.layout, i);
@@ -180,7 +184,11 @@ fn emulate_group(
             let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
             dq.fill(0.0);
             for c in 0..lk {
-                let ds = dtype.round_saturating(pr[c] * (dp[c] - big_d));
+                let raw = pr[c] * (dp[c] - big_d);
+                if raw.is_nan() || raw.abs() > dtype.max_finite() {
+                    gr.ds_saturated += 1;
+                }
+                let ds = dtype.round_saturating(raw);
                 let pc = dtype.round(pr[c]);
                 for (x, &kd) in dq.iter_mut().zip(k.row(c)) {
                     *x += ds * kd;

@@ -520,6 +520,7 @@ impl Merge<'_, '_> {
         let be = c.checker.runner.as_ref();
         let rep = &mut self.rep;
         rep.dimensions.add(&case, &classes, run.path_fwd);
+        rep.dimensions.add_regimes(&run.regimes);
         for class in classes {
             *rep.coverage.entry(class.into()).or_default() += 1;
         }

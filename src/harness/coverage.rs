@@ -55,6 +55,13 @@ const DATA: [&str; 6] = [
     "bwd_range_stress",
 ];
 const PATHS: [&str; 2] = ["small_seq", "fallback"];
+/// `props::numeric_regimes`' values.
+const REGIMES: [&str; 4] = [
+    "in_range",
+    "output_past_limit",
+    "output_subnormal",
+    "ds_saturated",
+];
 
 fn heads(n: usize) -> String {
     bucket(
@@ -115,7 +122,7 @@ impl Coverage {
             Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
         };
         let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
-        let dims: [(&'static str, &[&str]); 18] = [
+        let dims: [(&'static str, &[&str]); 19] = [
             ("dtype", &["bf16", "f16", "f32"]),
             ("heads", &HEAD_BUCKETS),
             ("kv_heads", &HEAD_BUCKETS),
@@ -134,6 +141,7 @@ impl Coverage {
             ("path", &PATHS),
             ("small_seq_heads", ss_heads),
             ("small_seq_head_dim", ss_dims),
+            ("numeric_regime", &REGIMES),
         ];
         Coverage(
             dims.into_iter()
@@ -211,6 +219,12 @@ impl Coverage {
             self.count("small_seq_heads", &heads(p.num_heads));
             self.count("small_seq_head_dim", &dim(p.head_dim_qk));
         }
+    }
+
+    /// Counts the numeric regimes a judged case reached (none for a case that was not judged:
+    /// a fault, a skip).
+    pub fn add_regimes(&mut self, regimes: &[&str]) {
+        regimes.iter().for_each(|r| self.count("numeric_regime", r));
     }
 
     /// Every admitted value never drawn, as `(dimension, value)`.
@@ -337,6 +351,23 @@ mod tests {
         let mut e = Coverage::default();
         e.merge(&m);
         assert_eq!(e, m);
+    }
+
+    #[test]
+    fn numeric_regimes_are_counted_per_judged_case() {
+        let mut c = Coverage::new(Profile::Native);
+        assert_eq!(c.0["numeric_regime"].not_drawn, REGIMES);
+        // A judged case of ordinary data is in range; the oracle says which regimes a case
+        // reaches.
+        let case = build(&draw_geometry_for(&mut Rng::new(3), Profile::Native), 3).unwrap();
+        let y = crate::harness::props::oracle(&case).unwrap();
+        c.add_regimes(&y.regimes);
+        c.add_regimes(&["output_past_limit", "ds_saturated"]);
+        c.add_regimes(&[]);
+        let d = &c.0["numeric_regime"];
+        assert_eq!(d.hit.values().sum::<u64>(), y.regimes.len() as u64 + 2);
+        assert_eq!(d.hit["ds_saturated"], 1);
+        assert!(!c.gaps().contains(&("numeric_regime", "ds_saturated")));
     }
 
     #[test]

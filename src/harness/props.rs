@@ -123,6 +123,8 @@ pub struct CaseRun {
     pub path_bwd: Option<Path>,
     /// The worker fault that ended the case, with the worker's stderr tail.
     pub fault: Option<Fault>,
+    /// The numeric regimes the case reaches (empty where it was not judged).
+    pub regimes: Vec<&'static str>,
 }
 
 impl CaseRun {
@@ -198,6 +200,8 @@ pub struct Yardstick {
     pub p_noise: super::conditioning::PNoise,
     /// The emulation's o and dv before their rounding to the dtype.
     pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
+    /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
+    pub regimes: Vec<&'static str>,
 }
 
 impl Yardstick {
@@ -252,6 +256,11 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
         dv: g.map(|g| g.dv),
     };
     let (ef, eg) = emulate::forward_backward(&problem, case.config.dtype);
+    let regimes = numeric_regimes(
+        case.config.dtype,
+        &reference,
+        eg.as_ref().map_or(0, |g| g.ds_saturated),
+    );
     let emulated = Outputs {
         o: Some(ef.o.mapv(f64::from)),
         lse: Some(ef.lse.mapv(f64::from)),
@@ -270,7 +279,42 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
         grads: allow.grads,
         order: allow.order,
         p_noise: allow.p_noise,
+        regimes,
     })
+}
+
+/// The numeric regimes a case reaches, each a value of coverage's `numeric_regime`: a
+/// reference output (o, dQ, dK, dV) at or past the dtype's largest finite value
+/// (`output_past_limit`), a nonzero one below its smallest normal (`output_subnormal`), a dS
+/// past the range that the kernels' design saturates before dQ = dS·K and dK = dSᵀ·Q
+/// (`ds_saturated`, from the emulation), or none of these (`in_range`).
+pub fn numeric_regimes(
+    dtype: Dtype,
+    reference: &Outputs,
+    ds_saturated: usize,
+) -> Vec<&'static str> {
+    let max = f64::from(dtype.max_finite());
+    let smallest_normal = dtype.smallest_subnormal() / (2.0 * dtype.unit_roundoff());
+    let values = || {
+        [&reference.o, &reference.dq, &reference.dk, &reference.dv]
+            .into_iter()
+            .flatten()
+            .flat_map(|a| a.iter().copied())
+    };
+    let mut regimes = Vec::new();
+    if values().any(|x| x.abs() >= max) {
+        regimes.push("output_past_limit");
+    }
+    if values().any(|x| x != 0.0 && x.abs() < smallest_normal) {
+        regimes.push("output_subnormal");
+    }
+    if ds_saturated > 0 {
+        regimes.push("ds_saturated");
+    }
+    if regimes.is_empty() {
+        regimes.push("in_range");
+    }
+    regimes
 }
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
@@ -528,6 +572,7 @@ impl<'a> Checker<'a> {
                 path_fwd: None,
                 path_bwd: None,
                 fault: None,
+                regimes: Vec::new(),
             });
         }
         let base = match self.runner.run_pair(case, &self.opts) {
@@ -547,6 +592,7 @@ impl<'a> Checker<'a> {
                     path_fwd: None,
                     path_bwd: None,
                     fault: None,
+                    regimes: Vec::new(),
                 });
             }
             Err(e) => {
@@ -561,6 +607,7 @@ impl<'a> Checker<'a> {
                     path_fwd: None,
                     path_bwd: None,
                     fault: None,
+                    regimes: Vec::new(),
                 });
             }
         };
@@ -607,6 +654,7 @@ impl<'a> Checker<'a> {
             path_bwd: base.bwd.as_ref().and_then(|b| b.path),
             outputs: actual,
             fault: None,
+            regimes: y.regimes.clone(),
         })
     }
 
@@ -1173,6 +1221,7 @@ fn fault_run(f: Fault) -> CaseRun {
         path_fwd: None,
         path_bwd: None,
         fault: Some(f),
+        regimes: Vec::new(),
     }
 }
 
@@ -1417,6 +1466,32 @@ fn near_limit_agreed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numeric_regimes_name_what_the_reference_and_the_emulation_reach() {
+        use ndarray::Array3;
+        let out = |v: f64| Outputs {
+            o: Some(Array3::from_elem((1, 1, 2), v)),
+            ..Outputs::default()
+        };
+        assert_eq!(numeric_regimes(Dtype::F16, &out(1.0), 0), ["in_range"]);
+        assert_eq!(numeric_regimes(Dtype::F16, &out(0.0), 0), ["in_range"]);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(70000.0), 2),
+            ["output_past_limit", "ds_saturated"]
+        );
+        // 2^-15 is subnormal in f16 and normal in bf16.
+        let tiny = 2f64.powi(-15);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(tiny), 0),
+            ["output_subnormal"]
+        );
+        assert_eq!(numeric_regimes(Dtype::Bf16, &out(tiny), 0), ["in_range"]);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(f64::NEG_INFINITY), 0),
+            ["output_past_limit"]
+        );
+    }
     use crate::backend::cpu::CpuBackend;
     use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
     use crate::config::AttnConfig;
