@@ -238,7 +238,9 @@ fn h200_f16_saturated_ds_fails_as_a_limit_of_the_design() {
         text.contains("emulation_conformance: pass")
             && text.contains("non-finite at 4 where the reference is finite")
             && text.contains("the emulation holds the same value at the worst element")
-            && text.contains("value inf expected -0.0450825"),
+            && text.contains("value inf expected -0.0450825")
+            && text.contains("numeric regimes of the case: output_past_limit, ")
+            && text.contains("ds_saturated (docs/reach.md)"),
         "{text}"
     );
     // Coverage counts the regime: dS past f16's range, and dQ past it elsewhere in the row.

@@ -78,6 +78,10 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     d.say(harness_line(case));
     let y = oracle(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
+    d.say(format!(
+        "numeric regimes of the case: {} (docs/reach.md)",
+        y.regimes.join(", ")
+    ));
     d.say("judged here (margin = error / threshold; above 1 fails):".into());
     for j in &js {
         d.say(judgement_line(j));
