@@ -378,8 +378,8 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 
 // Items of one query (SS_ONE_QUERY=1, the default since bench/NOTES.md v16: W4's forward
 // 1,622 -> 1,195 µs on the H200, 10 minutes of device fuzzing clean). W4's forward (one query
-// per slot) issued 1,772 warp instructions per item, instruction-bound at 39 % of copy and slower than JAX XLA (ncu, bench/NOTES.md v14): the
-// tiles leave 15 of their 16 rows empty. Such an item keeps the tiled scores and softmax of its
+// per slot) issued 1,772 warp instructions per item, instruction-bound at 39 % of copy and
+// slower than JAX XLA (ncu, bench/NOTES.md v14): the tiles leave 15 of their 16 rows empty. Such an item keeps the tiled scores and softmax of its
 // one row (so S and lse are bit for bit the tiled path's, which the backward's P = exp(s - lse)
 // of a one-key row needs to be exactly 1), skips the softmax of rows 8-15, and forms
 // o = Σ_j P_j·V_j lane-parallel: lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and
