@@ -66,6 +66,11 @@ impl Dtype {
         }
     }
 
+    /// Smallest positive normal value: below it precision is absolute (the subnormal range).
+    pub fn smallest_normal(self) -> f64 {
+        self.smallest_subnormal() / (2.0 * self.unit_roundoff())
+    }
+
     /// Largest finite value.
     pub fn max_finite(self) -> f32 {
         match self {
@@ -257,6 +262,13 @@ impl AttnParams {
 #[cfg(test)]
 mod saturation_tests {
     use super::*;
+
+    #[test]
+    fn smallest_normal_is_each_types_own() {
+        assert_eq!(Dtype::F16.smallest_normal(), 2f64.powi(-14));
+        assert_eq!(Dtype::Bf16.smallest_normal(), 2f64.powi(-126));
+        assert_eq!(Dtype::F32.smallest_normal(), f64::from(f32::MIN_POSITIVE));
+    }
 
     #[test]
     fn round_saturating_stops_at_the_largest_finite_value() {

@@ -294,7 +294,7 @@ pub fn numeric_regimes(
     ds_saturated: usize,
 ) -> Vec<&'static str> {
     let max = f64::from(dtype.max_finite());
-    let smallest_normal = dtype.smallest_subnormal() / (2.0 * dtype.unit_roundoff());
+    let smallest_normal = dtype.smallest_normal();
     let values = || {
         [&reference.o, &reference.dq, &reference.dk, &reference.dv]
             .into_iter()
@@ -1466,10 +1466,17 @@ fn near_limit_agreed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+    use crate::config::AttnConfig;
+    use crate::dispatch::gate::Dispatcher;
+    use crate::dispatch::Arch;
+    use crate::runner::{Caps, NoKeyRow};
+    use ndarray::Array3;
+    use smallseq_reference::{Layout, Mask};
 
     #[test]
     fn numeric_regimes_name_what_the_reference_and_the_emulation_reach() {
-        use ndarray::Array3;
         let out = |v: f64| Outputs {
             o: Some(Array3::from_elem((1, 1, 2), v)),
             ..Outputs::default()
@@ -1492,14 +1499,6 @@ mod tests {
             ["output_past_limit"]
         );
     }
-    use crate::backend::cpu::CpuBackend;
-    use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
-    use crate::config::AttnConfig;
-    use crate::dispatch::gate::Dispatcher;
-    use crate::dispatch::Arch;
-    use crate::runner::{Caps, NoKeyRow};
-    use ndarray::Array3;
-    use smallseq_reference::{Layout, Mask};
 
     type FwdHook = Box<dyn Fn(&FwdArgs, &mut FwdBufs) + Send + Sync>;
     type BwdHook = Box<dyn Fn(&BwdArgs, &mut BwdBufs) + Send + Sync>;

@@ -317,6 +317,13 @@ pub struct Triple<'a> {
     pub order: Option<ArrayD<f64>>,
 }
 
+impl Triple<'_> {
+    /// The stored type's smallest normal value (`min_spacing` is its smallest subnormal).
+    fn smallest_normal(&self) -> f64 {
+        self.min_spacing / (2.0 * self.unit)
+    }
+}
+
 /// The verdict of the per-row rule on a tensor's worst row.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RowVerdict {
@@ -396,7 +403,7 @@ fn rows_verdict(
     }
     let heads = shape[1];
     let RowFloors { relative, absolute } = floors;
-    let smallest_normal = t.min_spacing / (2.0 * t.unit);
+    let smallest_normal = t.smallest_normal();
     let mut worst: Option<RowVerdict> = None;
     for (row, (e, a)) in emu.iter().zip(act).enumerate() {
         let (token, head) = (row / heads, row % heads);
@@ -487,7 +494,7 @@ pub fn judge(t: &Triple) -> Judgement {
     let row = rows_verdict(t, &emu_rows, &act_rows, floors);
     // Where the whole tensor lies in the subnormal range, precision is absolute and a
     // threshold of a few spacings may exceed every value.
-    let smallest_normal = t.min_spacing / (2.0 * t.unit);
+    let smallest_normal = t.smallest_normal();
     // Blind: an output of all zeros would pass both rules. The tensor rule alone is blind
     // where its threshold reaches the reference's magnitude; then the row rule decides. Where
     // zeros pass even with no yardstick term at all (the floors and the per-element allowances
