@@ -87,12 +87,80 @@ impl GradAllowance {
 /// dq[i, h, x]  = 2 · (u + Lk·u32) · scale · Σ_j W_ij·|K_jx|
 /// dk[j, g, x]  = 2 · (u + Nq·u32) · scale · Σ_(i, h in g) W_ij·|Q_ix|
 /// ```
+///
+/// That `W` is the envelope of the common designs ([`Design::Envelope`]). The project's own
+/// kernels ([`Design::Project`]) keep dP and D in f32 with `D = Σ_j P·dP`, so of `W` only
+/// dS's rounding remains, `W_ij = |dS_ij|`: with the envelope's terms a dQ row whose terms
+/// cancel got an allowance above its own values, and a zeroed row passed (issue 38).
 #[derive(Clone, Debug)]
 pub struct OrderAllowance {
     pub o: Array3<f64>,
     pub dq: Option<Array3<f64>>,
     pub dk: Option<Array3<f64>>,
     pub dv: Option<Array3<f64>>,
+    /// dq and dk of [`Design::Project`].
+    pub project: Option<(Array3<f64>, Array3<f64>)>,
+    /// Which of the two the per-row rule takes (the envelope unless the design is known).
+    pub design: Design,
+}
+
+/// The metadata key of the [`Design`] a capsule's outputs were judged under.
+pub const DESIGN_KEY: &str = "smallseq.design";
+
+/// Where an implementation rounds its backward's intermediates, as far as the per-row rule's
+/// allowance for another order needs to know (docs/judgement.md §2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Design {
+    /// This project's kernels (every in-tree backend, on both paths): P and dS rounded to the
+    /// input type, dP and `D = Σ_j P·dP` in f32.
+    Project,
+    /// Any of the common designs: dP or D held in the input type, D formed from the stored O
+    /// (FlashAttention-2, TE, cuDNN, PyTorch's math path in 16 bits).
+    #[default]
+    Envelope,
+}
+
+impl Design {
+    /// The design of the implementation a backend name (as `smallseq.backend` records it)
+    /// stands for: the in-tree backends are the project's kernels; a worker's implementation
+    /// is unknown, so it gets the envelope.
+    pub fn of_backend(name: &str) -> Design {
+        match name {
+            "cpu" | "cuda" | "hip" | "te625-model" => Design::Project,
+            _ => Design::Envelope,
+        }
+    }
+
+    /// The design a case file's outputs were judged under: the one its capsule records
+    /// ([`DESIGN_KEY`]), else that of the backend that produced them, else the envelope.
+    pub fn of_case(case: &Case) -> Design {
+        match case.meta.get(DESIGN_KEY).map(String::as_str) {
+            Some("project") => Design::Project,
+            Some("envelope") => Design::Envelope,
+            _ => case
+                .meta
+                .get("smallseq.backend")
+                .map_or(Design::Envelope, |b| Design::of_backend(b)),
+        }
+    }
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Project => "project",
+            Design::Envelope => "envelope",
+        }
+    }
+}
+
+impl OrderAllowance {
+    /// dq's and dk's allowance under [`OrderAllowance::design`].
+    pub fn grads(&self) -> (Option<&Array3<f64>>, Option<&Array3<f64>>) {
+        match (&self.project, self.design) {
+            (Some((dq, dk)), Design::Project) => (Some(dq), Some(dk)),
+            _ => (self.dq.as_ref(), self.dk.as_ref()),
+        }
+    }
 }
 
 /// Per-element noise of `o` and `dv` from P's roundings to the input type, where f32 noise of
@@ -190,6 +258,8 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
             Array3::<f64>::zeros(case.q.dim()),
             Array3::<f64>::zeros(case.k.dim()),
             Array3::<f64>::zeros(case.v.dim()),
+            Array3::<f64>::zeros(case.q.dim()),
+            Array3::<f64>::zeros(case.k.dim()),
         )
     });
     for (row, lse_r) in case.live_rows(lse) {
@@ -233,7 +303,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 }
             }
         }
-        let (Some(d_o), Some((dq, dk, odq, odk, odv))) = (d_o, g.as_mut()) else {
+        let (Some(d_o), Some((dq, dk, odq, odk, odv, pdq, pdk))) = (d_o, g.as_mut()) else {
             continue;
         };
         let d_o_r = d_o.slice(s![t, h, ..]);
@@ -259,7 +329,8 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
             // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
             // is divided by it here.
             let w = scale * (noise + ds_jump(case.config.dtype, ds, factor * noise) / factor);
-            let w_ord = scale * (ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o));
+            let w_proj = scale * ds.abs();
+            let w_ord = w_proj + scale * prob * (dp.abs() + big_d.abs() + d_from_o);
             for x in 0..p.head_dim_qk {
                 let kx = f64::from(case.k[(c, hk, x)]).abs();
                 let qx = f64::from(case.q[(t, h, x)]).abs();
@@ -267,6 +338,8 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 dk[(c, hk, x)] += w * qx;
                 odq[(t, h, x)] += w_ord * kx;
                 odk[(c, hk, x)] += w_ord * qx;
+                pdq[(t, h, x)] += w_proj * kx;
+                pdk[(c, hk, x)] += w_proj * qx;
             }
             for (x, y) in odv.slice_mut(s![c, hk, ..]).iter_mut().zip(d_o_r.iter()) {
                 *x += w_dv * prob * f64::from(*y).abs();
@@ -286,13 +359,19 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 dq: None,
                 dk: None,
                 dv: None,
+                project: None,
+                design: Design::default(),
             },
         },
-        Some((mut dq, mut dk, mut odq, mut odk, odv)) => {
+        Some((mut dq, mut dk, mut odq, mut odk, odv, mut pdq, mut pdk)) => {
             dq.mapv_inplace(|x| x * factor);
             dk.mapv_inplace(|x| x * factor);
-            odq.mapv_inplace(|x| x * 2.0 * (u + lk * u32));
-            odk.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
+            for a in [&mut odq, &mut pdq] {
+                a.mapv_inplace(|x| x * 2.0 * (u + lk * u32));
+            }
+            for a in [&mut odk, &mut pdk] {
+                a.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
+            }
             Allowances {
                 p_noise,
                 grads: Some(GradAllowance { dq, dk }),
@@ -301,6 +380,8 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                     dq: Some(odq),
                     dk: Some(odk),
                     dv: Some(odv),
+                    project: Some((pdq, pdk)),
+                    design: Design::default(),
                 },
             }
         }

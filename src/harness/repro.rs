@@ -76,7 +76,8 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         d.say(format!("produced on: {}", readable.as_deref().unwrap_or(p)));
     }
     d.say(harness_line(case));
-    let y = oracle(case)?;
+    let mut y = oracle(case)?;
+    y.order.design = super::conditioning::Design::of_case(case);
     let (num, js) = numeric(case, &case.outputs, &y);
     d.say(format!(
         "numeric regimes of the case: {} (docs/reach.md)",
