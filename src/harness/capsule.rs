@@ -66,6 +66,10 @@ pub fn stamp_as(
     provenance: BTreeMap<String, String>,
 ) {
     meta.insert("smallseq.backend".into(), name.into());
+    meta.insert(
+        super::conditioning::DESIGN_KEY.into(),
+        super::conditioning::Design::of_backend(name).name().into(),
+    );
     match build_commit() {
         Some(c) => meta.insert(COMMIT.into(), c.into()),
         None => meta.remove(COMMIT),

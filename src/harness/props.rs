@@ -612,7 +612,8 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let y = oracle(case)?;
+        let mut y = oracle(case)?;
+        y.order.design = super::conditioning::Design::of_backend(self.runner.name());
         let declared = self.no_key_rows_as_declared(case, &actual);
         let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));

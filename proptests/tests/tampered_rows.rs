@@ -1,0 +1,154 @@
+//! The per-row rule's power (docs/judgement.md §2, "What a row rule must catch"): correct
+//! CPU-backend outputs of production-shape cases, with one (token, head) row of one tensor
+//! zeroed, halved or sign-flipped, must fail `smallseq repro` (the stored-output judge), for
+//! every tensor, on any row whose reference magnitude is at least 2 % of its tensor's largest.
+//!
+//! Before the judge took the design of the implementation (issue 38), the order allowance of
+//! dQ/dK held the terms of designs that round dP and D to 16 bits, and a zeroed dQ row at
+//! 2.67 % of the tensor's largest passed (bf16, 8 slots, seed 1: margin 0.89).
+
+use proptest::prelude::*;
+use smallseq::backend;
+use smallseq::case_file::{read_case, write_case, OutputPrecision};
+use smallseq::harness::capsule;
+use smallseq::harness::data_class::DataClass;
+use smallseq::harness::gen::{build, DataDist, Geometry};
+use smallseq::harness::props::run_pair;
+use smallseq::harness::repro::judge_stored;
+use smallseq::reference::Layout;
+use smallseq::wrapper::RunOptions;
+use smallseq::AttnConfig;
+
+#[derive(Clone, Copy, Debug)]
+enum Tamper {
+    Zero,
+    Half,
+    Flip,
+}
+
+impl Tamper {
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Tamper::Zero => 0.0,
+            Tamper::Half => x * 0.5,
+            Tamper::Flip => -x,
+        }
+    }
+}
+
+const TENSORS: [&str; 5] = ["o", "lse", "dq", "dk", "dv"];
+
+fn production_case(dtype: &str, mask: &str, lens: &[(usize, usize)], seed: u64) -> smallseq::Case {
+    let json = format!(
+        r#"{{"dtype":"{dtype}","num_heads":16,"num_gqa_groups":16,"head_dim_qk":128,
+            "head_dim_v":128,"mask":"{mask}","layout":"thd"}}"#
+    );
+    let g = Geometry {
+        config: AttnConfig::from_json(&json).unwrap(),
+        layout: Layout::packed(lens),
+        backward: true,
+        dist: DataDist::Randn,
+        poison: false,
+        segment_split: false,
+        data: DataClass::Plain,
+        production: false,
+    };
+    build(&g, seed).unwrap()
+}
+
+/// Tampers the row of `tensor` chosen by `pick` among those whose largest magnitude is at
+/// least 2 % of the tensor's; returns (token, head, share of the tensor's largest).
+fn tamper(
+    out: &mut smallseq::Outputs,
+    tensor: &str,
+    pick: usize,
+    how: Tamper,
+) -> (usize, usize, f64) {
+    let rows: Vec<(usize, usize, f64)>;
+    let max;
+    if tensor == "lse" {
+        let a = out.lse.as_mut().unwrap();
+        max = a
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |m, x| m.max(x.abs()));
+        rows = a
+            .indexed_iter()
+            .filter(|(_, x)| x.is_finite() && x.abs() >= 0.02 * max)
+            .map(|((t, h), x)| (t, h, x.abs()))
+            .collect();
+        let (t, h, m) = rows[pick % rows.len()];
+        a[(t, h)] = how.apply(a[(t, h)]);
+        return (t, h, m / max);
+    }
+    let a = match tensor {
+        "o" => out.o.as_mut(),
+        "dq" => out.dq.as_mut(),
+        "dk" => out.dk.as_mut(),
+        _ => out.dv.as_mut(),
+    }
+    .unwrap();
+    max = a.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let (tokens, heads, _) = a.dim();
+    rows = (0..tokens)
+        .flat_map(|t| (0..heads).map(move |h| (t, h)))
+        .map(|(t, h)| {
+            let m = a
+                .slice(ndarray::s![t, h, ..])
+                .iter()
+                .fold(0.0f64, |m, x| m.max(x.abs()));
+            (t, h, m)
+        })
+        .filter(|&(_, _, m)| m >= 0.02 * max)
+        .collect();
+    let (t, h, m) = rows[pick % rows.len()];
+    a.slice_mut(ndarray::s![t, h, ..])
+        .mapv_inplace(|x| how.apply(x));
+    (t, h, m / max)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(12),
+        ..smallseq_proptests::config(file!())
+    })]
+
+    #[test]
+    fn a_tampered_row_fails_repro_on_every_tensor(
+        bf16 in any::<bool>(),
+        causal in any::<bool>(),
+        lens in proptest::collection::vec((2usize..=17, 2usize..=17), 8),
+        seed in 0u64..1_000_000,
+        pick in any::<usize>(),
+        how in prop_oneof![Just(Tamper::Zero), Just(Tamper::Half), Just(Tamper::Flip)],
+    ) {
+        let dtype = if bf16 { "bf16" } else { "f16" };
+        let mask = if causal { "causal" } else { "padding" };
+        let mut case = production_case(dtype, mask, &lens, seed);
+        let be = backend::open("cpu").unwrap();
+        let pair = run_pair(be.as_ref(), &case, &RunOptions::default()).unwrap();
+        case.outputs = pair.outputs();
+        capsule::stamp(&mut case.meta, be.as_ref());
+        let path = pair.fwd.path.map_or("none", |p| p.name());
+        case.meta.insert("smallseq.path".into(), path.into());
+        let dir = std::env::temp_dir().join(format!("smallseq-tamper-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let correct = judge_stored(&case).unwrap();
+        prop_assert!(!correct.failed, "the untampered outputs fail: {:?}", correct.lines);
+        for (i, tensor) in TENSORS.into_iter().enumerate() {
+            let mut tampered = case.clone();
+            let (t, h, share) = tamper(&mut tampered.outputs, tensor, pick.wrapping_add(i), how);
+            // Through the case file, as `smallseq repro` reads it.
+            let path = dir.join(format!("{tensor}.safetensors"));
+            write_case(&tampered, &path, OutputPrecision::Device).unwrap();
+            let d = judge_stored(&read_case(&path).unwrap()).unwrap();
+            prop_assert!(
+                d.failed,
+                "{dtype} {mask} seed {seed} lens {lens:?}: {tensor} row ({t}, {h}) at {:.1} % \
+                 of the tensor's largest, {how:?}, passes:\n{}",
+                100.0 * share,
+                d.lines.join("\n")
+            );
+        }
+    }
+}
