@@ -3,9 +3,7 @@
 //! reported first.
 
 use smallseq::backend::cpu::CpuBackend;
-use smallseq::backend::{
-    Backend, BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks,
-};
+use smallseq::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use smallseq::dispatch::Arch;
 use smallseq::harness::campaign::{Budget, Campaign, Report};
 use smallseq::harness::props::Checker;
@@ -77,7 +75,7 @@ struct PanicsAfter {
     calls: AtomicUsize,
 }
 
-impl BackendInfo for PanicsAfter {
+impl Backend for PanicsAfter {
     fn name(&self) -> &str {
         "panics-after"
     }
@@ -90,11 +88,6 @@ impl BackendInfo for PanicsAfter {
     fn concurrent_cases(&self) -> bool {
         true
     }
-}
-
-impl MutationHooks for PanicsAfter {}
-
-impl Compute for PanicsAfter {
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> smallseq::Result<()> {
         if self.calls.fetch_add(1, Ordering::SeqCst) >= self.after {
             panic!("planted panic");

@@ -817,3 +817,31 @@ fn case_new_writes_a_case_from_flags() {
         stderr_of(&out)
     );
 }
+
+#[test]
+fn fuzz_refuses_a_zero_time_budget_and_closes_with_its_verdict() {
+    // `--time 0s` checks nothing: refused like `--cases 0`, never a pass.
+    let out = bin()
+        .args(["fuzz", "--time", "0s", "--out"])
+        .arg(tmp("fuzz-zero"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--time 0s"), "{err}");
+    let dir = tmp("fuzz-verdict");
+    let out = bin()
+        .args(["fuzz", "--cases", "3", "--seed", "5", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!("PASSED: open {}", dir.join("report.html").display()),
+        "{stdout}"
+    );
+    assert!(dir.join("report.html").is_file());
+}

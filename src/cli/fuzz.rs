@@ -89,6 +89,12 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             return Ok(super::EXIT_USAGE);
         }
     }
+    if args.cases.is_none() && args.time.is_zero() {
+        // As `--cases 0` is refused: a campaign that checks nothing must not read as passed
+        // (a CI line whose templated budget came out as 0s would turn green).
+        eprintln!("smallseq: --time 0s: the campaign would check no case (give a time above 0, or --cases N)");
+        return Ok(super::EXIT_USAGE);
+    }
     let seed = seed_or_clock(args.seed);
     let budget = match args.cases {
         Some(n) => Budget::Cases(n),
@@ -180,6 +186,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     } else if te {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
+    println!("{}", verdict_line(&report, &args.out));
     Ok(if report.failed() {
         1
     } else if report.interrupted {
@@ -258,6 +265,26 @@ fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions)
     md.push_str(&te625::markdown(&findings));
     write_atomic(&summary, md.as_bytes())?;
     Ok(())
+}
+
+/// The campaign's last line: its verdict and the page to open.
+fn verdict_line(r: &Report, out: &std::path::Path) -> String {
+    let mut cases: Vec<u64> = r.failures.iter().map(|f| f.case).collect();
+    cases.sort_unstable();
+    cases.dedup();
+    let verdict = if !cases.is_empty() {
+        format!(
+            "FAILED ({} case{}{})",
+            cases.len(),
+            if cases.len() == 1 { "" } else { "s" },
+            if r.interrupted { ", interrupted" } else { "" }
+        )
+    } else if r.interrupted {
+        "INTERRUPTED".to_string()
+    } else {
+        "PASSED".to_string()
+    };
+    format!("{verdict}: open {}", out.join("report.html").display())
 }
 
 fn summarize(r: &Report, out: &std::path::Path) {
