@@ -110,7 +110,7 @@ fn tamper(
 /// `pick` even: the row with the smallest max that still qualifies (the one most likely to
 /// lie under the noise the judge allows, as the issue chose it); odd: a random qualifying row.
 fn choose(rows: &[(usize, usize, f64)], pick: usize) -> (usize, usize, f64) {
-    if pick % 2 == 0 {
+    if pick.is_multiple_of(2) {
         *rows
             .iter()
             .min_by(|a, b| a.2.total_cmp(&b.2))
