@@ -4,10 +4,11 @@
 
 pub mod charts;
 pub mod heatmap;
+pub mod histogram;
 pub mod page;
 pub mod run;
 
-pub use crate::harness::histogram::Histogram;
+pub use histogram::Histogram;
 pub use run::Run;
 
 use crate::error::{Error, Result};
