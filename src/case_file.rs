@@ -519,5 +519,5 @@ fn encode_case(
 /// [`Error::Io`] or a serialisation error.
 pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Result<()> {
     let bytes = case_bytes(case, precision)?;
-    crate::harness::report_io::write_atomic(path, &bytes)
+    crate::files::write_atomic(path, &bytes)
 }

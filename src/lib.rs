@@ -14,6 +14,7 @@ pub mod case_file;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod files;
 pub mod harness;
 pub mod mutants;
 pub mod report;
@@ -33,4 +34,11 @@ pub use error::{Error, Result};
 pub fn print_skip(what: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIP {what}");
+}
+
+/// The commit this build was made from (`git rev-parse HEAD` when it was built; uncommitted
+/// changes are not seen); `None` for a build from outside a git checkout. At the crate's root
+/// because capsules, reports and the worker handshake all name it.
+pub fn build_commit() -> Option<&'static str> {
+    Some(env!("SMALLSEQ_GIT_COMMIT")).filter(|c| !c.is_empty())
 }

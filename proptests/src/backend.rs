@@ -4,7 +4,7 @@ use crate::strategies::tiny_case;
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use smallseq::backend::{self, cpu::CpuBackend, Backend};
-use smallseq::harness::oracles;
+use smallseq::harness::backend_oracle;
 use smallseq::harness::props::Checker;
 use smallseq::mutants::{Defects, Mutant};
 use smallseq::Error;
@@ -53,7 +53,7 @@ pub fn run_suite(name: &str, dtype: Dtype, source_file: &'static str) {
     let capsule = dir.join(format!("{name}-{dtype}.safetensors"));
     let mut runner = TestRunner::new(crate::config(source_file));
     let result = runner.run(&(tiny_case(dtype), any::<u64>()), |(case, salt)| {
-        oracles::backend_properties(&checker, &case, salt, Some((&capsule, name)))
+        backend_oracle::backend_properties(&checker, &case, salt, Some((&capsule, name)))
             .map(|_| ())
             .map_err(TestCaseError::fail)
     });

@@ -4,8 +4,9 @@
 //! then per-slot lengths and gaps sized from it; heads and dims), then tensors sized from the
 //! geometry. Nothing is filtered, so no case is thrown away.
 //!
-//! The checks themselves are `smallseq::harness::oracles`, the same functions the cargo-fuzz
-//! targets call: a failure found by either tool is judged by one oracle.
+//! The checks themselves are `smallseq::harness::oracles` (and, for a backend's whole property
+//! suite, `smallseq::harness::backend_oracle`), the same functions the cargo-fuzz targets call:
+//! a failure found by either tool is judged by one oracle.
 
 pub mod backend;
 pub mod strategies;

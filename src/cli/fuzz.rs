@@ -2,10 +2,11 @@
 
 use super::parse_duration;
 use super::target::{self, TargetArgs};
+use super::write_reports;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
-use smallseq::harness::campaign::{write_reports, Budget, Campaign, Progress, Report, Shard};
+use smallseq::harness::campaign::{Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
 use smallseq::harness::report_io::{clean_previous, write_atomic, PartialReports};
 use smallseq::harness::te625;

@@ -1,7 +1,7 @@
 //! `smallseq merge`: the shards of a campaign joined into one report.
 
+use super::write_reports;
 use anyhow::Result;
-use smallseq::harness::campaign::write_reports;
 use smallseq::harness::merge::merge;
 use std::path::PathBuf;
 

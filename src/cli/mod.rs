@@ -81,6 +81,20 @@ pub fn parse_cases(s: &str) -> Result<u64, String> {
     }
 }
 
+/// The files of a finished campaign: the harness's reports, then the page drawn from them.
+/// The page redraws every failure's error picture from the reference, so a partial report
+/// (a merged shard that was still running) gets none.
+pub fn write_reports(
+    dir: &std::path::Path,
+    rep: &smallseq::harness::campaign::Report,
+) -> smallseq::Result<()> {
+    smallseq::harness::report_io::write_reports(dir, rep)?;
+    if rep.partial {
+        return Ok(());
+    }
+    smallseq::report::write_html(dir, rep)
+}
+
 /// Says what [`smallseq::harness::report_io::clean_previous`] removed from a reused `--out`.
 pub fn say_cleaned(command: &str, out: &std::path::Path, removed: usize) {
     if removed > 0 {

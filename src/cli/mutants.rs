@@ -1,12 +1,13 @@
 //! `smallseq mutants`: the standard campaign against every planted bug.
 
+use super::write_reports;
 use super::{parse_duration, EXIT_INTERRUPTED};
 use anyhow::Result;
 use rayon::prelude::*;
 use serde::Serialize;
 use smallseq::backend::open_planted;
 use smallseq::harness::campaign::{case_seed, Progress};
-use smallseq::harness::campaign::{write_reports, Budget, Campaign, Shard};
+use smallseq::harness::campaign::{Budget, Campaign, Shard};
 use smallseq::harness::capsule;
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;

@@ -5,6 +5,7 @@ use super::capsule;
 use super::classes::{self, classify};
 use super::fit::fit_to_caps;
 use super::gen::{build, draw_geometry_for};
+use super::in_order::{self, Merger};
 use super::props::{CaseRun, Checker, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// When to stop.
@@ -123,7 +124,7 @@ pub struct Report {
     #[serde(default)]
     pub largest_margins: BTreeMap<String, MarginAt>,
     /// The same margins, log-binned, for the histograms of `report.html`.
-    pub margin_histograms: BTreeMap<String, crate::report::Histogram>,
+    pub margin_histograms: BTreeMap<String, super::histogram::Histogram>,
     pub failures: Vec<FailureEntry>,
     pub interrupted: bool,
     /// The worker command, when cases ran in worker processes.
@@ -248,15 +249,6 @@ struct Checked {
     run: CaseRun,
 }
 
-/// Sets its flag when dropped: on every way out of the merging loop, unwinding included.
-struct HaltOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for HaltOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// Cases a worker may run ahead of the merged ones, per job: bounds what waits in memory
 /// while the merging thread shrinks a failure.
 const AHEAD_PER_JOB: u64 = 4;
@@ -295,110 +287,35 @@ impl Campaign<'_> {
         Ok(merge.finish())
     }
 
-    /// Workers take case numbers in order and send their results; this thread merges them in
-    /// order. Whatever ends the campaign (budget, `stop`, a failure with `stop_on_failure`,
-    /// an error, a panic on either side) halts the workers; results of cases past the end are
-    /// dropped, as one thread would not have started them. A worker's panic is the error of
-    /// its case. `stop` ends the campaign after the cases already started, as with one thread:
-    /// the workers start no other, and those they finish are merged up to the first gap (a
-    /// case picked but not started): a fault one of them met (a crash, a hang that took its
-    /// timeout) has its capsule and failure like any other.
+    /// Cases on `jobs` threads, merged in case order by [`in_order::run`]. A thread's panic is
+    /// the error of its case. `stop` ends the campaign after the cases already started, as
+    /// with one thread: a fault one of them met (a crash, a hang that took its timeout) has its
+    /// capsule and failure like any other.
     fn run_parallel(
         &self,
         merge: &mut Merge,
         stop: &AtomicBool,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
-        let next = AtomicU64::new(0);
-        let merged = AtomicU64::new(0);
-        let halt = AtomicBool::new(false);
+        let exists = |i| !matches!(self.budget, Budget::Cases(n) if self.shard.global(i) >= n);
+        let work = |i| {
+            catch_unwind(AssertUnwindSafe(|| self.check_case(i))).unwrap_or_else(|p| {
+                Err(Error::Backend {
+                    backend: self.checker.runner.name().into(),
+                    detail: format!("case {i} panicked: {}", panic_text(p)),
+                })
+            })
+        };
         let ahead = self.jobs as u64 * AHEAD_PER_JOB;
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Checked>)>();
-            for _ in 0..self.jobs {
-                let tx = tx.clone();
-                let (next, merged, halt) = (&next, &merged, &halt);
-                s.spawn(move || loop {
-                    if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if matches!(self.budget, Budget::Cases(n) if self.shard.global(i) >= n) {
-                        break;
-                    }
-                    while i >= merged.load(Ordering::SeqCst) + ahead {
-                        // Not started yet: after `stop`, never.
-                        if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    let checked = catch_unwind(AssertUnwindSafe(|| self.check_case(i)))
-                        .unwrap_or_else(|p| {
-                            Err(Error::Backend {
-                                backend: self.checker.runner.name().into(),
-                                detail: format!("case {i} panicked: {}", panic_text(p)),
-                            })
-                        });
-                    if tx.send((i, checked)).is_err() {
-                        break;
-                    }
-                });
-            }
-            drop(tx);
-            // A panic while merging (a shrink, a capsule write) must still release the workers.
-            let _release = HaltOnDrop(&halt);
-            let mut pending: BTreeMap<u64, Result<Checked>> = BTreeMap::new();
-            let mut outcome = Ok(());
-            let mut merging = true;
-            // `stop` came while cases remained to merge: the campaign is interrupted, unless
-            // the cases started before it complete the budget.
-            let mut stopped = false;
-            loop {
-                merging = merging && !merge.spent_before(merged.load(Ordering::SeqCst));
-                stopped |= merging && stop.load(Ordering::SeqCst);
-                while merging {
-                    let i = merged.load(Ordering::SeqCst);
-                    let Some(checked) = pending.remove(&i) else {
-                        break;
-                    };
-                    match merge.take(i, checked, stop, progress) {
-                        Ok(true) => {
-                            merged.store(i + 1, Ordering::SeqCst);
-                            merging = !merge.spent_before(i + 1);
-                        }
-                        Ok(false) => merging = false,
-                        Err(e) => {
-                            outcome = Err(e);
-                            merging = false;
-                        }
-                    }
-                }
-                if !merging {
-                    halt.store(true, Ordering::SeqCst);
-                }
-                match rx.recv_timeout(Duration::from_millis(20)) {
-                    Ok((i, r)) => {
-                        pending.insert(i, r);
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    // Every worker has exited: what follows the merged cases without a gap
-                    // is merged above; a gap (a case picked, then abandoned) ends it.
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                        if !merging || !pending.contains_key(&merged.load(Ordering::SeqCst)) {
-                            break;
-                        }
-                    }
-                }
-            }
-            // The stop may come while a case is merged (a shrink cut short by it) and the rest
-            // merge before the loop looks again.
-            stopped |= merging && stop.load(Ordering::SeqCst);
-            if stopped && !merge.spent_before(merged.load(Ordering::SeqCst)) {
-                merge.rep.interrupted = true;
-            }
-            outcome
-        })
+        let mut sink = InCaseOrder {
+            merge,
+            stop,
+            progress,
+        };
+        if in_order::run(self.jobs, ahead, stop, &exists, &work, &mut sink)? {
+            sink.merge.rep.interrupted = true;
+        }
+        Ok(())
     }
 
     /// This shard's case `k`: drawn (inside what the implementation computes), built and
@@ -631,7 +548,7 @@ impl Merge<'_, '_> {
         self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
         self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
         self.rep.margin_histograms = (self.margins.iter())
-            .map(|(k, v)| (k.clone(), crate::report::Histogram::of(v)))
+            .map(|(k, v)| (k.clone(), super::histogram::Histogram::of(v)))
             .collect();
         self.rep.margins = self
             .margins
@@ -642,6 +559,23 @@ impl Merge<'_, '_> {
         let overhead = self.campaign.checker.runner.protocol_overhead_us();
         self.rep.protocol_overhead_us = (!overhead.is_empty()).then(|| percentiles(overhead));
         self.rep
+    }
+}
+
+/// [`Merge`] as the merging side of [`in_order::run`], with what its `take` needs besides.
+struct InCaseOrder<'m, 'c, 'a> {
+    merge: &'m mut Merge<'c, 'a>,
+    stop: &'m AtomicBool,
+    progress: &'m mut dyn FnMut(Progress),
+}
+
+impl Merger<Result<Checked>> for InCaseOrder<'_, '_, '_> {
+    fn spent_before(&self, i: u64) -> bool {
+        self.merge.spent_before(i)
+    }
+
+    fn take(&mut self, i: u64, checked: Result<Checked>) -> Result<bool> {
+        self.merge.take(i, checked, self.stop, self.progress)
     }
 }
 
@@ -677,163 +611,6 @@ pub fn repro_cmd(capsule: &Path, backend: &str, profile: &str) -> String {
         cmd.push_str(&format!(" --profile {profile}"));
     }
     cmd
-}
-
-/// Writes `report.json`, `junit.xml`, `summary.md`, `margins.json` and `report.html` into
-/// `dir`, each atomically.
-///
-/// # Errors
-/// I/O errors.
-pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
-    let json = serde_json::to_string_pretty(rep).expect("report serialises");
-    // Atomic: a signal or SIGKILL mid-write leaves the previous (partial) report whole.
-    use super::report_io::write_atomic;
-    write_atomic(&dir.join("report.json"), json.as_bytes())?;
-    write_atomic(&dir.join("junit.xml"), junit(rep).as_bytes())?;
-    let samples = serde_json::to_string(&rep.margin_samples).expect("margins serialise");
-    write_atomic(&dir.join("margins.json"), samples.as_bytes())?;
-    write_atomic(&dir.join("summary.md"), markdown(rep).as_bytes())?;
-    // The page redraws every failure's heat map from the reference: final reports only.
-    if rep.partial {
-        return Ok(());
-    }
-    crate::report::write_html(dir, rep)
-}
-
-/// A short Markdown summary for CI pages: verdict, per-property counts, every failure with
-/// its capsule and repro command (capsule paths as written, relative to the run directory).
-pub fn markdown(rep: &Report) -> String {
-    let verdict = if rep.failed() {
-        format!("**FAILED**: {} failure(s)", rep.failures.len())
-    } else if rep.partial {
-        "**PARTIAL** (written while the campaign ran; it did not finish), no failure so far"
-            .to_string()
-    } else if rep.interrupted {
-        "**INTERRUPTED**, no failure so far".to_string()
-    } else {
-        "passed".to_string()
-    };
-    let mut m = format!(
-        "### smallseq fuzz: backend `{}`, profile `{}`, seed {}\n\n{verdict}. {} cases in {:.1} s ({:.1} cases/s).\n\n",
-        rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
-    );
-    m.push_str(&super::report_io::markdown_context(rep));
-    if let Some(o) = &rep.protocol_overhead_us {
-        m.push_str(&format!(
-            "Protocol overhead per worker request (round trip minus the worker's own time): \
-             median {:.0} µs, p90 {:.0} µs, max {:.0} µs over {} requests.\n\n",
-            o.p50, o.p90, o.max, o.n
-        ));
-    }
-    let per_tensor = |counts: &BTreeMap<String, u64>| {
-        counts
-            .iter()
-            .map(|(t, n)| format!("{t} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if !rep.largest_margins.is_empty() {
-        let at: Vec<String> = rep
-            .largest_margins
-            .iter()
-            .map(|(t, m)| format!("{t} {:.3} (case {})", m.margin, m.case))
-            .collect();
-        m.push_str(&format!(
-            "Largest margin per tensor (1 is the failure line): {}.\n\n",
-            at.join(", ")
-        ));
-    }
-    if !rep.blind_verdicts.is_empty() {
-        m.push_str(&format!(
-            "Blind verdicts (an output of zeros would have passed): {} (docs/judgement.md, \
-             \"Blind verdicts\").\n\n",
-            per_tensor(&rep.blind_verdicts)
-        ));
-    }
-    if !rep.indeterminate_verdicts.is_empty() {
-        m.push_str(&format!(
-            "Indeterminate tensors (every element inside the rounding noise of its own terms): \
-             {}.\n\n",
-            per_tensor(&rep.indeterminate_verdicts)
-        ));
-    }
-    m.push_str(&rep.dimensions.markdown());
-    m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
-    for (name, c) in &rep.properties {
-        m.push_str(&format!(
-            "| {name} | {} | {} | {} |\n",
-            c.pass, c.fail, c.skip
-        ));
-    }
-    let missed = rep.classes_missed();
-    if !missed.is_empty() {
-        m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
-    }
-    m.push_str(&super::report_io::markdown_skips(rep));
-    if !rep.failures.is_empty() {
-        m.push_str("\n| case | property | detail | capsule | repro |\n|---:|---|---|---|---|\n");
-        for f in &rep.failures {
-            let capsule = f.shrunk_capsule.as_deref().unwrap_or(&f.capsule);
-            m.push_str(&format!(
-                "| {} | {} | {} | `{capsule}` | `{}` |\n",
-                f.case,
-                f.property,
-                f.detail.replace('|', "\\|"),
-                f.repro
-            ));
-        }
-    }
-    m
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// One test case per property; each failure becomes a `<failure>` with its repro command.
-pub fn junit(rep: &Report) -> String {
-    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let fails = rep.properties.values().filter(|c| c.fail > 0).count();
-    let stopped = super::report_io::junit_stopped(rep);
-    x.push_str(&format!(
-        "<testsuite name=\"smallseq-fuzz-{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" time=\"{:.3}\">\n",
-        xml_escape(&rep.backend),
-        rep.properties.len() + usize::from(stopped.is_some()),
-        fails,
-        usize::from(stopped.is_some()),
-        rep.elapsed_s
-    ));
-    for (name, c) in &rep.properties {
-        x.push_str(&format!(
-            "  <testcase classname=\"smallseq.{}\" name=\"{}\">\n    <system-out>pass {} fail {} skip {}</system-out>\n",
-            xml_escape(&rep.backend),
-            name,
-            c.pass,
-            c.fail,
-            c.skip
-        ));
-        for f in rep.failures.iter().filter(|f| &f.property == name) {
-            x.push_str(&format!(
-                "    <failure message=\"case {}: {}\">{}</failure>\n",
-                f.case,
-                xml_escape(&f.detail),
-                xml_escape(&f.repro)
-            ));
-        }
-        x.push_str("  </testcase>\n");
-    }
-    if let Some(msg) = stopped {
-        x.push_str(&format!(
-            "  <testcase classname=\"smallseq.{}\" name=\"campaign\">\n    <error message=\"{}\"/>\n  </testcase>\n",
-            xml_escape(&rep.backend),
-            xml_escape(&msg)
-        ));
-    }
-    x.push_str("</testsuite>\n");
-    x
 }
 
 #[cfg(test)]

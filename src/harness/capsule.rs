@@ -46,11 +46,8 @@ pub const FAULT: &str = "smallseq.fault";
 /// The metadata key of the commit the writing build was made from.
 pub const COMMIT: &str = "smallseq.commit";
 
-/// The commit this build was made from (`git rev-parse HEAD` when it was built; uncommitted
-/// changes are not seen); `None` for a build from outside a git checkout.
-pub fn build_commit() -> Option<&'static str> {
-    Some(env!("SMALLSEQ_GIT_COMMIT")).filter(|c| !c.is_empty())
-}
+/// Where capsules' and reports' callers found it before the worker handshake needed it too.
+pub use crate::build_commit;
 
 /// Records in `meta` which backend produced a case file's outputs (`smallseq.backend`), on
 /// what device and kernel build (`smallseq.provenance`), and this build's commit

@@ -177,7 +177,7 @@ impl OrderAllowance {
 /// Where this exceeds half an ulp of the output, which value the output rounds to is decided by
 /// noise every correct kernel carries, not by the kernel's own roundings, so conformance and the
 /// bias test leave the element out; so do they where the emulation's value before rounding lies
-/// within the noise of a rounding boundary (`conformance::Undecided::decides`). Over generated
+/// within the noise of a rounding boundary ([`noise_decides`]). Over generated
 /// standard-normal f16/bf16 cases the half-ulp test leaves out 6.4 % of o's elements and the
 /// whole rule 20 %: the jump needs a P within `ρ ≈ 3e-6` of a boundary, and moves an output by
 /// one P's ulp, which is often enough to reach the output's own boundary.
@@ -188,6 +188,24 @@ impl OrderAllowance {
 pub struct PNoise {
     pub o: Array3<f64>,
     pub dv: Option<Array3<f64>>,
+}
+
+/// Whether noise `noise` decides the rounding of an output whose emulated value is `y` (and
+/// `acc` before its rounding, where known) in `dtype`: `acc ± noise`
+/// round to different values (a boundary lies within the noise: at an exact midpoint any
+/// noise decides), or without `acc` the noise exceeds half an ulp at `y`. NaN on either
+/// side is no proof that the noise is small.
+pub fn noise_decides(noise: f64, acc: Option<f64>, y: f64, dtype: Dtype) -> bool {
+    let above_half_ulp = !matches!(
+        noise.partial_cmp(&(dtype.unit_roundoff() * y.abs())),
+        Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+    );
+    match acc {
+        Some(a) if a.is_finite() && noise.is_finite() => {
+            above_half_ulp || dtype.round_f64(a - noise) != dtype.round_f64(a + noise)
+        }
+        _ => above_half_ulp,
+    }
 }
 
 /// The distance between the input type's roundings of `lo` and `hi` (0 when both round alike),
@@ -392,7 +410,6 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
 mod tests {
     use super::*;
     use crate::case::samples::one_query_two_keys as case;
-    use crate::harness::conformance::Undecided;
     use crate::harness::data_class::DataClass;
     use smallseq_reference::forward_backward;
 
@@ -508,7 +525,7 @@ mod tests {
 
     /// The shares of valid o elements whose rounding P's noise decides, over generated cases of
     /// one data distribution and class: by the half-ulp part of the judge's rule alone
-    /// (`Undecided::decides` without the emulation's value before rounding), and by the whole
+    /// ([`noise_decides`] without the emulation's value before rounding), and by the whole
     /// rule.
     fn share_undecided(dist: crate::harness::gen::DataDist, data: DataClass) -> (f64, f64) {
         use crate::harness::gen::{build, draw_geometry};
@@ -534,8 +551,8 @@ mod tests {
                 if *y != 0.0 {
                     all += 1;
                     let dt = c.config.dtype;
-                    half_ulp += usize::from(Undecided::decides(*n, None, *y, dt));
-                    whole += usize::from(Undecided::decides(*n, Some(acc), *y, dt));
+                    half_ulp += usize::from(noise_decides(*n, None, *y, dt));
+                    whole += usize::from(noise_decides(*n, Some(acc), *y, dt));
                 }
             }
         }

@@ -385,5 +385,5 @@ fn cpu_backend<D: Draw>(d: &mut D) -> Result<Verdict, Violation> {
     let capsule = std::fs::create_dir_all(dir)
         .ok()
         .map(|()| (path.as_path(), "cpu"));
-    oracles::backend_properties(&checker, &case, seed, capsule)
+    super::backend_oracle::backend_properties(&checker, &case, seed, capsule)
 }

@@ -126,7 +126,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.margin_histograms = m
         .margin_samples
         .iter()
-        .map(|(k, v)| (k.clone(), crate::report::Histogram::of(v)))
+        .map(|(k, v)| (k.clone(), super::histogram::Histogram::of(v)))
         .collect();
     Ok(m)
 }

@@ -1,12 +1,13 @@
 //! The checks shared by the proptest suites and the cargo-fuzz targets: one oracle per area, so
 //! a bug found by either tool is judged by the same code (and a fuzz crash replays as a
 //! proptest and the other way round).
+//! The oracle over the whole property suite, which needs the properties and the capsules
+//! above these, is [`super::backend_oracle`].
 //!
 //! Each check returns `Ok(Verdict)` when the input was checked or is outside the area's domain
 //! (with a reason the caller counts), and `Err(violation)` when the code under test broke a
 //! rule. Checks never panic on their own; a panic inside one is a bug in the code under test.
 
-use super::props::Checker;
 use crate::case::Case;
 use crate::case_file::{case_bytes, parse_case, OutputPrecision};
 use crate::config::AttnConfig;
@@ -383,35 +384,6 @@ pub fn case_file_round_trip(bytes: &[u8]) -> Result<Verdict, Violation> {
         return Err("an input tensor changed by a write/parse round trip".into());
     }
     Ok(Verdict::Checked)
-}
-
-/// Every harness property on one case against the backend in `checker`. On a failure with
-/// `capsule` set, the capsule is written there before the violation (which carries the
-/// one-line repro command) is returned.
-pub fn backend_properties(
-    checker: &Checker,
-    case: &Case,
-    salt: u64,
-    capsule: Option<(&std::path::Path, &str)>,
-) -> Result<Verdict, Violation> {
-    let run = checker
-        .check(case, salt)
-        .map_err(|e| format!("the harness could not run the case: {e}"))?;
-    let Some(f) = run.failures().first().copied() else {
-        return Ok(Verdict::Checked);
-    };
-    let mut msg = format!("{}: {}", f.prop, f.detail);
-    if let Some((path, backend)) = capsule {
-        let profile = checker.opts.profile.name();
-        match super::capsule::write(path, case, &run, checker, salt, None) {
-            Ok(()) => msg.push_str(&format!(
-                "\nreproduce: {}",
-                super::campaign::repro_cmd(path, backend, profile)
-            )),
-            Err(e) => msg.push_str(&format!("\n(capsule not written: {e})")),
-        }
-    }
-    Err(msg)
 }
 
 /// A config parses or fails with a typed error; one that parses prints back to JSON that

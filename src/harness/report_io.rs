@@ -1,35 +1,169 @@
-//! Writing reports so that a stopped campaign always leaves one: every file is written
+//! Writing a campaign's reports (`report.json`, `junit.xml`, `summary.md`, `margins.json`) so
+//! that a stopped campaign always leaves one: every file is written
 //! atomically (a temporary file in the same directory, then a rename), a running campaign
 //! rewrites a partial report every few seconds (so even SIGKILL leaves the last one), and an
 //! output directory reused from a previous run is cleaned of the files that run wrote.
 
-use super::campaign::{write_reports, Budget, Report};
+use super::campaign::{Budget, Report};
 use crate::error::{Error, Result};
 use serde::ser::SerializeMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Writes `bytes` to `path` atomically: a reader (or a process killed half-way) sees the old
-/// file or the new one, never half of one.
+/// Where the reports' callers found it before case files and workers needed it too.
+pub use crate::files::write_atomic;
+
+/// Writes `report.json`, `junit.xml`, `summary.md` and `margins.json` into `dir`, each
+/// atomically. The page beside them, `report.html`, is drawn by [`crate::report`], which
+/// reads these: the caller writes it once the report is final.
 ///
 /// # Errors
-/// [`Error::Io`] naming `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| Error::Io {
-        path: path.display().to_string(),
-        source,
+/// I/O errors.
+pub fn write_reports(dir: &Path, rep: &Report) -> Result<()> {
+    let json = serde_json::to_string_pretty(rep).expect("report serialises");
+    // Atomic: a signal or SIGKILL mid-write leaves the previous (partial) report whole.
+    write_atomic(&dir.join("report.json"), json.as_bytes())?;
+    write_atomic(&dir.join("junit.xml"), junit(rep).as_bytes())?;
+    let samples = serde_json::to_string(&rep.margin_samples).expect("margins serialise");
+    write_atomic(&dir.join("margins.json"), samples.as_bytes())?;
+    write_atomic(&dir.join("summary.md"), markdown(rep).as_bytes())
+}
+
+/// A short Markdown summary for CI pages: verdict, per-property counts, every failure with
+/// its capsule and repro command (capsule paths as written, relative to the run directory).
+pub fn markdown(rep: &Report) -> String {
+    let verdict = if rep.failed() {
+        format!("**FAILED**: {} failure(s)", rep.failures.len())
+    } else if rep.partial {
+        "**PARTIAL** (written while the campaign ran; it did not finish), no failure so far"
+            .to_string()
+    } else if rep.interrupted {
+        "**INTERRUPTED**, no failure so far".to_string()
+    } else {
+        "passed".to_string()
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
+    let mut m = format!(
+        "### smallseq fuzz: backend `{}`, profile `{}`, seed {}\n\n{verdict}. {} cases in {:.1} s ({:.1} cases/s).\n\n",
+        rep.backend, rep.profile, rep.seed, rep.cases, rep.elapsed_s, rep.cases_per_s
+    );
+    m.push_str(&markdown_context(rep));
+    if let Some(o) = &rep.protocol_overhead_us {
+        m.push_str(&format!(
+            "Protocol overhead per worker request (round trip minus the worker's own time): \
+             median {:.0} µs, p90 {:.0} µs, max {:.0} µs over {} requests.\n\n",
+            o.p50, o.p90, o.max, o.n
+        ));
     }
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(e)
-    })
+    let per_tensor = |counts: &BTreeMap<String, u64>| {
+        counts
+            .iter()
+            .map(|(t, n)| format!("{t} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !rep.largest_margins.is_empty() {
+        let at: Vec<String> = rep
+            .largest_margins
+            .iter()
+            .map(|(t, m)| format!("{t} {:.3} (case {})", m.margin, m.case))
+            .collect();
+        m.push_str(&format!(
+            "Largest margin per tensor (1 is the failure line): {}.\n\n",
+            at.join(", ")
+        ));
+    }
+    if !rep.blind_verdicts.is_empty() {
+        m.push_str(&format!(
+            "Blind verdicts (an output of zeros would have passed): {} (docs/judgement.md, \
+             \"Blind verdicts\").\n\n",
+            per_tensor(&rep.blind_verdicts)
+        ));
+    }
+    if !rep.indeterminate_verdicts.is_empty() {
+        m.push_str(&format!(
+            "Indeterminate tensors (every element inside the rounding noise of its own terms): \
+             {}.\n\n",
+            per_tensor(&rep.indeterminate_verdicts)
+        ));
+    }
+    m.push_str(&rep.dimensions.markdown());
+    m.push_str("| property | pass | fail | skip |\n|---|---:|---:|---:|\n");
+    for (name, c) in &rep.properties {
+        m.push_str(&format!(
+            "| {name} | {} | {} | {} |\n",
+            c.pass, c.fail, c.skip
+        ));
+    }
+    let missed = rep.classes_missed();
+    if !missed.is_empty() {
+        m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
+    }
+    m.push_str(&markdown_skips(rep));
+    if !rep.failures.is_empty() {
+        m.push_str("\n| case | property | detail | capsule | repro |\n|---:|---|---|---|---|\n");
+        for f in &rep.failures {
+            let capsule = f.shrunk_capsule.as_deref().unwrap_or(&f.capsule);
+            m.push_str(&format!(
+                "| {} | {} | {} | `{capsule}` | `{}` |\n",
+                f.case,
+                f.property,
+                f.detail.replace('|', "\\|"),
+                f.repro
+            ));
+        }
+    }
+    m
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// One test case per property; each failure becomes a `<failure>` with its repro command.
+pub fn junit(rep: &Report) -> String {
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let fails = rep.properties.values().filter(|c| c.fail > 0).count();
+    let stopped = junit_stopped(rep);
+    x.push_str(&format!(
+        "<testsuite name=\"smallseq-fuzz-{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" time=\"{:.3}\">\n",
+        xml_escape(&rep.backend),
+        rep.properties.len() + usize::from(stopped.is_some()),
+        fails,
+        usize::from(stopped.is_some()),
+        rep.elapsed_s
+    ));
+    for (name, c) in &rep.properties {
+        x.push_str(&format!(
+            "  <testcase classname=\"smallseq.{}\" name=\"{}\">\n    <system-out>pass {} fail {} skip {}</system-out>\n",
+            xml_escape(&rep.backend),
+            name,
+            c.pass,
+            c.fail,
+            c.skip
+        ));
+        for f in rep.failures.iter().filter(|f| &f.property == name) {
+            x.push_str(&format!(
+                "    <failure message=\"case {}: {}\">{}</failure>\n",
+                f.case,
+                xml_escape(&f.detail),
+                xml_escape(&f.repro)
+            ));
+        }
+        x.push_str("  </testcase>\n");
+    }
+    if let Some(msg) = stopped {
+        x.push_str(&format!(
+            "  <testcase classname=\"smallseq.{}\" name=\"campaign\">\n    <error message=\"{}\"/>\n  </testcase>\n",
+            xml_escape(&rep.backend),
+            xml_escape(&msg)
+        ));
+    }
+    x.push_str("</testsuite>\n");
+    x
 }
 
 /// How often a running campaign rewrites its partial report, in campaign time.
@@ -206,18 +340,6 @@ impl<'de> serde::Deserialize<'de> for Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_atomic_write_replaces_the_file_and_leaves_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("smallseq-report-io-{}", std::process::id()));
-        let p = dir.join("report.json");
-        write_atomic(&p, b"one").unwrap();
-        write_atomic(&p, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn budgets_read_as_words_and_labelled_json() {

@@ -1,8 +1,8 @@
 //! The report's pictures, drawn by `plotters` into SVG strings that the page inlines.
 
 use super::heatmap::ErrorGrid;
-use super::histogram::Histogram;
 use crate::error::{Error, Result};
+use crate::harness::histogram::Histogram;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 

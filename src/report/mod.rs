@@ -4,11 +4,10 @@
 
 pub mod charts;
 pub mod heatmap;
-pub mod histogram;
 pub mod page;
 pub mod run;
 
-pub use histogram::Histogram;
+pub use crate::harness::histogram::Histogram;
 pub use run::Run;
 
 use crate::error::{Error, Result};

@@ -2,8 +2,8 @@
 //! through the same JSON), so pages render the reports of older and newer builds alike:
 //! fields a report lacks take their defaults.
 
-use super::histogram::Histogram;
 use crate::error::{Error, Result};
+use crate::harness::histogram::Histogram;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

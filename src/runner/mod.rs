@@ -4,15 +4,16 @@
 //! ([`crate::worker::Pool`], `docs/worker-protocol.md`).
 
 pub mod caps;
+pub mod pair;
 
 pub use caps::{Caps, NoKeyRow, WireCaps};
+pub use pair::{run_pair, Pair};
 
 use crate::backend::{rounding_budget_of, Backend};
 use crate::case::Case;
 use crate::config::AttnConfig;
 use crate::dispatch::gate::Dispatcher;
 use crate::error::{Error, Result};
-use crate::harness::props::{run_pair, Pair};
 use crate::wrapper::{self, BwdResult, RunOptions};
 use ndarray::{Array2, Array3};
 use smallseq_reference::Layout;

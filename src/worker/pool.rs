@@ -10,8 +10,7 @@ use crate::case_file::Outputs32;
 use crate::config::AttnConfig;
 use crate::dispatch::gate::{Dispatcher, GateDefects};
 use crate::error::{Error, Result};
-use crate::harness::props::Pair;
-use crate::runner::{budget_by_name, in_tree_fallback_kernel, Caps, Fault, Runner};
+use crate::runner::{budget_by_name, in_tree_fallback_kernel, Caps, Fault, Pair, Runner};
 use crate::wrapper::{BwdResult, FwdResult, RunOptions, WorkspaceReport};
 use ndarray::{Array2, Array3};
 use smallseq_reference::Layout;
@@ -354,7 +353,7 @@ impl Pool {
                 let n = self.files_written.fetch_add(1, Ordering::SeqCst) + 1;
                 let path = self.scratch.join(format!("case-{n}.in.safetensors"));
                 let bytes = input_bytes(case)?;
-                crate::harness::report_io::write_atomic(&path, &bytes)?;
+                crate::files::write_atomic(&path, &bytes)?;
                 if !self.cfg.reuse_inputs {
                     return Ok((path.clone(), Some(path)));
                 }

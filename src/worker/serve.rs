@@ -13,8 +13,7 @@ use crate::case::Case;
 use crate::case_file::read_case;
 use crate::dispatch::Profile;
 use crate::error::{Error, Result};
-use crate::harness::props::run_pair;
-use crate::runner::Caps;
+use crate::runner::{run_pair, Caps};
 use crate::wrapper::{self, RunOptions};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -163,7 +162,7 @@ pub fn serve(
         version: format!(
             "smallseq {} ({})",
             env!("CARGO_PKG_VERSION"),
-            crate::harness::capsule::build_commit().unwrap_or("unknown commit")
+            crate::build_commit().unwrap_or("unknown commit")
         ),
         provenance,
         caps: Caps::in_tree(be.arch().name(), be.has_small_seq(), devices).to_wire(),

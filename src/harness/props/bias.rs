@@ -24,9 +24,11 @@
 //! correct one may move few or none (then it passes: nothing leans either way). Smaller
 //! tensors are not judged.
 
+use super::checker::{CaseContext, Checker};
 use super::conformance::{paired, Undecided, CONFORMANCE_TENSORS};
-use super::props::{Failure, Outcome, Prop};
+use super::verdict::{skip, Failure, Outcome, Prop};
 use crate::case::{Case, Outputs};
+use crate::dispatch::Path;
 
 /// The probability that a symmetric backend fails one judged tensor.
 pub const FALSE_ALARM: f64 = 1e-9;
@@ -231,6 +233,28 @@ pub fn judge(signs: &[Signs], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
         None => Outcome::Skip {
             reason: "too few rows for a sign test".into(),
         },
+    }
+}
+
+impl Checker<'_> {
+    /// The property on the small-seq path, where the kernels round as the emulation does and
+    /// a sign imbalance can only come from a rounding of their own.
+    pub(super) fn rounding_bias(&self, cx: &CaseContext<'_>) -> Outcome {
+        let base = cx.base;
+        let bias = |t: &str| bias_budget_of(self.runner.name(), t);
+        match base.fwd.path {
+            Some(Path::SmallSeq) => judge(
+                &signs(
+                    cx.case,
+                    base.small_seq(),
+                    cx.actual,
+                    &cx.y.emulated,
+                    cx.y.undecided(),
+                ),
+                bias,
+            ),
+            _ => skip("not on the small-seq path"),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! A fixed log-binned histogram of margins (`error / threshold`), kept per tensor in
-//! `report.json` so pages can draw the whole distribution, not only its percentiles.
+//! `report.json` so pages can draw the whole distribution, not only its percentiles. Part of
+//! the report's data, so it lives with the campaign that fills it; `crate::report` draws it.
 
 use serde::{Deserialize, Serialize};
 

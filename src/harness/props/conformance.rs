@@ -19,13 +19,16 @@
 //! they round. Nor are o and dV where P's own f32 noise can round it either way and the
 //! output cancels (near-tied keys of large logits). Such elements are left out of the count
 //! one by one: an element whose noise ([`Undecided`]: the conditioning allowance of dQ and
-//! dK, P's rounding noise of o and dV, [`super::conditioning`]) exceeds half an ulp of its
+//! dK, P's rounding noise of o and dV, [`crate::harness::conditioning`]) exceeds half an ulp of its
 //! dtype at the emulation's value, or for o and dV reaches a rounding boundary from the
 //! emulation's value before its rounding, is not counted (`Count::excluded`), so the rate of
 //! the rest, the elements the kernel's roundings decide, is judged on every backend.
-use super::props::{Failure, Outcome, Prop};
+use super::checker::{CaseContext, Checker};
+use super::verdict::{skip, Failure, Outcome, Prop};
+use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
-use std::cmp::Ordering;
+use crate::dispatch::Path;
+use crate::harness::conditioning::noise_decides;
 
 /// One tensor's per-element noise, and where known the emulation's value before its rounding
 /// to the dtype.
@@ -71,26 +74,32 @@ impl<'a> Undecided<'a> {
                 .zip(t.over_valid(t.emulated))
                 .map(move |(noise, y)| {
                     let acc = acc.as_mut().and_then(Iterator::next);
-                    Self::decides(noise, acc, y, dtype)
+                    noise_decides(noise, acc, y, dtype)
                 }),
         )
     }
+}
 
-    /// Whether noise `noise` decides the rounding of an output whose emulated value is `y` (and
-    /// `acc` before its rounding, where known) in `dtype`: `acc ± noise`
-    /// round to different values (a boundary lies within the noise: at an exact midpoint any
-    /// noise decides), or without `acc` the noise exceeds half an ulp at `y`. NaN on either
-    /// side is no proof that the noise is small.
-    pub fn decides(noise: f64, acc: Option<f64>, y: f64, dtype: smallseq_reference::Dtype) -> bool {
-        let above_half_ulp = !matches!(
-            noise.partial_cmp(&(dtype.unit_roundoff() * y.abs())),
-            Some(Ordering::Less | Ordering::Equal)
-        );
-        match acc {
-            Some(a) if a.is_finite() && noise.is_finite() => {
-                above_half_ulp || dtype.round_f64(a - noise) != dtype.round_f64(a + noise)
-            }
-            _ => above_half_ulp,
+impl Yardstick {
+    /// The elements whose rounding f32 noise decides, per tensor, for conformance and bias.
+    pub fn undecided(&self) -> Undecided<'_> {
+        Undecided {
+            o: Some(Noise {
+                noise: &self.p_noise.o,
+                acc: Some(&self.emulated_acc.0),
+            }),
+            dq: self.grads.as_ref().map(|g| Noise {
+                noise: &g.dq,
+                acc: None,
+            }),
+            dk: self.grads.as_ref().map(|g| Noise {
+                noise: &g.dk,
+                acc: None,
+            }),
+            dv: self.p_noise.dv.as_ref().map(|n| Noise {
+                noise: n,
+                acc: self.emulated_acc.1.as_ref(),
+            }),
         }
     }
 }
@@ -300,6 +309,26 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
     }
 }
 
+impl Checker<'_> {
+    /// The property: outputs off the emulation by more than an ulp, counted against
+    /// the backend's rate budgets.
+    pub(super) fn emulation_conformance(&self, cx: &CaseContext<'_>) -> Outcome {
+        let (case, base) = (cx.case, cx.base);
+        if CONFORMANCE_TENSORS
+            .iter()
+            .all(|t| self.runner.rounding_budget(t).is_none())
+        {
+            return skip("backend roundings not calibrated against the emulation");
+        }
+        if base.fwd.path != Some(Path::SmallSeq) {
+            return skip("not on the small-seq path");
+        }
+        let undecided = cx.y.undecided();
+        let counts = counts(case, base.small_seq(), cx.actual, &cx.y.emulated, undecided);
+        judge(&counts, |t| self.runner.rounding_budget(t))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,7 +420,7 @@ mod tests {
         let find = |cs: &[Count], t: &str| *cs.iter().find(|c| c.tensor == t).unwrap();
         // dS = ±2^-12 from terms of 1000: every dQ and dK element sits in its f32 noise.
         let c = case(1.0, [0.5, 0.5], [1000.0, 1000.0 + 1.0 / 1024.0], 1.0);
-        let y = super::super::props::oracle(&c).unwrap();
+        let y = super::super::yardstick::oracle(&c).unwrap();
         let cs = counts(
             &c,
             (true, true),
@@ -414,7 +443,7 @@ mod tests {
         // every gradient element is left out): every element counted, the wrong ones off.
         let mut c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
         c.config.dtype = smallseq_reference::Dtype::Bf16;
-        let y = super::super::props::oracle(&c).unwrap();
+        let y = super::super::yardstick::oracle(&c).unwrap();
         let cs = counts(
             &c,
             (true, true),

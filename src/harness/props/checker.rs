@@ -1,0 +1,208 @@
+//! The property suite on one case: the main run, its yardstick, then each property in a fixed
+//! order. The order is part of the verdict: a case's first failure names its capsule and its
+//! report entry, so a new property goes where its place in that order is meant.
+
+use super::fault;
+use super::numeric::numeric;
+use super::verdict::{fail, skip, CaseRun, Outcome, Prop};
+use super::yardstick::{oracle, Yardstick};
+use crate::backend::Backend;
+use crate::case::{Case, Outputs};
+use crate::dispatch::EnvView;
+use crate::error::{Error, Result};
+use crate::harness::conditioning::Design;
+use crate::harness::tolerance::Judgement;
+use crate::runner::{FaultLatch, InProcess, NoKeyRow, Pair, Runner};
+use crate::wrapper::RunOptions;
+
+/// Runs the property suite on one case.
+pub struct Checker<'a> {
+    pub runner: Box<dyn Runner + 'a>,
+    pub opts: RunOptions,
+}
+
+/// One case after its main run: what the properties that rerun or compare it start from.
+pub struct CaseContext<'c> {
+    pub case: &'c Case,
+    /// The main run.
+    pub base: &'c Pair,
+    /// Its outputs.
+    pub actual: &'c Outputs,
+    pub y: &'c Yardstick,
+    /// `numeric_agreement`'s judgements of `actual`: the thresholds a comparison owes.
+    pub judgements: &'c [Judgement],
+    /// Varies the metamorphic relation and the re-poisoning from case to case.
+    pub salt: u64,
+}
+
+impl<'a> Checker<'a> {
+    /// A checker for `backend` under the native profile with an empty dispatch environment:
+    /// independent of the caller's process environment (tests, fuzz targets, proptests).
+    pub fn isolated(backend: &'a dyn Backend) -> Self {
+        Checker {
+            runner: Box::new(InProcess::new(backend)),
+            opts: RunOptions {
+                env: EnvView::default(),
+                ..RunOptions::default()
+            },
+        }
+    }
+
+    /// A checker of `runner` under `opts`.
+    pub fn new(runner: Box<dyn Runner + 'a>, opts: RunOptions) -> Self {
+        Checker { runner, opts }
+    }
+
+    /// A later run of a property failed: a failure, except that an external implementation
+    /// declining a derived case (a sub-batch, the MHA equivalent) skips the property.
+    pub(super) fn run_failed(&self, prop: Prop, what: &str, e: &Error) -> Outcome {
+        match e {
+            Error::Unsupported(why) if self.runner.external() => skip(declined(why)),
+            e => fail(prop, format!("{what}: {e}")),
+        }
+    }
+
+    /// `actual` as judged when the implementation declares that a row with no visible key
+    /// holds something other than the semantics' zeros (`caps.no_key_row`): those rows of O
+    /// and LSE take the semantics' values, and the case's gradients (which such rows feed)
+    /// are not judged; `Caps::not_covered` says so in the report. `None`: judged as it is.
+    pub(super) fn no_key_rows_as_declared(&self, case: &Case, actual: &Outputs) -> Option<Outputs> {
+        if self.runner.caps().no_key_row == NoKeyRow::Zero {
+            return None;
+        }
+        let rows: Vec<(usize, usize)> = case
+            .visible_rows()
+            .filter(|r| r.keys.is_empty())
+            .map(|r| (r.token, r.head))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let mut o = actual.clone();
+        for &(t, h) in &rows {
+            if let Some(a) = o.o.as_mut() {
+                a.slice_mut(ndarray::s![t, h, ..]).fill(0.0);
+            }
+            if let Some(l) = o.lse.as_mut() {
+                l[(t, h)] = f64::NEG_INFINITY;
+            }
+        }
+        (o.dq, o.dk, o.dv) = (None, None, None);
+        Some(o)
+    }
+
+    /// Every property on `case`; a worker fault ends the case with a `crash` or `hang`
+    /// verdict instead (see [`FaultLatch`]).
+    ///
+    /// # Errors
+    /// As [`Checker::check_properties`].
+    pub fn check(&self, case: &Case, salt: u64) -> Result<CaseRun> {
+        let latch = FaultLatch::new(self.runner.as_ref());
+        let scoped = Checker {
+            runner: Box::new(&latch),
+            opts: self.opts.clone(),
+        };
+        let run = scoped.check_properties(case, salt)?;
+        let in_worker = self.runner.worker_command().is_some();
+        Ok(match latch.take() {
+            Some(f) => fault::fault_run(f),
+            None if in_worker => fault::worker_survived(run),
+            None => run,
+        })
+    }
+
+    /// Every property on `case`. `salt` varies the metamorphic relation and re-poisoning.
+    ///
+    /// # Errors
+    /// Only infrastructure errors (an invalid case); backend failures on a case are recorded
+    /// as property failures.
+    fn check_properties(&self, case: &Case, salt: u64) -> Result<CaseRun> {
+        let mut outcomes = vec![(Prop::Eligibility, self.eligibility(case))];
+        if let Some(why) = case.config.unsupported_reason() {
+            let o = match self.runner.run_pair(case, &self.opts) {
+                Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
+                Err(e) => fail(
+                    Prop::NumericAgreement,
+                    format!("expected an unsupported error, got: {e}"),
+                ),
+                Ok(_) => fail(
+                    Prop::NumericAgreement,
+                    format!("{why}, yet the backend ran it"),
+                ),
+            };
+            // Crash and hang verdicts are the worker's, added by `check`.
+            for p in Prop::ALL
+                .into_iter()
+                .skip(1)
+                .filter(|p| !matches!(p, Prop::Crash | Prop::Hang))
+            {
+                let o = if p == Prop::NumericAgreement {
+                    o.clone()
+                } else {
+                    skip(format!("unsupported: {why}"))
+                };
+                outcomes.push((p, o));
+            }
+            return Ok(CaseRun::unjudged(outcomes, None));
+        }
+        let base = match self.runner.run_pair(case, &self.opts) {
+            Ok(p) => p,
+            Err(Error::Unsupported(why)) if self.runner.external() => {
+                // An implementation that is not ours may decline what its capabilities could
+                // not say it lacks (a length limit, causal with Lq != Lk): a skip, with its
+                // words, never a failure.
+                let reason = declined(&why);
+                for p in Prop::ALL.into_iter().skip(1) {
+                    outcomes.push((p, skip(reason.clone())));
+                }
+                return Ok(CaseRun::unjudged(outcomes, None));
+            }
+            Err(e) => {
+                outcomes.push((
+                    Prop::NumericAgreement,
+                    fail(Prop::NumericAgreement, format!("backend error: {e}")),
+                ));
+                return Ok(CaseRun::unjudged(outcomes, None));
+            }
+        };
+        let actual = base.outputs();
+        let mut y = oracle(case)?;
+        y.order.design = Design::of_backend(self.runner.name());
+        let declared = self.no_key_rows_as_declared(case, &actual);
+        let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
+        outcomes.push((Prop::NumericAgreement, num));
+        let cx = CaseContext {
+            case,
+            base: &base,
+            actual: &actual,
+            y: &y,
+            judgements: &judgements,
+            salt,
+        };
+        outcomes.push((Prop::EmulationConformance, self.emulation_conformance(&cx)));
+        outcomes.push((Prop::RoundingBias, self.rounding_bias(&cx)));
+        outcomes.push((Prop::Workspace, self.workspace(&cx)));
+        outcomes.push((Prop::DontCare, self.dont_care(&cx)));
+        outcomes.push((Prop::Determinism, self.determinism(&cx)));
+        outcomes.push((Prop::FallbackEquivalence, self.fallback_equivalence(&cx)));
+        outcomes.push((Prop::Metamorphic, self.metamorphic(&cx)));
+        Ok(CaseRun {
+            outcomes,
+            path_fwd: base.fwd.path,
+            path_bwd: base.bwd.as_ref().and_then(|b| b.path),
+            regimes: y.regimes.clone(),
+            judgements,
+            outputs: actual,
+            fault: None,
+        })
+    }
+}
+
+/// The skip reason of a case an external implementation declined; report keys end at the
+/// first colon, so the implementation's words keep theirs out.
+fn declined(why: &str) -> String {
+    format!(
+        "declined by the implementation ({})",
+        why.replace(':', " -")
+    )
+}

@@ -1,0 +1,176 @@
+//! `fallback_equivalence`: where a case is eligible for the small-seq path, the forced
+//! fallback is right by itself, the two paths agree to the sum of their thresholds, and a
+//! fallback backward from the small-seq forward's LSE is right too. A framework may run the
+//! two directions on different paths (the environment read at trace time and at run time),
+//! so each pairing must hold, not just each path alone.
+
+use super::checker::{CaseContext, Checker};
+use super::numeric::numeric;
+use super::relation::near_limit_agreed;
+use super::verdict::{fail, skip, Failure, Outcome, Prop};
+use crate::case::Outputs;
+use crate::dispatch::Path;
+use crate::harness::conditioning::GradAllowance;
+use crate::harness::tolerance::judge_all;
+use crate::wrapper::RunOptions;
+use std::collections::BTreeMap;
+
+impl Checker<'_> {
+    pub(super) fn fallback_equivalence(&self, cx: &CaseContext<'_>) -> Outcome {
+        let (case, base, actual, y, judgements) =
+            (cx.case, cx.base, cx.actual, cx.y, cx.judgements);
+        if !self.runner.caps().harness_options {
+            return skip("the implementation cannot be forced onto its fallback");
+        }
+        if base.fwd.path != Some(Path::SmallSeq) {
+            return skip("not eligible for small-seq");
+        }
+        let opts = RunOptions {
+            force: Some(Path::Fallback),
+            ..self.opts.clone()
+        };
+        let fb = match self.runner.run_pair(case, &opts) {
+            Ok(p) => p,
+            Err(e) => {
+                return fail(
+                    Prop::FallbackEquivalence,
+                    format!("fallback run failed: {e}"),
+                )
+            }
+        };
+        let fb_out = fb.outputs();
+        // The forced-fallback run is judged against the reference like the base run: its own
+        // verdict is the sharpest this property has (a failure of it is a failure).
+        let (fb_num, fb_js) = numeric(case, &fb_out, y);
+        if let Outcome::Fail(mut f) = fb_num {
+            f.prop = Prop::FallbackEquivalence;
+            f.detail = format!("forced fallback against the reference: {}", f.detail);
+            return Outcome::Fail(f);
+        }
+        // Distances between the two paths, one per tensor, in the same order as the judgements.
+        // Where the reference lies within a path's threshold of the dtype's limit, each path
+        // was judged against it (overflow rules included: there an overflow is excused); one
+        // path overflowing there while the other, rounding dS with saturation like its
+        // emulation, stays finite is no disagreement.
+        let limit = f64::from(case.config.dtype.max_finite());
+        let headroom: BTreeMap<&str, f64> = judgements
+            .iter()
+            .zip(&fb_js)
+            .map(|(a, b)| (a.tensor.as_str(), a.threshold.max(b.threshold)))
+            .collect();
+        let headroom = |t: &str| headroom.get(t).copied().unwrap_or(0.0);
+        let (ss_cmp, fb_cmp) = near_limit_agreed(actual, &fb_out, &y.reference, limit, headroom);
+        let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
+        let between_js = judge_all(
+            &ss_cmp,
+            &fb_cmp,
+            &y.emulated,
+            case,
+            y.lse_magnitude,
+            between.as_ref(),
+            None,
+        );
+        for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
+            let between = between.err;
+            let limit = a.threshold + b.threshold;
+            if between > limit {
+                return Outcome::Fail(Failure {
+                    prop: Prop::FallbackEquivalence,
+                    detail: format!(
+                        "{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}",
+                        a.tensor
+                    ),
+                    worst: None,
+                    margin: between / limit,
+                });
+            }
+        }
+        // Forward and backward on different paths must still agree: backward on the
+        // fallback from the small-seq forward's LSE.
+        if case.d_o.is_some() {
+            match self
+                .runner
+                .run_bwd_from(case, &base.fwd.o, &base.fwd.lse, &opts)
+            {
+                Err(e) => {
+                    return fail(
+                        Prop::FallbackEquivalence,
+                        format!("mixed-path backward failed: {e}"),
+                    )
+                }
+                Ok(b) => {
+                    let mixed = Outputs {
+                        dq: Some(b.dq.mapv(f64::from)),
+                        dk: Some(b.dk.mapv(f64::from)),
+                        dv: Some(b.dv.mapv(f64::from)),
+                        ..Outputs::default()
+                    };
+                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, y) {
+                        f.prop = Prop::FallbackEquivalence;
+                        f.detail = format!("small-seq forward + fallback backward: {}", f.detail);
+                        return Outcome::Fail(f);
+                    }
+                }
+            }
+        }
+        Outcome::Pass
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_backends::HookedCpu;
+    use super::super::yardstick::oracle;
+    use super::*;
+    use crate::case::Case;
+    use crate::config::AttnConfig;
+    use crate::harness::rng::Rng;
+    use crate::runner::run_pair;
+    use ndarray::Array3;
+    use smallseq_reference::{Dtype, Layout, Mask};
+
+    #[test]
+    fn the_forced_fallbacks_own_verdict_fails_fallback_equivalence() {
+        // bf16, one slot of 4: small-seq eligible; the fallback's O is 3 % off, within the
+        // sum of both paths' thresholds of the small-seq run only if the small-seq path's
+        // threshold is large, never within its own.
+        let layout = Layout::packed(&[(4, 4)]);
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding);
+        let mut rng = Rng::new(3);
+        let mut t =
+            |n| Array3::from_shape_simple_fn((n, 1, 64), || Dtype::Bf16.round(rng.normal() as f32));
+        let (q, k, v) = (t(4), t(4), t(4));
+        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let verdict = |off: f32| {
+            let mut be = HookedCpu::new();
+            be.after_fwd = Box::new(move |_, out| {
+                for x in out.o.body_mut() {
+                    *x = Dtype::Bf16.round(*x * (1.0 + off));
+                }
+            });
+            let checker = Checker::isolated(&be);
+            let base = run_pair(&be, &case, &checker.opts).unwrap();
+            assert_eq!(base.fwd.path, Some(Path::SmallSeq));
+            let actual = base.outputs();
+            let y = oracle(&case).unwrap();
+            let (_, js) = numeric(&case, &actual, &y);
+            checker.fallback_equivalence(&CaseContext {
+                case: &case,
+                base: &base,
+                actual: &actual,
+                y: &y,
+                judgements: &js,
+                salt: 0,
+            })
+        };
+        assert_eq!(verdict(0.0), Outcome::Pass);
+        match verdict(0.03) {
+            Outcome::Fail(f) => assert!(
+                f.detail.contains("forced fallback against the reference"),
+                "{}",
+                f.detail
+            ),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The machinery the properties that compare two runs share: bitwise differences over valid
+//! rows, splicing a sub-launch's rows back into the whole, and comparing to a multiple of
+//! `numeric_agreement`'s thresholds with the dtype's overflow limit read the way the
+//! tolerance rule reads it. Kept in one place so that `dont_care`, `determinism`,
+//! `fallback_equivalence` and the metamorphic relations cannot drift apart on what "the same
+//! output" means.
+
+use super::verdict::{Failure, Outcome, Prop};
+use super::yardstick::Yardstick;
+use crate::case::{Case, Outputs};
+use crate::harness::conditioning::GradAllowance;
+use crate::harness::tolerance::{judge_all, Judgement};
+
+/// First element where two output sets differ bitwise, restricted to `rows` pairs.
+pub(super) fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
+    let pairs3 = [
+        ("o", &a.o, &b.o),
+        ("dq", &a.dq, &b.dq),
+        ("dk", &a.dk, &b.dk),
+        ("dv", &a.dv, &b.dv),
+    ];
+    for (name, x, y) in pairs3 {
+        if let (Some(x), Some(y)) = (x, y) {
+            if let Some(((t, h, d), v)) = x
+                .indexed_iter()
+                .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+            {
+                return Some(format!("{name}[{t}, {h}, {d}]: {v} vs {}", y[(t, h, d)]));
+            }
+        }
+    }
+    if let (Some(x), Some(y)) = (&a.lse, &b.lse) {
+        if let Some(((t, h), v)) = x
+            .indexed_iter()
+            .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+        {
+            return Some(format!("lse[{t}, {h}]: {v} vs {}", y[(t, h)]));
+        }
+    }
+    None
+}
+
+/// Copies `reference`'s don't-care entries into `out`, so comparisons see only valid rows.
+pub(super) fn mask_dont_care(case: &Case, out: &mut Outputs, reference: &Outputs) {
+    let vq = case.layout.q.valid_tokens();
+    let vk = case.layout.kv.valid_tokens();
+    let fix3 =
+        |o: &mut Option<ndarray::Array3<f64>>, r: &Option<ndarray::Array3<f64>>, valid: &[bool]| {
+            if let (Some(o), Some(r)) = (o.as_mut(), r.as_ref()) {
+                for (t, v) in valid.iter().enumerate() {
+                    if !v && t < o.dim().0 && t < r.dim().0 {
+                        o.slice_mut(ndarray::s![t, .., ..])
+                            .assign(&r.slice(ndarray::s![t, .., ..]));
+                    }
+                }
+            }
+        };
+    fix3(&mut out.o, &reference.o, &vq);
+    fix3(&mut out.dq, &reference.dq, &vq);
+    fix3(&mut out.dk, &reference.dk, &vk);
+    fix3(&mut out.dv, &reference.dv, &vk);
+    if let (Some(o), Some(r)) = (out.lse.as_mut(), reference.lse.as_ref()) {
+        for (t, v) in vq.iter().enumerate() {
+            if !v && t < o.dim().0 && t < r.dim().0 {
+                o.row_mut(t).assign(&r.row(t));
+            }
+        }
+    }
+}
+
+/// `actual` with the rows `rows_q` (o, lse, dq) and `rows_k` (dk, dv) replaced by the rows of
+/// `part`, the outputs of a launch of those rows alone.
+pub(super) fn scatter_rows(
+    actual: &Outputs,
+    part: &Outputs,
+    rows_q: &[usize],
+    rows_k: &[usize],
+) -> Outputs {
+    let mut full = actual.clone();
+    let put3 = |dst: &mut Option<ndarray::Array3<f64>>,
+                src: &Option<ndarray::Array3<f64>>,
+                rows: &[usize]| {
+        if let (Some(d), Some(s)) = (dst.as_mut(), src.as_ref()) {
+            for (i, &r) in rows.iter().enumerate() {
+                d.slice_mut(ndarray::s![r, .., ..])
+                    .assign(&s.slice(ndarray::s![i, .., ..]));
+            }
+        }
+    };
+    put3(&mut full.o, &part.o, rows_q);
+    put3(&mut full.dq, &part.dq, rows_q);
+    put3(&mut full.dk, &part.dk, rows_k);
+    put3(&mut full.dv, &part.dv, rows_k);
+    if let (Some(d), Some(s)) = (full.lse.as_mut(), part.lse.as_ref()) {
+        for (i, &r) in rows_q.iter().enumerate() {
+            d.row_mut(r).assign(&s.row(i));
+        }
+    }
+    full
+}
+
+/// Compares `other` with `actual` to `factor(tensor)` times each tensor's threshold in `js`
+/// (both are within one threshold of the reference when the relation holds); `detail(tensor,
+/// err, limit)` words a failure.
+pub(super) fn within_tolerance(
+    case: &Case,
+    actual: &Outputs,
+    other: &Outputs,
+    js: &[Judgement],
+    y: &Yardstick,
+    factor: impl Fn(&str) -> f64,
+    detail: impl Fn(&str, f64, f64) -> String,
+) -> Outcome {
+    // Where the reference lies within the allowed distance of the dtype's limit, one launch
+    // overflowing there while the other, on another path that rounds dS with saturation, stays
+    // finite is no disagreement (CPU fuzz seed 2061, case 4612: f16 dQ -inf on the fallback,
+    // -64,736 on the small-seq path of a split launch); a NaN or a finite value far off is.
+    let limit = f64::from(case.config.dtype.max_finite());
+    let headroom = |t: &str| {
+        js.iter()
+            .find(|j| j.tensor == t)
+            .map_or(0.0, |j| factor(t) * j.threshold)
+    };
+    let (mut actual, mut other) = near_limit_agreed(actual, other, &y.reference, limit, headroom);
+    // A stored infinity says "at or past the limit in this direction", as the tolerance rule
+    // reads it against the reference: here the other run stands in for the reference, and an
+    // infinity there would make any finite value infinitely far (CPU fuzz seed 2071, case
+    // 5916: an f16 dK whose rounding allowance exceeds its 812,541, -inf on the split
+    // launch's small-seq path, +inf on the base run's fallback: each within its allowance of
+    // the reference). NaN stays, and fails.
+    for out in [&mut actual, &mut other] {
+        for (_, t) in out.rows3_mut() {
+            if let Some(t) = t.as_mut() {
+                t.mapv_inplace(|v| {
+                    if v.is_infinite() {
+                        v.signum() * limit
+                    } else {
+                        v
+                    }
+                });
+            }
+        }
+    }
+    let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
+    let diffs = judge_all(
+        &actual,
+        &other,
+        &actual,
+        case,
+        y.lse_magnitude,
+        between.as_ref(),
+        None,
+    );
+    for d in &diffs {
+        let Some(j) = js.iter().find(|j| j.tensor == d.tensor) else {
+            continue;
+        };
+        let limit = factor(&d.tensor) * j.threshold;
+        if d.err > limit {
+            return Outcome::Fail(Failure {
+                prop: Prop::Metamorphic,
+                detail: detail(&d.tensor, d.err, limit),
+                worst: d.worst.clone(),
+                margin: d.err / limit,
+            });
+        }
+    }
+    Outcome::Pass
+}
+
+/// Both paths' outputs with the reference in place of each element where that path says what
+/// the reference says about the dtype's `limit`: past it, an infinity of the reference's sign
+/// or the saturated value (anything else, NaN or a finite value, stays and is compared);
+/// within `headroom(tensor)` of it, where one path overflows to the reference's sign and the
+/// other is not NaN, both (the finite one is judged against the reference by its own
+/// verdict). An infinity left then stands for the saturated value of its sign (as in the
+/// tolerance rule); other pairs are compared as they are.
+pub(super) fn near_limit_agreed(
+    a: &Outputs,
+    b: &Outputs,
+    reference: &Outputs,
+    limit: f64,
+    headroom: impl Fn(&str) -> f64,
+) -> (Outputs, Outputs) {
+    let (mut a, mut b) = (a.clone(), b.clone());
+    let tensors = a
+        .rows3_mut()
+        .into_iter()
+        .zip(b.rows3_mut())
+        .zip(reference.rows3());
+    for (((name, x), (_, y)), (_, r)) in tensors {
+        let (Some(x), Some(y), Some(r)) = (x.as_mut(), y.as_mut(), r) else {
+            continue;
+        };
+        let room = headroom(name).max(0.0);
+        let band = limit - room;
+        ndarray::Zip::from(x).and(y).and(r).for_each(|x, y, &rv| {
+            // Past the limit in the reference, a path may overflow or, its error within its
+            // threshold, round to a finite value below the limit (an H200 f16 dK of 65,899
+            // rounded to 65,504 by the tiled fallback, to inf by the small-seq kernel: fuzz
+            // seed 2093, case 99834): both agree with the reference.
+            let past = |v: f64| {
+                (v.abs() >= limit && rv.abs() >= limit && v.signum() == rv.signum())
+                    || (v.is_finite() && (v - rv).abs() <= room)
+            };
+            let overflowed = |v: f64| v.is_infinite() && v.signum() == rv.signum();
+            if rv.abs() > limit {
+                for v in [&mut *x, &mut *y] {
+                    if past(*v) {
+                        *v = rv;
+                    }
+                }
+            } else if rv.abs() >= band
+                && (overflowed(*x) || overflowed(*y))
+                && !x.is_nan()
+                && !y.is_nan()
+            {
+                (*x, *y) = (rv, rv);
+            }
+            // An infinity left says "at or past the limit in its direction", as the tolerance
+            // rule reads it: the saturated value of its sign. Each path passed that rule, so the
+            // two are then within the sum of their thresholds. The comparison measures one path
+            // against the other, and an infinity on the measuring side made the difference
+            // infinite (an H200 f16 dK whose threshold of 2.2e6 reached past both limits, both
+            // paths passing: "differ by inf", fuzz seed 2095, case 49153).
+            if rv.is_finite() {
+                for v in [&mut *x, &mut *y] {
+                    if v.is_infinite() {
+                        *v = v.signum() * limit;
+                    }
+                }
+            }
+        });
+    }
+    (a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array3;
+    use smallseq_reference::Dtype;
+
+    #[test]
+    fn near_limit_overflows_drop_out_of_a_path_comparison_and_wrong_values_do_not() {
+        let t = |v: [f64; 4]| Some(Array3::from_shape_vec((1, 1, 4), v.to_vec()).unwrap());
+        let dq = |o: &Outputs| o.dq.as_ref().unwrap().as_slice().unwrap().to_vec();
+        let reference = Outputs {
+            dq: t([1.0, 70000.0, -9e4, -63389.0]),
+            ..Outputs::default()
+        };
+        let ss = Outputs {
+            dq: t([1.5, 45440.0, -65504.0, -47072.0]),
+            ..Outputs::default()
+        };
+        let fb = Outputs {
+            dq: t([1.25, 60000.0, f64::NEG_INFINITY, f64::NEG_INFINITY]),
+            ..Outputs::default()
+        };
+        // Past the limit the saturated value and the right infinity get the reference; 45,440
+        // and 60,000 where the reference is 70,000 stay, and are compared.
+        let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
+        assert_eq!(dq(&a), [1.5, 45440.0, -9e4, -47072.0]);
+        assert_eq!(dq(&b), [1.25, 60000.0, -9e4, -65504.0]);
+        // Within the tensor's headroom of the limit (a path's overflow is excused there) too.
+        let headroom = |t: &str| if t == "dq" { 2500.0 } else { 0.0 };
+        let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, headroom);
+        assert_eq!(dq(&a), [1.5, 45440.0, -9e4, -63389.0]);
+        assert_eq!(dq(&b), [1.25, 60000.0, -9e4, -63389.0]);
+        // Finite on both sides within the headroom: compared as they are.
+        let (a, _) = near_limit_agreed(&ss, &ss, &reference, 65504.0, headroom);
+        assert_eq!(dq(&a), [1.5, 45440.0, -9e4, -47072.0]);
+        assert!(a.o.is_none() && b.o.is_none());
+        // NaN where the reference overflows is not an overflow.
+        let nan = Outputs {
+            dq: t([1.0, f64::NAN, f64::NAN, f64::NAN]),
+            ..Outputs::default()
+        };
+        let (a, _) = near_limit_agreed(&nan, &fb, &reference, 65504.0, headroom);
+        assert!(dq(&a)[1..].iter().all(|x| x.is_nan()), "{:?}", dq(&a));
+        // Past the limit, one path overflowing and the other finite within the headroom (an
+        // H200 f16 dK of 65,899: inf on the small-seq path, 65,504 on the tiled fallback,
+        // headroom 4.2e5; fuzz seed 2093, case 99834): both agree with the reference.
+        let one = |x: f64| Outputs {
+            dq: t([1.0, x, 1.0, 1.0]),
+            ..Outputs::default()
+        };
+        let reference = one(65899.0);
+        let (a, b) = near_limit_agreed(
+            &one(f64::INFINITY),
+            &one(65504.0),
+            &reference,
+            65504.0,
+            |_| 4.2e5,
+        );
+        assert_eq!((dq(&a)[1], dq(&b)[1]), (65899.0, 65899.0));
+        // Not where the finite value is farther than the headroom from the reference.
+        let (_, b) = near_limit_agreed(
+            &one(f64::INFINITY),
+            &one(-65504.0),
+            &reference,
+            65504.0,
+            |_| 4.2e4,
+        );
+        assert_eq!(dq(&b)[1], -65504.0);
+        // An infinity of either sign where the finite reference lies far inside the limit is the
+        // saturated value: wrong by the distance to the limit, not by an infinity that no
+        // threshold covers (the tolerance rule reads it so, and passes +inf for -15,822 under
+        // a threshold of 1e5).
+        let (a, b) = near_limit_agreed(
+            &one(f64::INFINITY),
+            &one(-15800.0),
+            &one(-15822.0),
+            65504.0,
+            |_| 1e5,
+        );
+        assert_eq!((dq(&a)[1], dq(&b)[1]), (65504.0, -15800.0));
+        let (a, _) = near_limit_agreed(
+            &one(f64::NEG_INFINITY),
+            &one(1.0),
+            &one(1.0),
+            65504.0,
+            |_| 1e-3,
+        );
+        assert_eq!(dq(&a)[1], -65504.0);
+        // And the comparison fails where 45,440 stands for 70,000: against the reference and
+        // against the other path alike.
+        let f16 = |actual: Vec<f64>, reference: Vec<f64>| {
+            let arr = |v: Vec<f64>| Array3::from_shape_vec((1, 1, 4), v).unwrap().into_dyn();
+            crate::harness::tolerance::judge(&crate::harness::tolerance::Triple {
+                name: "dq",
+                actual: arr(actual),
+                reference: arr(reference.clone()),
+                emulated: arr(reference),
+                valid: &[true],
+                unit: Dtype::F16.unit_roundoff(),
+                min_magnitude: 0.0,
+                max_finite: 65504.0,
+                min_spacing: Dtype::F16.smallest_subnormal(),
+                spacings: crate::harness::tolerance::FLOOR,
+                allowance: None,
+                order: None,
+            })
+        };
+        let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);
+        assert!(!f16(dq(&a), dq(&reference)).passed());
+        assert!(!f16(dq(&a), dq(&b)).passed());
+    }
+}

@@ -1,0 +1,150 @@
+//! What a case's outputs are judged by: the f64 reference, the device-faithful emulation and
+//! the rounding allowances, computed once per case and shared by every property (and by
+//! `repro`, `calibrate` and the report's error pictures, which judge stored outputs).
+
+use crate::case::{Case, Outputs};
+use crate::error::Result;
+use crate::harness::conditioning::{allowances, GradAllowance, OrderAllowance, PNoise};
+use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
+use smallseq_reference::{emulate, forward_backward, Dtype};
+
+/// What a case's outputs are judged by, computed once per case.
+pub struct Yardstick {
+    /// The f64 reference.
+    pub reference: Outputs,
+    /// The device-faithful emulation.
+    pub emulated: Outputs,
+    /// [`score_magnitude`] of the case: the LSE noise floor's scale.
+    pub lse_magnitude: f64,
+    /// The gradients' per-element rounding allowances ([`allowances`]).
+    pub grads: Option<GradAllowance>,
+    /// The per-row rule's allowances for another order ([`allowances`]).
+    pub order: OrderAllowance,
+    /// P's rounding noise in o and dv ([`PNoise`]).
+    pub p_noise: PNoise,
+    /// The emulation's o and dv before their rounding to the dtype.
+    pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
+    /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
+    pub regimes: Vec<&'static str>,
+}
+
+impl Yardstick {
+    /// `actual` judged tensor by tensor; `order` takes the per-row rule's allowance for
+    /// another summation order (without it, the rule as the emulation alone would set it).
+    pub fn judge(&self, case: &Case, actual: &Outputs, order: bool) -> Vec<Judgement> {
+        judge_all(
+            actual,
+            &self.reference,
+            &self.emulated,
+            case,
+            self.lse_magnitude,
+            self.grads.as_ref(),
+            order.then_some(&self.order),
+        )
+    }
+}
+
+/// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
+pub fn oracle(case: &Case) -> Result<Yardstick> {
+    let problem = case.problem()?;
+    let (f, g) = forward_backward(&problem);
+    let allow = allowances(case, &f.o, &f.lse);
+    let reference = Outputs {
+        o: Some(f.o),
+        lse: Some(f.lse),
+        dq: g.as_ref().map(|g| g.dq.clone()),
+        dk: g.as_ref().map(|g| g.dk.clone()),
+        dv: g.map(|g| g.dv),
+    };
+    let (ef, eg) = emulate::forward_backward(&problem, case.config.dtype);
+    let regimes = numeric_regimes(
+        case.config.dtype,
+        &reference,
+        eg.as_ref().map_or(0, |g| g.ds_saturated),
+    );
+    let emulated = Outputs {
+        o: Some(ef.o.mapv(f64::from)),
+        lse: Some(ef.lse.mapv(f64::from)),
+        dq: eg.as_ref().map(|g| g.dq.mapv(f64::from)),
+        dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
+        dv: eg.as_ref().map(|g| g.dv.mapv(f64::from)),
+    };
+    Ok(Yardstick {
+        reference,
+        emulated,
+        emulated_acc: (
+            ef.o_acc.mapv(f64::from),
+            eg.map(|g| g.dv_acc.mapv(f64::from)),
+        ),
+        lse_magnitude: score_magnitude(case),
+        grads: allow.grads,
+        order: allow.order,
+        p_noise: allow.p_noise,
+        regimes,
+    })
+}
+
+/// The numeric regimes a case reaches, each a value of coverage's `numeric_regime`: a
+/// reference output (o, dQ, dK, dV) at or past the dtype's largest finite value
+/// (`output_past_limit`), a nonzero one below its smallest normal (`output_subnormal`), a dS
+/// past the range that the kernels' design saturates before dQ = dS·K and dK = dSᵀ·Q
+/// (`ds_saturated`, from the emulation), or none of these (`in_range`).
+pub fn numeric_regimes(
+    dtype: Dtype,
+    reference: &Outputs,
+    ds_saturated: usize,
+) -> Vec<&'static str> {
+    let max = f64::from(dtype.max_finite());
+    let smallest_normal = dtype.smallest_normal();
+    let values = || {
+        [&reference.o, &reference.dq, &reference.dk, &reference.dv]
+            .into_iter()
+            .flatten()
+            .flat_map(|a| a.iter().copied())
+    };
+    let mut regimes = Vec::new();
+    if values().any(|x| x.abs() >= max) {
+        regimes.push("output_past_limit");
+    }
+    if values().any(|x| x != 0.0 && x.abs() < smallest_normal) {
+        regimes.push("output_subnormal");
+    }
+    if ds_saturated > 0 {
+        regimes.push("ds_saturated");
+    }
+    if regimes.is_empty() {
+        regimes.push("in_range");
+    }
+    regimes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array3;
+
+    #[test]
+    fn numeric_regimes_name_what_the_reference_and_the_emulation_reach() {
+        let out = |v: f64| Outputs {
+            o: Some(Array3::from_elem((1, 1, 2), v)),
+            ..Outputs::default()
+        };
+        assert_eq!(numeric_regimes(Dtype::F16, &out(1.0), 0), ["in_range"]);
+        assert_eq!(numeric_regimes(Dtype::F16, &out(0.0), 0), ["in_range"]);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(70000.0), 2),
+            ["output_past_limit", "ds_saturated"]
+        );
+        // 2^-15 is subnormal in f16 and normal in bf16.
+        let tiny = 2f64.powi(-15);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(tiny), 0),
+            ["output_subnormal"]
+        );
+        assert_eq!(numeric_regimes(Dtype::Bf16, &out(tiny), 0), ["in_range"]);
+        assert_eq!(
+            numeric_regimes(Dtype::F16, &out(f64::NEG_INFINITY), 0),
+            ["output_past_limit"]
+        );
+    }
+}
