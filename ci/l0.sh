@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# L0: every CI run, CPU only. Formatting, lints, every test (reference proofs, dispatch
-# boundaries, CPU backend properties, CLI end to end, the proptest suites and the committed
-# fuzz seeds), the mutation catalogue, a short seeded fuzz campaign, their report pages in a
-# headless browser (ci/html-check.sh installs chromium when missing), the Python adapter kit
-# and a campaign through the worker protocol (ci/adapters.sh). Each step is a stage
+# L0: every CI run, CPU only. Formatting, lints, the module structure (ci/structure.py),
+# every test (reference proofs, dispatch boundaries, CPU backend properties, CLI end to end,
+# the proptest suites and the committed fuzz seeds), the mutation catalogue, a short seeded
+# fuzz campaign, their report pages in a headless browser (ci/html-check.sh installs chromium
+# when missing), the Python adapter kit and a campaign through the worker protocol
+# (ci/adapters.sh). Each step is a stage
 # (ci/stage.sh): a header, then its time. The cargo-fuzz targets run in the nightly CPU tier
 # (.github/workflows/nightly-cpu.yml: installing cargo-fuzz and the AddressSanitizer build cost
 # more than the 12 minutes L0 has on two cores); L0 replays their committed seeds in
@@ -35,6 +36,10 @@ stage fmt bash -c 'cargo fmt --all -- --check && cd fuzz && cargo fmt -- --check
 # settings are unread.
 stage clippy env SMALLSEQ_HIP_CLANG=none HIP_PATH="${HIP_PATH:-/usr}" \
   cargo clippy --release --workspace --all-targets "${features[@]}" -- -D warnings
+# The module structure (issue 34): no import circle may span more than one folder of src/, and
+# no source file may pass 800 lines. After clippy, so that a failure here still leaves the
+# lints' verdict in the log.
+stage structure python3 ci/structure.py --check
 fi
 [ "$part" = lint ] && exit 0
 stage tests cargo test --workspace --release "${features[@]}"
