@@ -827,7 +827,7 @@ fn fuzz_refuses_a_zero_time_budget_and_closes_with_its_verdict() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr_of(&out);
     assert!(err.contains("--time 0s"), "{err}");
     let dir = tmp("fuzz-verdict");
     let out = bin()

@@ -98,10 +98,6 @@ pub struct OrderAllowance {
     pub dq: Option<Array3<f64>>,
     pub dk: Option<Array3<f64>>,
     pub dv: Option<Array3<f64>>,
-    /// dq and dk of [`Design::Project`].
-    pub project: Option<(Array3<f64>, Array3<f64>)>,
-    /// Which of the two the per-row rule takes (the envelope unless the design is known).
-    pub design: Design,
 }
 
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
@@ -109,14 +105,13 @@ pub const DESIGN_KEY: &str = "smallseq.design";
 
 /// Where an implementation rounds its backward's intermediates, as far as the per-row rule's
 /// allowance for another order needs to know (docs/judgement.md §2).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Design {
     /// This project's kernels (every in-tree backend, on both paths): P and dS rounded to the
     /// input type, dP and `D = Σ_j P·dP` in f32.
     Project,
     /// Any of the common designs: dP or D held in the input type, D formed from the stored O
     /// (FlashAttention-2, TE, cuDNN, PyTorch's math path in 16 bits).
-    #[default]
     Envelope,
 }
 
@@ -149,16 +144,6 @@ impl Design {
         match self {
             Design::Project => "project",
             Design::Envelope => "envelope",
-        }
-    }
-}
-
-impl OrderAllowance {
-    /// dq's and dk's allowance under [`OrderAllowance::design`].
-    pub fn grads(&self) -> (Option<&Array3<f64>>, Option<&Array3<f64>>) {
-        match (&self.project, self.design) {
-            (Some((dq, dk)), Design::Project) => (Some(dq), Some(dk)),
-            _ => (self.dq.as_ref(), self.dk.as_ref()),
         }
     }
 }
@@ -253,8 +238,9 @@ pub struct Allowances {
 }
 
 /// The allowances of a case from its inputs and the f64 reference's `o` (`[Tq, H, Dv]`) and
-/// LSE (`[Tq, H]`); the gradients' only for a forward+backward case.
-pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances {
+/// LSE (`[Tq, H]`); the gradients' only for a forward+backward case. The order allowance of
+/// dq and dk is that of `design`.
+pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Design) -> Allowances {
     let p = &case.config.params;
     let u = case.config.dtype.unit_roundoff();
     let u32 = Dtype::F32.unit_roundoff();
@@ -276,8 +262,6 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
             Array3::<f64>::zeros(case.q.dim()),
             Array3::<f64>::zeros(case.k.dim()),
             Array3::<f64>::zeros(case.v.dim()),
-            Array3::<f64>::zeros(case.q.dim()),
-            Array3::<f64>::zeros(case.k.dim()),
         )
     });
     for (row, lse_r) in case.live_rows(lse) {
@@ -321,7 +305,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 }
             }
         }
-        let (Some(d_o), Some((dq, dk, odq, odk, odv, pdq, pdk))) = (d_o, g.as_mut()) else {
+        let (Some(d_o), Some((dq, dk, odq, odk, odv))) = (d_o, g.as_mut()) else {
             continue;
         };
         let d_o_r = d_o.slice(s![t, h, ..]);
@@ -347,8 +331,12 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
             // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
             // is divided by it here.
             let w = scale * (noise + ds_jump(case.config.dtype, ds, factor * noise) / factor);
-            let w_proj = scale * ds.abs();
-            let w_ord = w_proj + scale * prob * (dp.abs() + big_d.abs() + d_from_o);
+            let w_ord = match design {
+                Design::Project => scale * ds.abs(),
+                Design::Envelope => {
+                    scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
+                }
+            };
             for x in 0..p.head_dim_qk {
                 let kx = f64::from(case.k[(c, hk, x)]).abs();
                 let qx = f64::from(case.q[(t, h, x)]).abs();
@@ -356,8 +344,6 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 dk[(c, hk, x)] += w * qx;
                 odq[(t, h, x)] += w_ord * kx;
                 odk[(c, hk, x)] += w_ord * qx;
-                pdq[(t, h, x)] += w_proj * kx;
-                pdk[(c, hk, x)] += w_proj * qx;
             }
             for (x, y) in odv.slice_mut(s![c, hk, ..]).iter_mut().zip(d_o_r.iter()) {
                 *x += w_dv * prob * f64::from(*y).abs();
@@ -377,19 +363,13 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                 dq: None,
                 dk: None,
                 dv: None,
-                project: None,
-                design: Design::default(),
             },
         },
-        Some((mut dq, mut dk, mut odq, mut odk, odv, mut pdq, mut pdk)) => {
+        Some((mut dq, mut dk, mut odq, mut odk, odv)) => {
             dq.mapv_inplace(|x| x * factor);
             dk.mapv_inplace(|x| x * factor);
-            for a in [&mut odq, &mut pdq] {
-                a.mapv_inplace(|x| x * 2.0 * (u + lk * u32));
-            }
-            for a in [&mut odk, &mut pdk] {
-                a.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
-            }
+            odq.mapv_inplace(|x| x * 2.0 * (u + lk * u32));
+            odk.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
             Allowances {
                 p_noise,
                 grads: Some(GradAllowance { dq, dk }),
@@ -398,8 +378,6 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Allowances
                     dq: Some(odq),
                     dk: Some(odk),
                     dv: Some(odv),
-                    project: Some((pdq, pdk)),
-                    design: Design::default(),
                 },
             }
         }
@@ -415,7 +393,7 @@ mod tests {
 
     fn allowance(c: &Case) -> GradAllowance {
         let (f, _) = forward_backward(&c.problem().unwrap());
-        allowances(c, &f.o, &f.lse).grads.unwrap()
+        allowances(c, &f.o, &f.lse, Design::Envelope).grads.unwrap()
     }
 
     #[test]
@@ -498,7 +476,7 @@ mod tests {
             let mut c = case(1.0, [0.5 + 1.0 / 1024.0, 0.5], v, 1.0);
             c.config.dtype = Dtype::F16;
             let (f, _) = forward_backward(&c.problem().unwrap());
-            let a = allowances(&c, &f.o, &f.lse);
+            let a = allowances(&c, &f.o, &f.lse, Design::Envelope);
             (a.p_noise.o[(0, 0, 0)], f.o[(0, 0, 0)])
         };
         // V = (1, -1): O = P_0 - P_1 = 2^-11 cancels, and the jump is 2^11 of its half ulps.
@@ -511,7 +489,7 @@ mod tests {
         let mut c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
         c.config.dtype = Dtype::F16;
         let (f, _) = forward_backward(&c.problem().unwrap());
-        let a = allowances(&c, &f.o, &f.lse);
+        let a = allowances(&c, &f.o, &f.lse, Design::Envelope);
         let (n, o) = (a.p_noise.o[(0, 0, 0)], f.o[(0, 0, 0)]);
         assert!(n < 0.01 * u * o.abs(), "noise {n:e}, o {o:e}");
         // dV of each key: its P's noise times |dO|.
@@ -544,7 +522,7 @@ mod tests {
             };
             let problem = c.problem().unwrap();
             let (f, _) = forward_backward(&problem);
-            let a = allowances(&c, &f.o, &f.lse);
+            let a = allowances(&c, &f.o, &f.lse, Design::Envelope);
             let (e, _) = smallseq_reference::emulate::forward_backward(&problem, c.config.dtype);
             let acc = e.o_acc.iter().map(|x| f64::from(*x));
             for ((n, y), acc) in a.p_noise.o.iter().zip(f.o.iter()).zip(acc) {
@@ -581,11 +559,11 @@ mod tests {
         let mut c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
         let lse = Array2::from_elem((1, 1), f64::NEG_INFINITY);
         let o = Array3::zeros((1, 1, 1));
-        let a = allowances(&c, &o, &lse);
+        let a = allowances(&c, &o, &lse, Design::Envelope);
         assert_eq!(a.grads.unwrap().dq[(0, 0, 0)], 0.0);
         assert_eq!(a.order.o[(0, 0, 0)], 0.0);
         c.d_o = None;
-        let a = allowances(&c, &o, &lse);
+        let a = allowances(&c, &o, &lse, Design::Envelope);
         assert!(a.grads.is_none() && a.order.dv.is_none());
     }
 }

@@ -2,7 +2,7 @@
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
 use super::capsule::{build_commit, COMMIT, PROVENANCE};
-use super::props::{dont_care_outputs, numeric, oracle, Checker, Outcome};
+use super::props::{dont_care_outputs, numeric, oracle_for, Checker, Outcome};
 use super::{bias, conformance};
 use crate::backend::rounding_budget_of;
 use crate::case::Case;
@@ -76,8 +76,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         d.say(format!("produced on: {}", readable.as_deref().unwrap_or(p)));
     }
     d.say(harness_line(case));
-    let mut y = oracle(case)?;
-    y.order.design = super::conditioning::Design::of_case(case);
+    let y = oracle_for(case, super::conditioning::Design::of_case(case))?;
     let (num, js) = numeric(case, &case.outputs, &y);
     d.say(format!(
         "numeric regimes of the case: {} (docs/reach.md)",

@@ -634,8 +634,8 @@ pub fn judge_all(
         };
         let order = order.and_then(|o| match name {
             "o" => Some(&o.o),
-            "dq" => o.grads().0,
-            "dk" => o.grads().1,
+            "dq" => o.dq.as_ref(),
+            "dk" => o.dk.as_ref(),
             "dv" => o.dv.as_ref(),
             _ => None,
         });

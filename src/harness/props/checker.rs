@@ -5,7 +5,7 @@
 use super::fault;
 use super::numeric::numeric;
 use super::verdict::{fail, skip, CaseRun, Outcome, Prop};
-use super::yardstick::{oracle, Yardstick};
+use super::yardstick::{oracle_for, Yardstick};
 use crate::backend::Backend;
 use crate::case::{Case, Outputs};
 use crate::dispatch::EnvView;
@@ -166,8 +166,7 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let mut y = oracle(case)?;
-        y.order.design = Design::of_backend(self.runner.name());
+        let y = oracle_for(case, Design::of_backend(self.runner.name()))?;
         let declared = self.no_key_rows_as_declared(case, &actual);
         let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));

@@ -119,14 +119,10 @@ impl Checker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_backends::HookedCpu;
-    use super::super::yardstick::oracle;
+    use super::super::test_backends::{bf16_case, HookedCpu, Judged};
     use super::*;
-    use crate::case::Case;
     use crate::config::AttnConfig;
-    use crate::harness::rng::Rng;
     use crate::runner::run_pair;
-    use ndarray::Array3;
     use smallseq_reference::{Dtype, Layout, Mask};
 
     #[test]
@@ -136,11 +132,7 @@ mod tests {
         // threshold is large, never within its own.
         let layout = Layout::packed(&[(4, 4)]);
         let cfg = AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding);
-        let mut rng = Rng::new(3);
-        let mut t =
-            |n| Array3::from_shape_simple_fn((n, 1, 64), || Dtype::Bf16.round(rng.normal() as f32));
-        let (q, k, v) = (t(4), t(4), t(4));
-        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let case = bf16_case(cfg, layout, 3);
         let verdict = |off: f32| {
             let mut be = HookedCpu::new();
             be.after_fwd = Box::new(move |_, out| {
@@ -151,17 +143,7 @@ mod tests {
             let checker = Checker::isolated(&be);
             let base = run_pair(&be, &case, &checker.opts).unwrap();
             assert_eq!(base.fwd.path, Some(Path::SmallSeq));
-            let actual = base.outputs();
-            let y = oracle(&case).unwrap();
-            let (_, js) = numeric(&case, &actual, &y);
-            checker.fallback_equivalence(&CaseContext {
-                case: &case,
-                base: &base,
-                actual: &actual,
-                y: &y,
-                judgements: &js,
-                salt: 0,
-            })
+            checker.fallback_equivalence(&Judged::new(&case, base).cx(&case))
         };
         assert_eq!(verdict(0.0), Outcome::Pass);
         match verdict(0.03) {

@@ -219,15 +219,12 @@ impl Checker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::numeric::numeric;
-    use super::super::test_backends::HookedCpu;
-    use super::super::yardstick::oracle;
+    use super::super::test_backends::{bf16_case, HookedCpu, Judged};
     use super::*;
     use crate::backend::cpu::CpuBackend;
     use crate::config::AttnConfig;
     use crate::dispatch::gate::Dispatcher;
     use crate::error::Result;
-    use crate::harness::rng::Rng;
     use crate::runner::{run_pair, Caps, InProcess, NoKeyRow, Runner};
     use crate::wrapper::{BwdResult, RunOptions};
     use ndarray::Array3;
@@ -265,33 +262,15 @@ mod tests {
         // the second 1 (the "scalar" one), the whole batch 5.
         let layout = Layout::packed(&[(5, 5), (1, 4)]);
         let cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
-        let mut rng = Rng::new(7);
-        let mut t =
-            |n| Array3::from_shape_simple_fn((n, 1, 32), || Dtype::Bf16.round(rng.normal() as f32));
-        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
-        let (q, k, v) = (t(tq), t(tk), t(tk));
-        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let case = bf16_case(cfg, layout, 7);
         let split = |names_kernel| {
             let be = two_fallback_kernels(names_kernel);
             let checker = Checker::isolated(&be);
             let base = run_pair(&be, &case, &checker.opts).unwrap();
             assert_eq!(base.fwd.path, Some(Path::Fallback));
             let parts = [vec![0], vec![1]];
-            let actual = base.outputs();
-            let y = oracle(&case).unwrap();
-            let (_, js) = numeric(&case, &actual, &y);
-            checker.slot_relation(
-                &CaseContext {
-                    case: &case,
-                    base: &base,
-                    actual: &actual,
-                    y: &y,
-                    judgements: &js,
-                    salt: 0,
-                },
-                &parts,
-                "splitting",
-            )
+            let judged = Judged::new(&case, base);
+            checker.slot_relation(&judged.cx(&case), &parts, "splitting")
         };
         // Unnamed, the second launch's other kernel reads as a changed output; named, the
         // launch is compared to tolerance (two thresholds) instead of bitwise.
@@ -358,12 +337,7 @@ mod tests {
         // `o[0, 0, 0]` exactly 2x off after a split).
         let layout = Layout::packed(&[(3, 1), (4, 6)]);
         let cfg = AttnConfig::new(Dtype::Bf16, 1, 8, Mask::CausalBottomRight);
-        let mut rng = Rng::new(5);
-        let mut t =
-            |n| Array3::from_shape_simple_fn((n, 1, 8), || Dtype::Bf16.round(rng.normal() as f32));
-        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
-        let (q, k, v) = (t(tq), t(tk), t(tk));
-        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let case = bf16_case(cfg, layout, 5);
         let cpu = CpuBackend::default();
         let split = |declared: NoKeyRow| {
             let inner = InProcess::new(&cpu);
@@ -374,22 +348,9 @@ mod tests {
                 Checker::isolated(&cpu).opts,
             );
             let base = checker.runner.run_pair(&case, &checker.opts).unwrap();
-            let actual = base.outputs();
-            let y = oracle(&case).unwrap();
-            let (_, js) = numeric(&case, &actual, &y);
+            let judged = Judged::new(&case, base);
             let parts = [vec![0], vec![1]];
-            checker.slot_relation(
-                &CaseContext {
-                    case: &case,
-                    base: &base,
-                    actual: &actual,
-                    y: &y,
-                    judgements: &js,
-                    salt: 0,
-                },
-                &parts,
-                "splitting",
-            )
+            checker.slot_relation(&judged.cx(&case), &parts, "splitting")
         };
         assert_eq!(split(NoKeyRow::Other), Outcome::Pass);
         // Declared as zeros, the same rows are wrong values, and the split shows it.
@@ -403,12 +364,7 @@ mod tests {
         // thresholds.
         let layout = Layout::packed(&[(5, 5), (1, 4)]);
         let cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
-        let mut rng = Rng::new(7);
-        let mut t =
-            |n| Array3::from_shape_simple_fn((n, 1, 32), || Dtype::Bf16.round(rng.normal() as f32));
-        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
-        let (q, k, v) = (t(tq), t(tk), t(tk));
-        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let case = bf16_case(cfg, layout, 7);
         let mut be = two_fallback_kernels(true);
         be.after_fwd = Box::new(|args, out| {
             if args.layout.q.max_len() >= 3 {
@@ -418,20 +374,9 @@ mod tests {
             }
         });
         let checker = Checker::isolated(&be);
-        let base = run_pair(&be, &case, &checker.opts).unwrap();
-        let actual = base.outputs();
-        let y = oracle(&case).unwrap();
-        let (_, js) = numeric(&case, &actual, &y);
+        let judged = Judged::new(&case, run_pair(&be, &case, &checker.opts).unwrap());
         let parts = [vec![0], vec![1]];
-        let cx = CaseContext {
-            case: &case,
-            base: &base,
-            actual: &actual,
-            y: &y,
-            judgements: &js,
-            salt: 0,
-        };
-        match checker.slot_relation(&cx, &parts, "splitting") {
+        match checker.slot_relation(&judged.cx(&case), &parts, "splitting") {
             Outcome::Fail(f) => assert!(f.detail.contains("fallback kernel"), "{}", f.detail),
             other => panic!("expected a failure, got {other:?}"),
         }
@@ -461,12 +406,7 @@ mod tests {
         let layout = Layout::packed(&[(3, 3)]);
         let mut cfg = AttnConfig::new(Dtype::Bf16, 2, 32, Mask::Padding);
         cfg.params.num_kv_heads = 1;
-        let mut rng = Rng::new(5);
-        let mut t = |n, h| {
-            Array3::from_shape_simple_fn((n, h, 32), || Dtype::Bf16.round(rng.normal() as f32))
-        };
-        let (q, k, v) = (t(3, 2), t(3, 1), t(3, 1));
-        let case = Case::new(cfg, layout, q, k, v, None).unwrap();
+        let case = bf16_case(cfg, layout, 5);
         let verdict = |off: f32| {
             let mut be = HookedCpu::new();
             be.after_fwd = Box::new(move |args, out| {
@@ -480,17 +420,7 @@ mod tests {
             let checker = Checker::isolated(&be);
             let base = run_pair(&be, &case, &checker.opts).unwrap();
             assert_eq!(base.fwd.path, Some(Path::Fallback));
-            let actual = base.outputs();
-            let y = oracle(&case).unwrap();
-            let (_, js) = numeric(&case, &actual, &y);
-            checker.gqa_relation(&CaseContext {
-                case: &case,
-                base: &base,
-                actual: &actual,
-                y: &y,
-                judgements: &js,
-                salt: 0,
-            })
+            checker.gqa_relation(&Judged::new(&case, base).cx(&case))
         };
         assert_eq!(verdict(0.0), Outcome::Pass);
         // About 1.5 thresholds off: within the (1 + g) = 3 once allowed, beyond the one owed.

@@ -46,7 +46,7 @@ pub use dont_care::dont_care_outputs;
 pub use metamorphic::METAMORPHIC_PER_CASE;
 pub use numeric::numeric;
 pub use verdict::{CaseRun, Failure, Outcome, Prop};
-pub use yardstick::{numeric_regimes, oracle, Yardstick};
+pub use yardstick::{numeric_regimes, oracle, oracle_for, Yardstick};
 
 /// Where callers found them before they moved to the runner.
 pub use crate::runner::{run_pair, Pair};

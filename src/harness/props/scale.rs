@@ -133,9 +133,7 @@ impl Checker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::numeric::numeric;
-    use super::super::test_backends::HookedCpu;
-    use super::super::yardstick::oracle;
+    use super::super::test_backends::{HookedCpu, Judged};
     use super::*;
     use crate::case::Case;
     use crate::config::AttnConfig;
@@ -178,18 +176,13 @@ mod tests {
         let checker = Checker::isolated(&be);
         let base = run_pair(&be, &case, &checker.opts).unwrap();
         assert_eq!(base.fwd.path, Some(Path::Fallback));
-        let actual = base.outputs();
-        let y = oracle(&case).unwrap();
-        let (num, js) = numeric(&case, &actual, &y);
-        assert!(matches!(num, Outcome::Pass), "{num:?}");
-        checker.scale_relation(&CaseContext {
-            case: &case,
-            base: &base,
-            actual: &actual,
-            y: &y,
-            judgements: &js,
-            salt: 0,
-        })
+        let judged = Judged::new(&case, base);
+        assert!(
+            matches!(judged.numeric, Outcome::Pass),
+            "{:?}",
+            judged.numeric
+        );
+        checker.scale_relation(&judged.cx(&case))
     }
 
     #[test]

@@ -1,13 +1,75 @@
 //! A stand-in for a device backend's quirks in the properties' tests: the CPU backend with
 //! its fallback launches' outputs edited afterwards, and optionally naming fallback forward
-//! kernels, as CUDA and HIP do.
+//! kernels, as CUDA and HIP do; and the fixtures the properties' tests share (a random case, a
+//! judged base run to build a [`CaseContext`] from).
 
+use super::checker::CaseContext;
+use super::numeric::numeric;
+use super::verdict::Outcome;
+use super::yardstick::{oracle, Yardstick};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::case::{Case, Outputs};
 use crate::config::AttnConfig;
 use crate::dispatch::Arch;
 use crate::error::Result;
-use smallseq_reference::Layout;
+use crate::harness::rng::Rng;
+use crate::harness::tolerance::Judgement;
+use crate::runner::Pair;
+use ndarray::Array3;
+use smallseq_reference::{Dtype, Layout};
+
+/// A forward-only bf16 case of `cfg` on `layout`: q, k, v standard normal from `seed`, drawn
+/// in that order and rounded to bf16.
+pub(super) fn bf16_case(cfg: AttnConfig, layout: Layout, seed: u64) -> Case {
+    let p = &cfg.params;
+    let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+    let mut rng = Rng::new(seed);
+    let mut t = |shape: (usize, usize, usize)| {
+        Array3::from_shape_simple_fn(shape, || Dtype::Bf16.round(rng.normal() as f32))
+    };
+    let q = t((tq, p.num_heads, p.head_dim_qk));
+    let k = t((tk, p.num_kv_heads, p.head_dim_qk));
+    let v = t((tk, p.num_kv_heads, p.head_dim_v));
+    Case::new(cfg, layout, q, k, v, None).unwrap()
+}
+
+/// A case's base run judged by `numeric_agreement` (envelope design), as a property's test
+/// hands it to a relation.
+pub(super) struct Judged {
+    pub base: Pair,
+    pub actual: Outputs,
+    pub y: Yardstick,
+    pub numeric: Outcome,
+    pub judgements: Vec<Judgement>,
+}
+
+impl Judged {
+    pub fn new(case: &Case, base: Pair) -> Self {
+        let actual = base.outputs();
+        let y = oracle(case).unwrap();
+        let (numeric, judgements) = numeric(case, &actual, &y);
+        Judged {
+            base,
+            actual,
+            y,
+            numeric,
+            judgements,
+        }
+    }
+
+    /// The context of `case` (salt 0).
+    pub fn cx<'a>(&'a self, case: &'a Case) -> CaseContext<'a> {
+        CaseContext {
+            case,
+            base: &self.base,
+            actual: &self.actual,
+            y: &self.y,
+            judgements: &self.judgements,
+            salt: 0,
+        }
+    }
+}
 
 type FwdHook = Box<dyn Fn(&FwdArgs, &mut FwdBufs) + Send + Sync>;
 type BwdHook = Box<dyn Fn(&BwdArgs, &mut BwdBufs) + Send + Sync>;

@@ -4,7 +4,7 @@
 
 use crate::case::{Case, Outputs};
 use crate::error::Result;
-use crate::harness::conditioning::{allowances, GradAllowance, OrderAllowance, PNoise};
+use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllowance, PNoise};
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use smallseq_reference::{emulate, forward_backward, Dtype};
 
@@ -44,11 +44,17 @@ impl Yardstick {
     }
 }
 
-/// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale.
+/// The f64 reference and the emulation of a case, as outputs, with the LSE floor's scale;
+/// the order allowance is the envelope of the common designs ([`oracle_for`] takes another).
 pub fn oracle(case: &Case) -> Result<Yardstick> {
+    oracle_for(case, Design::Envelope)
+}
+
+/// [`oracle`] with the order allowance of an implementation of `design`.
+pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
     let problem = case.problem()?;
     let (f, g) = forward_backward(&problem);
-    let allow = allowances(case, &f.o, &f.lse);
+    let allow = allowances(case, &f.o, &f.lse, design);
     let reference = Outputs {
         o: Some(f.o),
         lse: Some(f.lse),
