@@ -129,14 +129,15 @@ impl Design {
     /// The design a case file's outputs were judged under: the one its capsule records
     /// ([`DESIGN_KEY`]), else that of the backend that produced them, else the envelope.
     pub fn of_case(case: &Case) -> Design {
-        match case.meta.get(DESIGN_KEY).map(String::as_str) {
-            Some("project") => Design::Project,
-            Some("envelope") => Design::Envelope,
-            _ => case
-                .meta
-                .get("smallseq.backend")
-                .map_or(Design::Envelope, |b| Design::of_backend(b)),
-        }
+        let recorded = case.meta.get(DESIGN_KEY);
+        [Design::Project, Design::Envelope]
+            .into_iter()
+            .find(|d| recorded.is_some_and(|r| r == d.name()))
+            .unwrap_or_else(|| {
+                case.meta
+                    .get("smallseq.backend")
+                    .map_or(Design::Envelope, |b| Design::of_backend(b))
+            })
     }
 
     /// Its name in reports.
@@ -552,6 +553,21 @@ mod tests {
             tied > 3.0 * randn,
             "large near ties: {tied}, randn: {randn}"
         );
+    }
+
+    #[test]
+    fn a_capsule_is_judged_under_the_design_it_records_else_its_backends() {
+        let mut c = case(1.0, [2.0, -1.0], [3.0, -5.0], 1.0);
+        assert_eq!(Design::of_case(&c), Design::Envelope);
+        c.meta.insert("smallseq.backend".into(), "cuda".into());
+        assert_eq!(Design::of_case(&c), Design::Project);
+        c.meta
+            .insert(DESIGN_KEY.into(), Design::Envelope.name().into());
+        assert_eq!(Design::of_case(&c), Design::Envelope);
+        c.meta
+            .insert("smallseq.backend".into(), "torch_sdpa".into());
+        c.meta.remove(DESIGN_KEY);
+        assert_eq!(Design::of_case(&c), Design::Envelope);
     }
 
     #[test]
