@@ -39,7 +39,7 @@ stage clippy env SMALLSEQ_HIP_CLANG=none HIP_PATH="${HIP_PATH:-/usr}" \
 # The module structure (issue 34): no import circle may span more than one folder of src/, and
 # no source file may pass 800 lines. After clippy, so that a failure here still leaves the
 # lints' verdict in the log.
-stage structure python3 ci/structure.py  # report only: --check fails until the backend side of issue 34 lands (wip-issue34)
+stage structure python3 ci/structure.py --check
 fi
 [ "$part" = lint ] && exit 0
 stage tests cargo test --workspace --release "${features[@]}"

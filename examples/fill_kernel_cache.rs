@@ -8,7 +8,7 @@
 //!   SMALLSEQ_KERNEL_DEFINES="FTB_SWIZZLE_MAX_D=128" \
 //!   cargo run --release --features cuda --example fill_kernel_cache -- sm_90
 //! ```
-use smallseq::backend::cuda::fill_kernel_cache;
+use smallseq::backend::gpu::cuda::fill_kernel_cache;
 use smallseq::backend::kernel_cache::KernelCache;
 
 fn main() {

@@ -1,4 +1,6 @@
-//! The library's typed errors.
+//! The library's typed errors: plain data, independent of the enabled features. Nothing here
+//! names a backend's or a worker's own types; each backend converts its errors into these
+//! (`impl From<HipError> for Error` lives in the HIP backend, `CudaError`'s in the CUDA one).
 
 use smallseq_reference::LayoutError;
 use thiserror::Error;
@@ -19,14 +21,18 @@ pub enum Error {
     Unsupported(String),
     #[error("workspace: {0}")]
     Workspace(String),
+    /// What a backend cannot do or failed at outside its device: a kernel build, a grid too
+    /// large, a broken reply. A failure of the property that asked.
     #[error("backend {backend}: {detail}")]
     Backend { backend: String, detail: String },
     #[error(transparent)]
-    Misaligned(#[from] crate::backend::launch::Misaligned),
-    /// A failure of the HIP backend: a HIP call, a code object, a launch.
-    #[cfg(feature = "hip")]
-    #[error("backend hip: {0}")]
-    Hip(crate::backend::hip::HipError),
+    Misaligned(#[from] Misaligned),
+    /// The device or its runtime failed: a driver or runtime call returned an error (an
+    /// allocation, a copy, a launch, a synchronisation: illegal address, trap, lost context),
+    /// or the device has no kernels to load. A worker reports it as `device`, a crash
+    /// (`docs/worker-protocol.md`).
+    #[error("backend {backend}: {detail}")]
+    Device { backend: String, detail: String },
     #[error("backend {backend} is not available: {detail}")]
     NoDevice { backend: String, detail: String },
     #[error(
@@ -37,7 +43,7 @@ pub enum Error {
     NotCompiledWith { feature: &'static str },
     /// A worker process crashed or hung on the case (`docs/worker-protocol.md`, Faults).
     #[error("worker {}: {}", .0.kind.name(), .0.detail)]
-    Fault(crate::runner::Fault),
+    Fault(Fault),
     /// A worker broke the protocol before any case (handshake, version, caps).
     #[error("worker {command}: {detail}")]
     WorkerStart { command: String, detail: String },
@@ -65,6 +71,53 @@ impl Error {
             Error::NoDevice { .. } | Error::NotCompiledWith { .. } | Error::WorkerStart { .. }
         )
     }
+}
+
+/// A tensor that a kernel reads or writes 16 bytes per lane at a time does not start on 16
+/// bytes (`crate::backend::launch::check_aligned`).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{kernel}: tensor {tensor} at {addr:#x} is not 16-byte aligned (vector loads and stores)")]
+pub struct Misaligned {
+    /// The kernel kind (`SmallSeqBwd`, `TiledFwd`, …).
+    pub kernel: &'static str,
+    pub tensor: &'static str,
+    pub addr: u64,
+}
+
+/// How a worker failed a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// It exited, was killed, broke the protocol, or reported a device error.
+    Crash,
+    /// It did not answer within the case timeout.
+    Hang,
+}
+
+impl FaultKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crash",
+            FaultKind::Hang => "hang",
+        }
+    }
+
+    /// "crashed" / "hung", for sentences.
+    pub fn past(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crashed",
+            FaultKind::Hang => "hung",
+        }
+    }
+}
+
+/// A worker fault, with what the worker printed last.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub detail: String,
+    /// The tail of the worker's stderr.
+    pub stderr: String,
 }
 
 /// The library's result type.

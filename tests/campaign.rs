@@ -3,7 +3,9 @@
 //! reported first.
 
 use smallseq::backend::cpu::CpuBackend;
-use smallseq::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use smallseq::backend::{
+    Backend, BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks,
+};
 use smallseq::dispatch::Arch;
 use smallseq::harness::campaign::{Budget, Campaign, Report};
 use smallseq::harness::props::Checker;
@@ -75,7 +77,7 @@ struct PanicsAfter {
     calls: AtomicUsize,
 }
 
-impl Backend for PanicsAfter {
+impl BackendInfo for PanicsAfter {
     fn name(&self) -> &str {
         "panics-after"
     }
@@ -88,6 +90,11 @@ impl Backend for PanicsAfter {
     fn concurrent_cases(&self) -> bool {
         true
     }
+}
+
+impl MutationHooks for PanicsAfter {}
+
+impl Compute for PanicsAfter {
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> smallseq::Result<()> {
         if self.calls.fetch_add(1, Ordering::SeqCst) >= self.after {
             panic!("planted panic");

@@ -7,7 +7,7 @@
 mod bench;
 
 use ndarray::Array3;
-use smallseq::backend::cuda::CudaBackend;
+use smallseq::backend::gpu::cuda::CudaBackend;
 use smallseq::backend::{cpu::CpuBackend, Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use smallseq::case_file::read_case;
 use smallseq::dispatch::Path;

@@ -3,10 +3,10 @@
 use crate::strategies::tiny_case;
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
-use smallseq::backend::{self, cpu::CpuBackend, Backend};
+use smallseq::backend::{self, Backend};
 use smallseq::harness::backend_oracle;
 use smallseq::harness::props::Checker;
-use smallseq::mutants::{Defects, Mutant};
+use smallseq::mutants::Mutant;
 use smallseq::Error;
 use smallseq_reference::Dtype;
 use std::path::PathBuf;
@@ -23,7 +23,9 @@ pub fn open_or_skip(name: &str, suite: &str) -> Option<Box<dyn Backend>> {
                 .parse()
                 .unwrap_or_else(|e| panic!("SMALLSEQ_PROPTEST_MUTANT: {e}"));
             println!("{suite}: running against mutant {m}");
-            return Some(Box::new(CpuBackend::mutant(Defects::of(&[m]))));
+            return Some(
+                backend::open_planted("cpu", &[m]).expect("the CPU backend carries every mutant"),
+            );
         }
     }
     match backend::open(name) {

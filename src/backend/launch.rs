@@ -2,6 +2,7 @@
 //! launch scalars and the raw device pointers, and how a call's config becomes them.
 
 use crate::config::AttnConfig;
+pub use crate::error::Misaligned;
 use crate::workspace::Plan;
 use smallseq_reference::{CausalAlign, Dtype, Layout, Side};
 
@@ -70,11 +71,24 @@ pub const TILED_MIN_QUERIES: i32 = 3;
 /// `SS_WPB` / `FB_WPB` in the kernels.
 pub const WARPS_PER_BLOCK: u32 = 4;
 
-/// Which kernel family.
+/// Which kernel family: one kernel file (`kernels/<stem>.cu`), one module or code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     SmallSeq,
     Fallback,
+}
+
+impl Family {
+    /// Both, in module order.
+    pub const ALL: [Family; 2] = [Family::SmallSeq, Family::Fallback];
+
+    /// Its kernel file's stem: `small_seq`, `fallback`.
+    pub const fn stem(self) -> &'static str {
+        match self {
+            Family::SmallSeq => "small_seq",
+            Family::Fallback => "fallback",
+        }
+    }
 }
 
 /// Scalars of one launch (shared by forward and backward).
@@ -346,6 +360,22 @@ pub enum Kernel {
     TiledBwdKv,
 }
 
+impl Kernel {
+    /// The kind's name, as errors print it (`SmallSeqBwd`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::SmallSeqFwd => "SmallSeqFwd",
+            Kernel::SmallSeqBwd => "SmallSeqBwd",
+            Kernel::FallbackFwd => "FallbackFwd",
+            Kernel::TiledFwd => "TiledFwd",
+            Kernel::FallbackBwdQ => "FallbackBwdQ",
+            Kernel::FallbackBwdKv => "FallbackBwdKv",
+            Kernel::TiledBwdQ => "TiledBwdQ",
+            Kernel::TiledBwdKv => "TiledBwdKv",
+        }
+    }
+}
+
 /// The arguments of a launch, in the order of the kernel's parameters (`kernels/*.cu`).
 pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
     use Arg::{Ptr, F32, I32, I64};
@@ -422,18 +452,6 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
     v
 }
 
-/// A tensor that a kernel reads or writes 16 bytes per lane at a time does not start on 16
-/// bytes.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{kernel:?}: tensor {tensor} at {addr:#x} is not 16-byte aligned (vector loads and stores)"
-)]
-pub struct Misaligned {
-    pub kernel: Kernel,
-    pub tensor: &'static str,
-    pub addr: u64,
-}
-
 /// The tensors a kernel reads and writes 16 bytes per lane at a time (`pt_ld16`, `pt_st16`,
 /// `pt_cp_async16` in kernels/portable.h) must start on 16 bytes; rows then stay aligned since
 /// every head dim those kernels take is a multiple of 64 elements.
@@ -471,7 +489,7 @@ pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
     };
     match tensors.iter().find(|(_, a)| a % 16 != 0) {
         Some(&(tensor, addr)) => Err(Misaligned {
-            kernel,
+            kernel: kernel.name(),
             tensor,
             addr,
         }),
@@ -691,6 +709,23 @@ mod tests {
         let e = check_aligned(Kernel::SmallSeqBwd, &p).unwrap_err();
         assert_eq!((e.tensor, e.addr), ("dv", 0x8008));
         assert!(e.to_string().contains("tensor dv at 0x8008"), "{e}");
+        assert!(e.to_string().starts_with("SmallSeqBwd: "), "{e}");
+        for k in [
+            Kernel::SmallSeqFwd,
+            Kernel::SmallSeqBwd,
+            Kernel::FallbackFwd,
+            Kernel::TiledFwd,
+            Kernel::FallbackBwdQ,
+            Kernel::FallbackBwdKv,
+            Kernel::TiledBwdQ,
+            Kernel::TiledBwdKv,
+        ] {
+            assert_eq!(
+                k.name(),
+                format!("{k:?}"),
+                "errors print the kind as before"
+            );
+        }
         let q_off = Ptrs { q: 0x1002, ..p };
         assert!(check_aligned(Kernel::TiledFwd, &q_off).is_err());
         assert_eq!(check_aligned(Kernel::FallbackFwd, &q_off), Ok(()));

@@ -7,19 +7,21 @@
 //! in a guard band and is caught.
 
 pub mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-#[cfg(feature = "hip")]
-pub mod hip;
+/// The GPU backend, shared by CUDA (`gpu::cuda`) and HIP (`gpu::hip`).
+pub mod gpu;
 /// Compiled kernels kept on disk between processes (pure Rust, tested without a GPU).
 pub mod kernel_cache;
 /// What a GPU launch needs (pure Rust: compiled and tested without the GPU features).
 pub mod launch;
+/// Backends by name: the one place they are built.
+pub mod registry;
+
+pub use registry::{device_count, open, open_planted, open_with, Spec, NAMES};
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::workspace::Plan;
 use ndarray::ArrayView3;
 use smallseq_reference::Layout;
@@ -134,7 +136,7 @@ pub struct BwdBufs {
 }
 
 /// The `emulation_conformance` rate budget of backend `backend` for output `tensor` (see
-/// [`Backend::rounding_budget`]), by name, so that a capsule's stored outputs are judged on any
+/// [`BackendInfo::rounding_budget`]), by name, so that a capsule's stored outputs are judged on any
 /// machine with the budgets of the backend that produced them (`smallseq repro`).
 ///
 /// - `cpu` (and `te625-model`, the same kernels with TE's gate): its small-seq kernel performs
@@ -172,8 +174,9 @@ pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     }
 }
 
-/// A place where attention kernels run.
-pub trait Backend: Send + Sync {
+/// Who a backend is and what it can do: its name, device and build, and the capabilities the
+/// harness asks about before and after a launch.
+pub trait BackendInfo: Send + Sync {
     /// Short name (`cpu`, `cuda`, `hip`, `te625-model`).
     fn name(&self) -> &str;
     /// The device's architecture.
@@ -193,14 +196,6 @@ pub trait Backend: Send + Sync {
     fn concurrent_cases(&self) -> bool {
         false
     }
-    /// Planted gate defects (mutation testing); none for real backends.
-    fn gate_defects(&self) -> GateDefects {
-        GateDefects::default()
-    }
-    /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
-    fn zeroes_dont_care(&self) -> bool {
-        true
-    }
     /// Fraction of the small-seq path's elements of output `tensor` (`o`, `dq`, `dk`, `dv`)
     /// allowed to differ from the device-faithful emulation by more than one ulp of the output
     /// dtype (the `emulation_conformance` property). `None` where that tensor is not judged:
@@ -212,13 +207,17 @@ pub trait Backend: Send + Sync {
     }
     /// Which of the backend's fallback forward kernels a launch of `config` on `layout` takes,
     /// where it has more than one (CUDA and HIP: the tiled matrix-core kernel for 16-bit
-    /// inputs with `Dqk == Dv` in {64, 128, 256} (HIP: {64, 128}) and a longest query side of at
-    /// least 3, else the
-    /// scalar one). Outputs of two launches agree bitwise only when the same
-    /// kernel ran, so the metamorphic slot relations skip when this differs. `None`: one kernel.
+    /// inputs with `Dqk == Dv` in {64, 128, 256} (HIP: {64, 128}) and a longest query side of
+    /// at least 3, else the scalar one). Outputs of two launches agree bitwise only when the
+    /// same kernel ran, so the metamorphic slot relations skip when this differs. `None`: one
+    /// kernel.
     fn fallback_fwd_kernel(&self, _config: &AttnConfig, _layout: &Layout) -> Option<String> {
         None
     }
+}
+
+/// The kernel entry points: small-seq and fallback, forward and backward.
+pub trait Compute: Send + Sync {
     /// The small-seq forward kernel. Writes every valid row of `o` and `lse`.
     ///
     /// # Errors
@@ -241,82 +240,29 @@ pub trait Backend: Send + Sync {
     fn fallback_bwd(&self, args: &BwdArgs, out: &mut BwdBufs) -> Result<()>;
 }
 
-/// Backend names the CLI accepts.
-pub const NAMES: [&str; 4] = ["cpu", "cuda", "hip", "te625-model"];
-
-/// Opens a backend by name.
-///
-/// # Errors
-/// [`Error::NoDevice`] when the device is missing, [`Error::NotCompiledWith`] when the
-/// feature is off, [`Error::Config`] for an unknown name.
-pub fn open(name: &str) -> Result<Box<dyn Backend>> {
-    match name {
-        "cpu" => Ok(Box::new(cpu::CpuBackend::default())),
-        "te625-model" => Ok(Box::new(cpu::CpuBackend::te625_model())),
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(Box::new(cuda::CudaBackend::new()?)),
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => Err(Error::NotCompiledWith { feature: "cuda" }),
-        #[cfg(feature = "hip")]
-        "hip" => Ok(Box::new(hip::HipBackend::new()?)),
-        #[cfg(not(feature = "hip"))]
-        "hip" => Err(Error::NotCompiledWith { feature: "hip" }),
-        other => Err(Error::config(format!(
-            "unknown backend '{other}' (expected one of {})",
-            NAMES.join(", ")
-        ))),
+/// Bugs planted in the wrapper around a backend (mutation testing). Real backends plant none:
+/// `impl MutationHooks for X {}`.
+pub trait MutationHooks {
+    /// Planted gate defects.
+    fn gate_defects(&self) -> GateDefects {
+        GateDefects::default()
+    }
+    /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
+    fn zeroes_dont_care(&self) -> bool {
+        true
     }
 }
 
-/// Opens backend `name` with `mutants` planted: in the CPU backend any of the catalogue, in the
-/// CUDA kernels those they carry as defines ([`Mutant::kernel_define`]). No mutant: [`open`].
-///
-/// # Errors
-/// As [`open`]; [`Error::Config`] for a mutant the backend cannot carry.
-pub fn open_planted(name: &str, mutants: &[crate::mutants::Mutant]) -> Result<Box<dyn Backend>> {
-    if mutants.is_empty() {
-        return open(name);
-    }
-    match name {
-        "cpu" => Ok(Box::new(cpu::CpuBackend::mutant(
-            crate::mutants::Defects::of(mutants),
-        ))),
-        "cuda" => {
-            let mut defines = Vec::new();
-            for m in mutants {
-                defines.push(m.kernel_define().ok_or_else(|| {
-                    Error::config(format!(
-                        "mutant {m}: the CUDA kernels do not carry it (those they carry: {})",
-                        crate::mutants::Mutant::ALL
-                            .iter()
-                            .filter(|m| m.kernel_define().is_some())
-                            .map(|m| m.name())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?);
-            }
-            open_cuda_with(&defines)
-        }
-        other => Err(Error::config(format!(
-            "backend {other}: bugs can be planted in cpu and cuda only"
-        ))),
-    }
-}
+/// A place where attention kernels run: who it is ([`BackendInfo`]), its kernels
+/// ([`Compute`]) and the bugs planted around it ([`MutationHooks`]). Implemented for every
+/// type that implements the three.
+pub trait Backend: BackendInfo + Compute + MutationHooks {}
 
-#[cfg(feature = "cuda")]
-fn open_cuda_with(defines: &[&str]) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(cuda::CudaBackend::with_defines(defines)?))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_cuda_with(_defines: &[&str]) -> Result<Box<dyn Backend>> {
-    Err(Error::NotCompiledWith { feature: "cuda" })
-}
+impl<T: BackendInfo + Compute + MutationHooks + ?Sized> Backend for T {}
 
 #[cfg(test)]
 mod tests {
-    use super::{rounding_budget_of, Backend};
+    use super::rounding_budget_of;
 
     #[test]
     fn rounding_budgets_by_backend_name() {
@@ -334,8 +280,5 @@ mod tests {
             }
         }
         assert_eq!(rounding_budget_of("external", "o"), None);
-        // A live CPU backend and a capsule it wrote are judged with the same budget.
-        let te = crate::backend::cpu::CpuBackend::te625_model();
-        assert_eq!(te.rounding_budget("o"), rounding_budget_of(te.name(), "o"));
     }
 }

@@ -168,7 +168,7 @@ mod imp {
     use super::*;
     use cudarc::driver::sys::CUevent_flags;
     use cudarc::driver::{CudaSlice, DevicePtr};
-    use smallseq::backend::cuda::{CudaBackend, LaunchDims, Ptrs};
+    use smallseq::backend::gpu::cuda::{CudaBackend, LaunchDims, Ptrs};
     use smallseq_reference::Dtype;
 
     struct Set {
@@ -206,7 +206,7 @@ mod imp {
         let p = |s: &CudaSlice<u16>| s.device_ptr(&st).0;
         let pf = |s: &CudaSlice<f32>| s.device_ptr(&st).0;
         let mut figures: Vec<Figure> = Vec::new();
-        println!("device arch {}", smallseq::backend::Backend::arch(&be));
+        println!("device arch {}", smallseq::backend::BackendInfo::arch(&be));
         println!(
             "{:28} {:22} {:>10} {:>9} {:>7}",
             "workload", "kernel", "us", "GB/s", "copy%"

@@ -248,7 +248,7 @@ fn precheck(name: &str) -> Result<(), String> {
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(smallseq::Error::NotCompiledWith { feature: "cuda" }.to_string()),
         #[cfg(feature = "cuda")]
-        "cuda" if smallseq::backend::cuda::CudaBackend::device_count() == 0 => {
+        "cuda" if backend::device_count("cuda") == 0 => {
             backend::open("cuda").map(|_| ()).map_err(|e| e.to_string())
         }
         #[cfg(not(feature = "hip"))]

@@ -37,21 +37,15 @@ pub fn run(args: &WorkerArgs) -> Result<i32> {
 /// compile time against its timeout), and the devices it could serve.
 fn open(args: &WorkerArgs) -> smallseq::Result<(Box<dyn Backend>, usize)> {
     #[cfg(feature = "cuda")]
-    if args.backend == "cuda" {
-        if std::env::var_os(backend::cuda::SYNC_VAR).is_none() {
-            // Workers share the host's cores with their campaign's judging threads.
-            std::env::set_var(backend::cuda::SYNC_VAR, "blocking");
-        }
-        let be = backend::cuda::CudaBackend::on_device(args.device)?;
-        be.warm_up()?;
-        let n = backend::cuda::CudaBackend::device_count().max(1);
-        return Ok((Box::new(be), n));
+    if args.backend == "cuda" && std::env::var_os(backend::gpu::cuda::SYNC_VAR).is_none() {
+        // Workers share the host's cores with their campaign's judging threads.
+        std::env::set_var(backend::gpu::cuda::SYNC_VAR, "blocking");
     }
-    #[cfg(feature = "hip")]
-    if args.backend == "hip" {
-        let be = backend::hip::HipBackend::on_device(args.device)?;
-        let n = backend::hip::HipBackend::device_count().max(1);
-        return Ok((Box::new(be), n));
-    }
-    backend::open(&args.backend).map(|b| (b, 1))
+    let be = backend::open_with(&backend::Spec {
+        name: &args.backend,
+        device: args.device,
+        warm: true,
+        ..backend::Spec::default()
+    })?;
+    Ok((be, backend::device_count(&args.backend).max(1)))
 }

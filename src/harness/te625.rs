@@ -11,7 +11,7 @@ use super::gen::{build, draw_geometry_for};
 use super::props::Checker;
 use super::rng::Rng;
 use crate::backend::cpu::{CpuBackend, TE625_DEFECTS};
-use crate::backend::Backend;
+use crate::backend::BackendInfo;
 use crate::case_file::read_case;
 use crate::dispatch::gate::MAX_SMALL_SEQ;
 use crate::dispatch::{surface, Code, Profile, RuntimeFacts, StaticFacts};

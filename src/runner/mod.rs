@@ -6,6 +6,8 @@
 pub mod caps;
 pub mod pair;
 
+/// A worker's fault: plain data of the error module, named here where runners report it.
+pub use crate::error::{Fault, FaultKind};
 pub use caps::{Caps, NoKeyRow, WireCaps};
 pub use pair::{run_pair, Pair};
 
@@ -19,42 +21,6 @@ use ndarray::{Array2, Array3};
 use smallseq_reference::Layout;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-
-/// How a worker failed a case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultKind {
-    /// It exited, was killed, broke the protocol, or reported a device error.
-    Crash,
-    /// It did not answer within the case timeout.
-    Hang,
-}
-
-impl FaultKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::Crash => "crash",
-            FaultKind::Hang => "hang",
-        }
-    }
-
-    /// "crashed" / "hung", for sentences.
-    pub fn past(self) -> &'static str {
-        match self {
-            FaultKind::Crash => "crashed",
-            FaultKind::Hang => "hung",
-        }
-    }
-}
-
-/// A worker fault, with what the worker printed last.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fault {
-    pub kind: FaultKind,
-    pub detail: String,
-    /// The tail of the worker's stderr.
-    pub stderr: String,
-}
 
 /// What runs cases for the properties.
 pub trait Runner: Send + Sync {

@@ -118,9 +118,7 @@ pub fn wire_error(e: &Error) -> WireError {
         Error::Layout(_) | Error::Config(_) | Error::CaseFile { .. } | Error::Tensor { .. } => {
             "invalid"
         }
-        Error::NoDevice { .. } => "device",
-        #[cfg(feature = "hip")]
-        Error::Hip(_) => "device",
+        Error::NoDevice { .. } | Error::Device { .. } => "device",
         _ => "internal",
     };
     // The variant's own prefix ("unsupported: ") is the kind already.
@@ -278,5 +276,19 @@ mod tests {
             );
         }
         assert!(path_of(Some("warp")).is_err());
+        // A failed device call is a crash on the wire, whichever GPU backend; a backend's own
+        // refusal (a grid too large, a kernel build) fails the property that asked.
+        for backend in ["cuda", "hip"] {
+            let device = Error::Device {
+                backend: backend.into(),
+                detail: "launch failed".into(),
+            };
+            assert_eq!(wire_error(&device).kind, "device");
+            let own = Error::Backend {
+                backend: backend.into(),
+                detail: "1 work items exceed the 1-D grid".into(),
+            };
+            assert_eq!(wire_error(&own).kind, "internal");
+        }
     }
 }

@@ -8,7 +8,7 @@
 mod fallback;
 mod small_seq;
 
-use super::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
 use crate::error::Result;
@@ -306,7 +306,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0f32, |acc, (x, y)| acc + x * y)
 }
 
-impl Backend for CpuBackend {
+impl BackendInfo for CpuBackend {
     fn name(&self) -> &str {
         self.label.unwrap_or("cpu")
     }
@@ -344,6 +344,12 @@ impl Backend for CpuBackend {
         true
     }
 
+    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
+        super::rounding_budget_of(self.name(), tensor)
+    }
+}
+
+impl MutationHooks for CpuBackend {
     fn gate_defects(&self) -> GateDefects {
         GateDefects {
             max_len: if self.has(Mutant::GateLimit16) {
@@ -363,11 +369,9 @@ impl Backend for CpuBackend {
     fn zeroes_dont_care(&self) -> bool {
         !self.has(Mutant::DontCareNotZeroed)
     }
+}
 
-    fn rounding_budget(&self, tensor: &str) -> Option<f64> {
-        super::rounding_budget_of(self.name(), tensor)
-    }
-
+impl Compute for CpuBackend {
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
         small_seq::forward(self, args, out)
     }

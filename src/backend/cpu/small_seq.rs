@@ -4,7 +4,7 @@
 //! input dtype before the second products, outputs rounded at store, D = Σ P·dP.
 
 use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
-use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::backend::{BackendInfo, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
 use crate::mutants::Mutant;
 use crate::workspace::names;

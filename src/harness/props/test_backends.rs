@@ -8,7 +8,7 @@ use super::numeric::numeric;
 use super::verdict::Outcome;
 use super::yardstick::{oracle, Yardstick};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::backend::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::case::{Case, Outputs};
 use crate::config::AttnConfig;
 use crate::dispatch::Arch;
@@ -93,7 +93,7 @@ impl HookedCpu {
     }
 }
 
-impl Backend for HookedCpu {
+impl BackendInfo for HookedCpu {
     fn name(&self) -> &str {
         "hooked-cpu"
     }
@@ -106,6 +106,11 @@ impl Backend for HookedCpu {
     fn fallback_fwd_kernel(&self, _: &AttnConfig, layout: &Layout) -> Option<String> {
         self.kernel_name.map(|f| f(layout))
     }
+}
+
+impl MutationHooks for HookedCpu {}
+
+impl Compute for HookedCpu {
     fn small_seq_fwd(&self, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
         self.cpu.small_seq_fwd(args, out)
     }
