@@ -20,6 +20,7 @@ pub mod mutants;
 pub mod report;
 pub mod runner;
 pub mod segments;
+pub mod stages;
 pub mod worker;
 pub mod workspace;
 pub mod wrapper;

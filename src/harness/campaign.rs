@@ -11,6 +11,7 @@ use super::rng::Rng;
 use super::shrink::shrink;
 use crate::case::Case;
 use crate::error::{panic_text, Error, Result};
+use crate::stages::{self, Stage, StageTimes};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -150,6 +151,9 @@ pub struct Report {
     /// Values drawn per dimension, and those admitted but never drawn (issue 18).
     #[serde(default)]
     pub dimensions: super::coverage::Coverage,
+    /// Where the cases' time went, per stage (issue 32): timings, like `elapsed_s`.
+    #[serde(default)]
+    pub stages: BTreeMap<String, super::profile::StageShare>,
 }
 
 impl Report {
@@ -247,6 +251,7 @@ struct Checked {
     case: Case,
     classes: Vec<&'static str>,
     run: CaseRun,
+    stages: StageTimes,
 }
 
 /// Cases a worker may run ahead of the merged ones, per job: bounds what waits in memory
@@ -271,6 +276,7 @@ impl Campaign<'_> {
             rep: self.empty_report(),
             margins: BTreeMap::new(),
             start: Instant::now(),
+            stages: StageTimes::default(),
         };
         if self.jobs <= 1 {
             let mut i = 0;
@@ -297,7 +303,13 @@ impl Campaign<'_> {
         stop: &AtomicBool,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
-        let exists = |i| !matches!(self.budget, Budget::Cases(n) if self.shard.global(i) >= n);
+        // A time budget ends where threads stop starting cases, not where the merge stops
+        // taking them: what finished by then (a fault's timeout included) is kept.
+        let start = merge.start;
+        let exists = |i| match self.budget {
+            Budget::Cases(n) => self.shard.global(i) < n,
+            Budget::Time(t) => start.elapsed() < t,
+        };
         let work = |i| {
             catch_unwind(AssertUnwindSafe(|| self.check_case(i))).unwrap_or_else(|p| {
                 Err(Error::Backend {
@@ -322,11 +334,19 @@ impl Campaign<'_> {
     /// checked. A worker fault is rerun once on a fresh worker, to tell a deterministic fault
     /// from a flaky one.
     fn check_case(&self, k: u64) -> Result<Checked> {
+        let (checked, stages) = stages::collect(|| self.check_case_unclocked(k));
+        checked.map(|c| Checked { stages, ..c })
+    }
+
+    fn check_case_unclocked(&self, k: u64) -> Result<Checked> {
         let cs = case_seed(self.seed, self.shard.global(k));
-        let mut rng = Rng::new(cs);
-        let mut g = draw_geometry_for(&mut rng, self.checker.opts.profile);
-        fit_to_caps(&mut g, self.checker.runner.caps(), &mut rng)?;
-        let case = build(&g, cs ^ 0xda7a)?;
+        let (g, case) = stages::timed(Stage::Generation, || -> Result<_> {
+            let mut rng = Rng::new(cs);
+            let mut g = draw_geometry_for(&mut rng, self.checker.opts.profile);
+            fit_to_caps(&mut g, self.checker.runner.caps(), &mut rng)?;
+            let case = build(&g, cs ^ 0xda7a)?;
+            Ok((g, case))
+        })?;
         let mut run = self.checker.check(&case, cs)?;
         if run.fault.is_some() {
             let again = self.checker.check(&case, cs)?;
@@ -344,7 +364,12 @@ impl Campaign<'_> {
             }
         }
         let classes = classify(&case, g.segment_split, g.poison);
-        Ok(Checked { case, classes, run })
+        Ok(Checked {
+            case,
+            classes,
+            run,
+            stages: StageTimes::default(),
+        })
     }
 
     fn empty_report(&self) -> Report {
@@ -380,6 +405,7 @@ impl Campaign<'_> {
             shard: self.shard.is_split().then(|| self.shard.to_string()),
             margin_samples: BTreeMap::new(),
             dimensions: super::coverage::Coverage::new(self.checker.opts.profile),
+            stages: BTreeMap::new(),
         }
     }
 }
@@ -391,6 +417,7 @@ struct Merge<'c, 'a> {
     rep: Report,
     margins: BTreeMap<String, Vec<f64>>,
     start: Instant,
+    stages: StageTimes,
 }
 
 impl Merge<'_, '_> {
@@ -429,7 +456,13 @@ impl Merge<'_, '_> {
         stop: &AtomicBool,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<bool> {
-        let Checked { case, classes, run } = checked?;
+        let Checked {
+            case,
+            classes,
+            run,
+            stages,
+        } = checked?;
+        self.stages.absorb(&stages);
         let fraction = self.fraction(i);
         let local = i;
         let i = self.campaign.shard.global(i);
@@ -480,6 +513,7 @@ impl Merge<'_, '_> {
         rep.cases = local + 1;
         let failures = run.failures();
         if let Some(first) = failures.first() {
+            let capsule_start = Instant::now();
             let name = format!("case-{i:06}-{}.safetensors", first.prop);
             let cap = self.capsules.join(&name);
             // The capsule is on disk before anything reports the failure.
@@ -532,6 +566,7 @@ impl Merge<'_, '_> {
                     *rep.failures.last_mut().expect("just pushed") = entry;
                 }
             }
+            self.stages.add(Stage::Capsules, capsule_start.elapsed());
             if c.stop_on_failure {
                 return Ok(false);
             }
@@ -547,6 +582,7 @@ impl Merge<'_, '_> {
     fn finish(mut self) -> Report {
         self.rep.elapsed_s = self.start.elapsed().as_secs_f64();
         self.rep.cases_per_s = self.rep.cases as f64 / self.rep.elapsed_s.max(1e-9);
+        self.rep.stages = super::profile::shares(&self.stages, self.rep.cases_per_s);
         self.rep.margin_histograms = (self.margins.iter())
             .map(|(k, v)| (k.clone(), super::histogram::Histogram::of(v)))
             .collect();
@@ -571,7 +607,8 @@ struct InCaseOrder<'m, 'c, 'a> {
 
 impl Merger<Result<Checked>> for InCaseOrder<'_, '_, '_> {
     fn spent_before(&self, i: u64) -> bool {
-        self.merge.spent_before(i)
+        // On several threads a time budget is spent where `exists` says so.
+        matches!(self.merge.campaign.budget, Budget::Cases(_)) && self.merge.spent_before(i)
     }
 
     fn take(&mut self, i: u64, checked: Result<Checked>) -> Result<bool> {

@@ -67,8 +67,9 @@ pub fn run<T: Send>(
                     break;
                 }
                 while i >= merged.load(Ordering::SeqCst) + ahead {
-                    // Not started yet: after `stop`, never.
-                    if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
+                    // Not started yet: after `stop`, or once it no longer exists (a time
+                    // budget ran out while it waited), never.
+                    if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) || !exists(i) {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -197,6 +198,28 @@ mod tests {
         let mut r = Record::new(u64::MAX);
         let interrupted = run(3, 8, &stop, &|i| i < 25, &slow_early, &mut r).unwrap();
         assert_eq!(r.merged, (0..25).collect::<Vec<_>>());
+        assert!(!interrupted);
+    }
+
+    /// A time budget as the campaign runs it: `exists` turns false once the time is out,
+    /// and every index started before that is merged, the slowest (a fault's timeout) too.
+    #[test]
+    fn indices_started_before_the_end_of_a_time_budget_are_all_merged() {
+        let stop = AtomicBool::new(false);
+        let open = AtomicBool::new(true);
+        let work = |i: u64| {
+            if i == 5 {
+                open.store(false, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(60));
+            }
+            i * 10
+        };
+        let mut r = Record::new(u64::MAX);
+        let exists = |_| open.load(Ordering::SeqCst);
+        let interrupted = run(4, 16, &stop, &exists, &work, &mut r).unwrap();
+        let n = r.merged.len() as u64;
+        assert_eq!(r.merged, (0..n).collect::<Vec<_>>());
+        assert!(n > 5, "the slow index 5 was dropped: {n} merged");
         assert!(!interrupted);
     }
 

@@ -62,6 +62,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.margin_samples.clear();
     m.interrupted = false;
     m.shard = None;
+    m.stages.clear();
     let capsules = out.join("capsules");
     std::fs::create_dir_all(&capsules).map_err(io(&capsules))?;
     for (dir, r) in &shards {
@@ -97,6 +98,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
             super::campaign::keep_largest_margin(&mut m.largest_margins, t, *at);
         }
         m.dimensions.merge(&r.dimensions);
+        super::profile::add(&mut m.stages, &r.stages);
         for (k, v) in &r.margin_samples {
             m.margin_samples
                 .entry(k.clone())
@@ -118,6 +120,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     }
     m.failures.sort_by_key(|f| f.case);
     m.cases_per_s = m.cases as f64 / m.elapsed_s.max(1e-9);
+    super::profile::reshare(&mut m.stages, m.cases_per_s);
     m.margins = m
         .margin_samples
         .iter()

@@ -16,6 +16,7 @@ pub mod histogram;
 pub mod in_order;
 pub mod merge;
 pub mod oracles;
+pub mod profile;
 pub mod props;
 pub mod report_io;
 pub mod repro;

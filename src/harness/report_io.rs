@@ -55,6 +55,7 @@ pub fn markdown(rep: &Report) -> String {
             o.p50, o.p90, o.max, o.n
         ));
     }
+    m.push_str(&super::profile::markdown(&rep.stages));
     let per_tensor = |counts: &BTreeMap<String, u64>| {
         counts
             .iter()

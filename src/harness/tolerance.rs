@@ -593,6 +593,7 @@ pub fn judge_all(
     grads: Option<&GradAllowance>,
     order: Option<&OrderAllowance>,
 ) -> Vec<Judgement> {
+    let _judging = crate::stages::enter(crate::stages::Stage::Judging);
     let layout = &case.layout;
     let dtype = case.config.dtype;
     let lse_magnitude = lse_magnitude.max(1.0);

@@ -209,7 +209,7 @@ impl<'a> FaultLatch<'a> {
         {
             return Err(Error::Fault(f.clone()));
         }
-        let r = run();
+        let r = crate::stages::timed(crate::stages::Stage::Backend, run);
         if let Err(Error::Fault(f)) = &r {
             *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(f.clone());
         }

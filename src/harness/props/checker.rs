@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::harness::conditioning::Design;
 use crate::harness::tolerance::Judgement;
 use crate::runner::{FaultLatch, InProcess, NoKeyRow, Pair, Runner};
+use crate::stages::{timed, Stage};
 use crate::wrapper::RunOptions;
 
 /// Runs the property suite on one case.
@@ -117,7 +118,10 @@ impl<'a> Checker<'a> {
     /// Only infrastructure errors (an invalid case); backend failures on a case are recorded
     /// as property failures.
     fn check_properties(&self, case: &Case, salt: u64) -> Result<CaseRun> {
-        let mut outcomes = vec![(Prop::Eligibility, self.eligibility(case))];
+        let mut outcomes = vec![(
+            Prop::Eligibility,
+            prop_timed(Prop::Eligibility, || self.eligibility(case)),
+        )];
         if let Some(why) = case.config.unsupported_reason() {
             let o = match self.runner.run_pair(case, &self.opts) {
                 Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
@@ -178,13 +182,36 @@ impl<'a> Checker<'a> {
             judgements: &judgements,
             salt,
         };
-        outcomes.push((Prop::EmulationConformance, self.emulation_conformance(&cx)));
-        outcomes.push((Prop::RoundingBias, self.rounding_bias(&cx)));
-        outcomes.push((Prop::Workspace, self.workspace(&cx)));
-        outcomes.push((Prop::DontCare, self.dont_care(&cx)));
-        outcomes.push((Prop::Determinism, self.determinism(&cx)));
-        outcomes.push((Prop::FallbackEquivalence, self.fallback_equivalence(&cx)));
-        outcomes.push((Prop::Metamorphic, self.metamorphic(&cx)));
+        outcomes.push((
+            Prop::EmulationConformance,
+            prop_timed(Prop::EmulationConformance, || {
+                self.emulation_conformance(&cx)
+            }),
+        ));
+        outcomes.push((
+            Prop::RoundingBias,
+            prop_timed(Prop::RoundingBias, || self.rounding_bias(&cx)),
+        ));
+        outcomes.push((
+            Prop::Workspace,
+            prop_timed(Prop::Workspace, || self.workspace(&cx)),
+        ));
+        outcomes.push((
+            Prop::DontCare,
+            prop_timed(Prop::DontCare, || self.dont_care(&cx)),
+        ));
+        outcomes.push((
+            Prop::Determinism,
+            prop_timed(Prop::Determinism, || self.determinism(&cx)),
+        ));
+        outcomes.push((
+            Prop::FallbackEquivalence,
+            prop_timed(Prop::FallbackEquivalence, || self.fallback_equivalence(&cx)),
+        ));
+        outcomes.push((
+            Prop::Metamorphic,
+            prop_timed(Prop::Metamorphic, || self.metamorphic(&cx)),
+        ));
         Ok(CaseRun {
             outcomes,
             path_fwd: base.fwd.path,
@@ -195,6 +222,11 @@ impl<'a> Checker<'a> {
             fault: None,
         })
     }
+}
+
+/// `f`, the work of property `p`, timed as its stage.
+fn prop_timed(p: Prop, f: impl FnOnce() -> Outcome) -> Outcome {
+    timed(Stage::Property(p.name()), f)
 }
 
 /// The skip reason of a case an external implementation declined; report keys end at the

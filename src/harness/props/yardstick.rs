@@ -6,6 +6,7 @@ use crate::case::{Case, Outputs};
 use crate::error::Result;
 use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllowance, PNoise};
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
+use crate::stages::{timed, Stage};
 use smallseq_reference::{emulate, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
@@ -53,8 +54,8 @@ pub fn oracle(case: &Case) -> Result<Yardstick> {
 /// [`oracle`] with the order allowance of an implementation of `design`.
 pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
     let problem = case.problem()?;
-    let (f, g) = forward_backward(&problem);
-    let allow = allowances(case, &f.o, &f.lse, design);
+    let (f, g) = timed(Stage::Reference, || forward_backward(&problem));
+    let allow = timed(Stage::Allowances, || allowances(case, &f.o, &f.lse, design));
     let reference = Outputs {
         o: Some(f.o),
         lse: Some(f.lse),
@@ -62,7 +63,9 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         dk: g.as_ref().map(|g| g.dk.clone()),
         dv: g.map(|g| g.dv),
     };
-    let (ef, eg) = emulate::forward_backward(&problem, case.config.dtype);
+    let (ef, eg) = timed(Stage::Emulation, || {
+        emulate::forward_backward(&problem, case.config.dtype)
+    });
     let regimes = numeric_regimes(
         case.config.dtype,
         &reference,
