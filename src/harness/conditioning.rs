@@ -338,13 +338,24 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                     scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
                 }
             };
-            for x in 0..p.head_dim_qk {
-                let kx = f64::from(case.k[(c, hk, x)]).abs();
-                let qx = f64::from(case.q[(t, h, x)]).abs();
-                dq[(t, h, x)] += w * kx;
-                dk[(c, hk, x)] += w * qx;
-                odq[(t, h, x)] += w_ord * kx;
-                odk[(c, hk, x)] += w_ord * qx;
+            // Row views, not (token, head, dim) indexing: this loop is most of the allowances'
+            // time, and each indexed access checks three bounds.
+            let k_c = case.k.slice(s![c, hk, ..]);
+            let (mut dq_r, mut odq_r) = (dq.slice_mut(s![t, h, ..]), odq.slice_mut(s![t, h, ..]));
+            let (mut dk_r, mut odk_r) = (dk.slice_mut(s![c, hk, ..]), odk.slice_mut(s![c, hk, ..]));
+            for (((((qx, kx), dq_x), dk_x), odq_x), odk_x) in q_r
+                .iter()
+                .zip(k_c.iter())
+                .zip(dq_r.iter_mut())
+                .zip(dk_r.iter_mut())
+                .zip(odq_r.iter_mut())
+                .zip(odk_r.iter_mut())
+            {
+                let (kx, qx) = (f64::from(*kx).abs(), f64::from(*qx).abs());
+                *dq_x += w * kx;
+                *dk_x += w * qx;
+                *odq_x += w_ord * kx;
+                *odk_x += w_ord * qx;
             }
             for (x, y) in odv.slice_mut(s![c, hk, ..]).iter_mut().zip(d_o_r.iter()) {
                 *x += w_dv * prob * f64::from(*y).abs();

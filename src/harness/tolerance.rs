@@ -27,7 +27,7 @@
 
 use super::conditioning::{GradAllowance, OrderAllowance};
 use crate::case::{Case, Outputs};
-use ndarray::ArrayD;
+use ndarray::{ArrayD, ArrayViewD};
 use serde::Serialize;
 use smallseq_reference::Dtype;
 
@@ -145,14 +145,14 @@ struct RowMax {
 
 /// How the yardstick's non-finite values excuse an element.
 #[derive(Clone, Copy)]
-enum Yard<'a> {
+enum Yard<'a, 'b> {
     /// Judging the emulation itself: its own overflows are no error of it (an intermediate
     /// past the dtype's range would make its error, and the threshold, infinite).
     Own,
     /// Judging a kernel: a non-finite value the emulation holds too is excused only where the
     /// f64 reference also overflows (non-finite, or within the headroom of the limit): a kernel
     /// and the emulation sharing a NaN where the reference is 1.0 agree about a bug.
-    Kernel(&'a ArrayD<f64>),
+    Kernel(&'a ArrayViewD<'b, f64>),
 }
 
 /// Max error per row over tokens flagged valid, and where it is. Past the dtype's limit only
@@ -163,14 +163,14 @@ enum Yard<'a> {
 /// by its `allow`ance, when given, and for the per-row rule by its `order` allowance too.
 #[allow(clippy::too_many_arguments)]
 fn max_err(
-    a: &ArrayD<f64>,
-    r: &ArrayD<f64>,
+    a: &ArrayViewD<f64>,
+    r: &ArrayViewD<f64>,
     valid: &[bool],
     max_finite: f64,
     headroom: f64,
     yard: Yard,
-    allow: Option<&ArrayD<f64>>,
-    order: Option<&ArrayD<f64>>,
+    allow: Option<&ArrayViewD<f64>>,
+    order: Option<&ArrayViewD<f64>>,
 ) -> Vec<RowMax> {
     let shape = a.shape();
     let heads = shape.get(1).copied().unwrap_or(1);
@@ -261,7 +261,7 @@ fn worst_of(rows: &[RowMax]) -> RowMax {
     })
 }
 
-fn magnitude(r: &ArrayD<f64>, valid: &[bool]) -> f64 {
+fn magnitude(r: &ArrayViewD<f64>, valid: &[bool]) -> f64 {
     let per_token = r.shape().iter().skip(1).product::<usize>().max(1);
     let r = r.as_standard_layout();
     r.as_slice()
@@ -294,12 +294,13 @@ pub fn subnormal_spacings(stored: Dtype, terms: usize, factor: f64) -> f64 {
     }
 }
 
-/// The per-tensor views needed to judge one output.
+/// The per-tensor views needed to judge one output (views: a case's tensors are judged
+/// several times over, and copying them was a fifth of the judging's time).
 pub struct Triple<'a> {
     pub name: &'static str,
-    pub actual: ArrayD<f64>,
-    pub reference: ArrayD<f64>,
-    pub emulated: ArrayD<f64>,
+    pub actual: ArrayViewD<'a, f64>,
+    pub reference: ArrayViewD<'a, f64>,
+    pub emulated: ArrayViewD<'a, f64>,
     pub valid: &'a [bool],
     pub unit: f64,
     pub min_magnitude: f64,
@@ -311,10 +312,10 @@ pub struct Triple<'a> {
     /// of subnormal products each lose up to half a spacing per term ([`subnormal_spacings`]).
     pub spacings: f64,
     /// Per-element rounding allowance of the kernel's error (dq and dk).
-    pub allowance: Option<ArrayD<f64>>,
+    pub allowance: Option<ArrayViewD<'a, f64>>,
     /// Per-element allowance for another summation order or other rounding points, taken off
     /// each element's error by the per-row rule only ([`OrderAllowance`]).
-    pub order: Option<ArrayD<f64>>,
+    pub order: Option<ArrayViewD<'a, f64>>,
 }
 
 impl Triple<'_> {
@@ -475,7 +476,7 @@ pub fn judge(t: &Triple) -> Judgement {
     let threshold = K * emu_err.min(f64::MAX) + floor;
     // A kernel's output (or, below, an output of zeros) judged as the kernel's: against the
     // reference, with the emulation as yardstick and every allowance.
-    let kernel_rows = |out: &ArrayD<f64>| {
+    let kernel_rows = |out: &ArrayViewD<f64>| {
         max_err(
             out,
             &t.reference,
@@ -501,7 +502,7 @@ pub fn judge(t: &Triple) -> Judgement {
     // alone: every element lies inside the rounding noise of its own terms), no judge could
     // tell zeros from the right value: that is `indeterminate`, not a blind spot.
     let (blind, indeterminate) = if threshold >= mag && mag >= smallest_normal {
-        let zero_rows = kernel_rows(&ArrayD::zeros(t.reference.raw_dim()));
+        let zero_rows = kernel_rows(&ArrayD::zeros(t.reference.raw_dim()).view());
         let passes = |emu: &[RowMax], floors: RowFloors| {
             rows_verdict(t, emu, &zero_rows, floors).is_none_or(|r| r.margin <= 1.0)
         };
@@ -579,6 +580,10 @@ pub fn score_magnitude(case: &Case) -> f64 {
     best
 }
 
+fn dyn3(x: &Option<ndarray::Array3<f64>>) -> Option<ArrayViewD<'_, f64>> {
+    x.as_ref().map(|a| a.view().into_dyn())
+}
+
 /// Judges every output present in `actual` against reference and emulation (both given as
 /// [`Outputs`] widened to f64).
 /// `lse_magnitude` is the case's [`score_magnitude`], `grads` its gradients' rounding
@@ -622,15 +627,15 @@ pub fn judge_all(
     };
     let mut out = Vec::new();
     let mut add = |name: &'static str,
-                   a: Option<ArrayD<f64>>,
-                   r: Option<ArrayD<f64>>,
-                   e: Option<ArrayD<f64>>,
+                   a: Option<ArrayViewD<f64>>,
+                   r: Option<ArrayViewD<f64>>,
+                   e: Option<ArrayViewD<f64>>,
                    valid: &[bool],
                    unit: f64,
                    min_mag: f64| {
         let allowance = match name {
-            "dq" => grads.map(|g| g.dq.clone().into_dyn()),
-            "dk" => grads.map(|g| g.dk.clone().into_dyn()),
+            "dq" => grads.map(|g| g.dq.view().into_dyn()),
+            "dk" => grads.map(|g| g.dk.view().into_dyn()),
             _ => None,
         };
         let order = order.and_then(|o| match name {
@@ -640,27 +645,27 @@ pub fn judge_all(
             "dv" => o.dv.as_ref(),
             _ => None,
         });
-        let order = order.map(|o| o.clone().into_dyn());
+        let order = order.map(|o| o.view().into_dyn());
         // LSE is stored as f32 whatever the inputs' type.
         let stored = if name == "lse" { Dtype::F32 } else { dtype };
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
+            // Reborrowed, so that every view of the triple has one lifetime.
             out.push(judge(&Triple {
                 name,
-                actual,
-                reference,
-                emulated,
+                actual: actual.view(),
+                reference: reference.view(),
+                emulated: emulated.view(),
                 valid,
                 unit,
                 min_magnitude: min_mag,
                 max_finite: f64::from(stored.max_finite()),
                 min_spacing: stored.smallest_subnormal(),
                 spacings: subnormal_spacings(stored, terms(name), factor),
-                allowance,
-                order,
+                allowance: allowance.as_ref().map(|a| a.view()),
+                order: order.as_ref().map(|o| o.view()),
             }));
         }
     };
-    let dyn3 = |x: &Option<ndarray::Array3<f64>>| x.clone().map(|a| a.into_dyn());
     add(
         "o",
         dyn3(&actual.o),
@@ -672,9 +677,9 @@ pub fn judge_all(
     );
     add(
         "lse",
-        actual.lse.clone().map(|a| a.into_dyn()),
-        reference.lse.clone().map(|a| a.into_dyn()),
-        emulated.lse.clone().map(|a| a.into_dyn()),
+        actual.lse.as_ref().map(|a| a.view().into_dyn()),
+        reference.lse.as_ref().map(|a| a.view().into_dyn()),
+        emulated.lse.as_ref().map(|a| a.view().into_dyn()),
         &vq,
         Dtype::F32.unit_roundoff(),
         lse_magnitude,

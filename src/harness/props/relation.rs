@@ -329,9 +329,9 @@ mod tests {
             let arr = |v: Vec<f64>| Array3::from_shape_vec((1, 1, 4), v).unwrap().into_dyn();
             crate::harness::tolerance::judge(&crate::harness::tolerance::Triple {
                 name: "dq",
-                actual: arr(actual),
-                reference: arr(reference.clone()),
-                emulated: arr(reference),
+                actual: arr(actual).view(),
+                reference: arr(reference.clone()).view(),
+                emulated: arr(reference).view(),
                 valid: &[true],
                 unit: Dtype::F16.unit_roundoff(),
                 min_magnitude: 0.0,

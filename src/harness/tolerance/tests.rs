@@ -27,16 +27,19 @@ fn one_element(
     let valid = [true];
     judge(&Triple {
         name: "dq",
-        actual: arr3(&[[[actual]]]).into_dyn(),
-        reference: arr3(&[[[reference]]]).into_dyn(),
-        emulated: arr3(&[[[emulated]]]).into_dyn(),
+        actual: arr3(&[[[actual]]]).into_dyn().view(),
+        reference: arr3(&[[[reference]]]).into_dyn().view(),
+        emulated: arr3(&[[[emulated]]]).into_dyn().view(),
         valid: &valid,
         unit: dtype.unit_roundoff(),
         min_magnitude: 0.0,
         max_finite: f64::from(dtype.max_finite()),
         min_spacing: dtype.smallest_subnormal(),
         spacings: FLOOR,
-        allowance: allowance.map(|a| arr3(&[[[a]]]).into_dyn()),
+        allowance: allowance
+            .map(|a| arr3(&[[[a]]]).into_dyn())
+            .as_ref()
+            .map(|a| a.view()),
         order: None,
     })
 }
@@ -188,16 +191,16 @@ fn bf16_dk(
 ) -> Judgement {
     judge(&Triple {
         name: "dk",
-        actual,
-        reference,
-        emulated,
+        actual: actual.view(),
+        reference: reference.view(),
+        emulated: emulated.view(),
         valid: &[true, true],
         unit: Dtype::Bf16.unit_roundoff(),
         min_magnitude: 0.0,
         max_finite: f64::from(Dtype::Bf16.max_finite()),
         min_spacing: Dtype::Bf16.smallest_subnormal(),
         spacings: FLOOR,
-        allowance,
+        allowance: allowance.as_ref().map(|a| a.view()),
         order: None,
     })
 }
@@ -327,9 +330,9 @@ fn f32_sums_of_subnormal_products_get_spacings_per_term() {
         let one = |x: f64| arr3(&[[[x]]]).into_dyn();
         judge(&Triple {
             name: "dk",
-            actual: one(0.0),
-            reference: one(off * s),
-            emulated: one(off * s),
+            actual: one(0.0).view(),
+            reference: one(off * s).view(),
+            emulated: one(off * s).view(),
             valid: &[true],
             unit: Dtype::F32.unit_roundoff(),
             min_magnitude: 0.0,
