@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::campaign::{Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
-use smallseq::harness::report_io::{clean_previous, write_atomic, PartialReports};
+use smallseq::harness::report_io::{write_atomic, PartialReports};
 use smallseq::harness::te625;
 use smallseq::mutants::Mutant;
 use smallseq::worker::pool::DEFAULT_TIMEOUT_RULE;
@@ -39,6 +39,10 @@ pub struct FuzzArgs {
     /// Output directory for report.json, junit.xml and capsules.
     #[arg(long, default_value = "smallseq-out")]
     pub out: PathBuf,
+    /// Replace the report of a previous run in --out (without it, a --out that holds one is
+    /// refused, so no run silently wipes another's capsules).
+    #[arg(long)]
+    pub force: bool,
     /// Seconds spent shrinking each failure (0 disables shrinking).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     pub shrink_time: Duration,
@@ -147,8 +151,9 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         let names: Vec<&str> = args.plant.iter().map(|m| m.name()).collect();
         eprintln!("smallseq fuzz: planted bugs: {}", names.join(", "));
     }
-    let removed = clean_previous(&args.out)?.len();
-    super::say_cleaned("fuzz", &args.out, removed);
+    if let Err(code) = super::prepare_out("fuzz", &args.out, &[], args.force) {
+        return Ok(code);
+    }
     let campaign = Campaign {
         checker: Checker::new(
             runner,
