@@ -650,7 +650,7 @@ fn fuzz_refuses_a_previous_report_in_its_out_directory_without_force() {
 #[test]
 fn explain_replays_the_capsules_dispatch_inputs() {
     use smallseq::harness::capsule::{Replay, REPLAY};
-    let mut c = small_case(&[(3, 4), (2, 2)], 2, 64);
+    let mut c = small_case(&[(3, 4), (2, 2)], 16, 128);
     let replay = Replay {
         backend: "te625-model".into(),
         profile: "te625".into(),
