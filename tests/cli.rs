@@ -485,6 +485,17 @@ fn te625_campaign_names_every_modelled_defect() {
     }
     let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(summary.contains("TE #625 defects"));
+    // The minutes of attribution after the report show progress (stderr is no terminal
+    // here: lines), and the gate's example prints offsets as lists, not Rust's Option.
+    let err = stderr_of(&out);
+    for phase in [
+        "TE #625 attribution: replaying failures",
+        "TE #625 attribution: scanning cases for the padded-span gate 150/150",
+    ] {
+        assert!(err.contains(phase), "{phase} not in {err}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(" padded ") && !stdout.contains("Some("), "{stdout}");
 }
 
 #[test]

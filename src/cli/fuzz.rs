@@ -253,7 +253,7 @@ pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
 /// appends the table to `summary.md`.
 fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions) -> Result<()> {
     eprintln!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
-    let findings = te625::attribute(report, out, opts, 60)?;
+    let findings = te625::attribute(report, out, opts, 60, &mut attribution_progress())?;
     println!("TE #625 defects:");
     for f in &findings {
         println!(
@@ -271,6 +271,39 @@ fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions)
     md.push_str(&te625::markdown(&findings));
     write_atomic(&summary, md.as_bytes())?;
     Ok(())
+}
+
+/// Draws [`te625::Step`]s: a bar per phase on a terminal, else a line on stderr every 10 s
+/// and at each phase's end (CI logs show it is moving, without a line per case).
+fn attribution_progress() -> impl FnMut(te625::Step) {
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<(&'static str, ProgressBar)> = None;
+    let mut last = Instant::now();
+    move |s: te625::Step| {
+        if tty {
+            if bar.as_ref().is_none_or(|(phase, _)| *phase != s.phase) {
+                if let Some((_, b)) = bar.take() {
+                    b.finish();
+                }
+                let b = ProgressBar::new(s.total);
+                b.set_style(
+                    ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+                        .expect("static template"),
+                );
+                b.set_message(s.phase);
+                bar = Some((s.phase, b));
+            }
+            if let Some((_, b)) = &bar {
+                b.set_position(s.done);
+                if s.done == s.total {
+                    b.finish();
+                }
+            }
+        } else if s.done == s.total || last.elapsed() >= Duration::from_secs(10) {
+            eprintln!("smallseq fuzz: TE #625 attribution: {} {}/{}", s.phase, s.done, s.total);
+            last = Instant::now();
+        }
+    }
 }
 
 /// The campaign's last line: its verdict and the page to open.

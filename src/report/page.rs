@@ -154,7 +154,7 @@ fn coverage(b: &mut String, run: &Run) {
 }
 
 fn fmt_margin(m: Option<f64>) -> String {
-    m.map_or_else(|| "inf".into(), |m| format!("{m:.3}"))
+    m.map_or_else(|| "inf".into(), |m| crate::harness::text::decimal(m, 3))
 }
 
 fn margins(b: &mut String, run: &Run) {
