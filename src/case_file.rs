@@ -97,10 +97,8 @@ pub fn read_case(path: &Path) -> Result<Case> {
 /// # Errors
 /// As [`read_case`].
 pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| not_safetensors(name, &e))?;
-    let (_, header) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| not_safetensors(name, &e))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(name, &e))?;
     let meta: BTreeMap<String, String> = header
         .metadata()
         .clone()
@@ -409,8 +407,7 @@ fn encode(dtype: StDtype, vals: impl Iterator<Item = f64>) -> Vec<u8> {
 /// [`Error::CaseFile`] naming the tensor: not safetensors, a shape or dtype that does not fit,
 /// an unknown tensor.
 pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| not_safetensors(name, &e))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor {t:?}")));
@@ -435,8 +432,7 @@ pub struct Outputs32 {
 /// # Errors
 /// As [`parse_outputs`].
 pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs32> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| not_safetensors(name, &e))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor {t:?}")));
@@ -557,8 +553,12 @@ fn encode_case(
     meta.insert("smallseq.config".into(), case.config.to_json());
     meta.entry("smallseq.version".into())
         .or_insert_with(|| env!("CARGO_PKG_VERSION").into());
-    safetensors::serialize(views, &Some(meta))
-        .map_err(|e| file_err("<memory>", format!("cannot serialise: {}", safetensors_text(&e))))
+    safetensors::serialize(views, &Some(meta)).map_err(|e| {
+        file_err(
+            "<memory>",
+            format!("cannot serialise: {}", safetensors_text(&e)),
+        )
+    })
 }
 
 /// Writes a case atomically: a temporary file in the same directory, then a rename, so a

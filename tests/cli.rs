@@ -495,7 +495,10 @@ fn te625_campaign_names_every_modelled_defect() {
         assert!(err.contains(phase), "{phase} not in {err}");
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains(" padded ") && !stdout.contains("Some("), "{stdout}");
+    assert!(
+        stdout.contains(" padded ") && !stdout.contains("Some("),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -620,7 +623,8 @@ fn fuzz_refuses_a_previous_report_in_its_out_directory_without_force() {
     std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
     let fuzz = |force: bool| {
         let mut c = bin();
-        c.args(["fuzz", "--cases", "3", "--seed", "1", "--out"]).arg(&dir);
+        c.args(["fuzz", "--cases", "3", "--seed", "1", "--out"])
+            .arg(&dir);
         if force {
             c.arg("--force");
         }
@@ -630,8 +634,10 @@ fn fuzz_refuses_a_previous_report_in_its_out_directory_without_force() {
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains(&format!("{} holds the report of a previous run", dir.display()))
-            && err.contains("--force"),
+        err.contains(&format!(
+            "{} holds the report of a previous run",
+            dir.display()
+        )) && err.contains("--force"),
         "{err}"
     );
     assert!(stale.exists() && !dir.join("report.json").exists());
@@ -685,17 +691,17 @@ fn explain_replays_the_capsules_dispatch_inputs() {
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
     let v = explain(&[]);
-    assert_eq!((&v["path"], &v["profile"]), (&"small_seq".into(), &"te625".into()), "{v}");
+    assert_eq!(
+        (&v["path"], &v["profile"]),
+        (&"small_seq".into(), &"te625".into()),
+        "{v}"
+    );
     // The shell's environment (the variable unset) is what the capsule's record replaces.
     let v = explain(&["--env", "NVTE_FUSED_ATTN_CK_SMALLSEQ=0"]);
     assert_eq!(v["path"], "fallback", "{v}");
     let v = explain(&["--arch", "cpu"]);
     assert_eq!(v["path"], "fallback", "{v}");
-    let out = bin()
-        .args(["explain", "--case"])
-        .arg(&p)
-        .output()
-        .unwrap();
+    let out = bin().args(["explain", "--case"]).arg(&p).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("profile te625, arch gfx942, env NVTE_FUSED_ATTN_CK_SMALLSEQ=1"),

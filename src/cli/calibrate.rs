@@ -3,7 +3,6 @@
 //! case whose rate exceeds `Backend::rounding_budget`; this measures the rates a correct
 //! backend shows, so the budget is set from figures and not guessed.
 
-use smallseq::harness::text::{decimal, signed};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -15,6 +14,7 @@ use smallseq::harness::conformance::{self, CONFORMANCE_TENSORS};
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::{oracle, run_pair};
 use smallseq::harness::rng::Rng;
+use smallseq::harness::text::{decimal, signed};
 use smallseq::wrapper::RunOptions;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -270,7 +270,9 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 });
             let now = bias::bias_budget_of(be.name(), t)
                 .map_or("not judged".into(), |b| format!("budget {b:.2}"));
-            worst.map_or(format!("{t} - ({now})"), |w| format!("{t} {} ({now})", decimal(w, 3)))
+            worst.map_or(format!("{t} - ({now})"), |w| {
+                format!("{t} {} ({now})", decimal(w, 3))
+            })
         })
         .collect();
     println!("largest excess per tensor: {}", per_tensor.join(", "));

@@ -45,10 +45,7 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
             return Ok(super::EXIT_USAGE);
         }
     };
-    let profile = args
-        .profile
-        .or(recorded.profile)
-        .unwrap_or(Profile::Native);
+    let profile = args.profile.or(recorded.profile).unwrap_or(Profile::Native);
     let env = if !args.env.is_empty() {
         EnvView::from_pairs(args.env.iter().cloned())
     } else if let Some(pairs) = recorded.env() {

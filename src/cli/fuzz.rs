@@ -300,7 +300,10 @@ fn attribution_progress() -> impl FnMut(te625::Step) {
                 }
             }
         } else if s.done == s.total || last.elapsed() >= Duration::from_secs(10) {
-            eprintln!("smallseq fuzz: TE #625 attribution: {} {}/{}", s.phase, s.done, s.total);
+            eprintln!(
+                "smallseq fuzz: TE #625 attribution: {} {}/{}",
+                s.phase, s.done, s.total
+            );
             last = Instant::now();
         }
     }

@@ -96,7 +96,10 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         list.len(),
         args.seed
     );
-    let per_mutant: Vec<PathBuf> = Mutant::ALL.iter().map(|m| args.out.join(m.name())).collect();
+    let per_mutant: Vec<PathBuf> = Mutant::ALL
+        .iter()
+        .map(|m| args.out.join(m.name()))
+        .collect();
     if let Err(code) = super::prepare_out("mutants", &args.out, &per_mutant, args.force) {
         return Ok(code);
     }

@@ -58,10 +58,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             return Ok(super::EXIT_USAGE);
         }
     };
-    let profile = args
-        .profile
-        .or(recorded.profile)
-        .unwrap_or(Profile::Native);
+    let profile = args.profile.or(recorded.profile).unwrap_or(Profile::Native);
     let replay = recorded.replay;
     let mut planted = Vec::new();
     let (env, salt) = match &replay {

@@ -66,7 +66,13 @@ pub fn markdown(rep: &Report) -> String {
         let at: Vec<String> = rep
             .largest_margins
             .iter()
-            .map(|(t, m)| format!("{t} {} (case {})", super::text::decimal(m.margin, 3), m.case))
+            .map(|(t, m)| {
+                format!(
+                    "{t} {} (case {})",
+                    super::text::decimal(m.margin, 3),
+                    m.case
+                )
+            })
             .collect();
         m.push_str(&format!(
             "Largest margin per tensor (1 is the failure line): {}.\n\n",

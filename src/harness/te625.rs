@@ -241,10 +241,7 @@ mod tests {
 
     #[test]
     fn offsets_print_as_a_list_and_missing_padding_as_none() {
-        assert_eq!(
-            padded_text(Some(&[0, 10, 28, 40, 53])),
-            "0,10,28,40,53"
-        );
+        assert_eq!(padded_text(Some(&[0, 10, 28, 40, 53])), "0,10,28,40,53");
         assert_eq!(padded_text(None), "none");
     }
 }

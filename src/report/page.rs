@@ -289,7 +289,11 @@ fn other_capsule(f: &Failure, shown: &str) -> String {
         Some(o) => format!(
             "<p>capsule: <code>{}</code></p><p class=\"note\">{} capsule: <code>{}</code></p>",
             esc(shown),
-            if shown == f.capsule { "shrunk" } else { "original" },
+            if shown == f.capsule {
+                "shrunk"
+            } else {
+                "original"
+            },
             esc(o)
         ),
         None => format!("<p>capsule: <code>{}</code></p>", esc(shown)),
@@ -448,16 +452,20 @@ mod tests {
         let cfg = AttnConfig::new(Dtype::F32, 2, 64, Mask::Padding);
         let layout = Layout::packed(&[(3, 4), (2, 2)]);
         let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
-        let t = |n: usize| ndarray::Array3::from_shape_fn((n, 2, 64), |(a, b, c)| {
-            ((a * 7 + b * 3 + c) % 11) as f32 / 11.0 - 0.5
-        });
+        let t = |n: usize| {
+            ndarray::Array3::from_shape_fn((n, 2, 64), |(a, b, c)| {
+                ((a * 7 + b * 3 + c) % 11) as f32 / 11.0 - 0.5
+            })
+        };
         let mut case = crate::Case::new(cfg, layout, t(tq), t(tk), t(tk), None).unwrap();
         case.outputs = crate::harness::props::oracle(&case).unwrap().reference;
         let capsule = |name: &str, detail: &str| {
             let mut c = case.clone();
             c.meta.insert(
                 "smallseq.verdict".into(),
-                format!(r#"{{"failures":[{{"property":"numeric_agreement","detail":"{detail}"}}]}}"#),
+                format!(
+                    r#"{{"failures":[{{"property":"numeric_agreement","detail":"{detail}"}}]}}"#
+                ),
             );
             let p = dir.join("capsules").join(name);
             write_case(&c, &p, OutputPrecision::Device).unwrap();
@@ -480,7 +488,10 @@ mod tests {
         };
         let mut b = String::new();
         failures(&mut b, &run);
-        assert!(b.contains("<p>shrunk text</p>") && !b.contains("<p>original text</p>"), "{b}");
+        assert!(
+            b.contains("<p>shrunk text</p>") && !b.contains("<p>original text</p>"),
+            "{b}"
+        );
         assert!(
             b.contains(
                 "the <b>shrunk</b> capsule <code>case-000004-numeric_agreement-shrunk.safetensors</code> \
@@ -493,7 +504,10 @@ mod tests {
         std::fs::remove_file(run.failures[0].shrunk_capsule.as_ref().unwrap()).unwrap();
         let mut b = String::new();
         failures(&mut b, &run);
-        assert!(b.contains("<p>original text</p>") && !b.contains("shrunk text"), "{b}");
+        assert!(
+            b.contains("<p>original text</p>") && !b.contains("shrunk text"),
+            "{b}"
+        );
         assert!(b.contains("the <b>original</b> capsule"), "{b}");
         assert_eq!(b.matches("<svg").count(), 1, "{b}");
     }

@@ -48,7 +48,10 @@ pub fn write_outputs(path: &Path, tensors: &[(&str, ArrayViewD<'_, f32>)]) -> Re
         .collect::<Result<Vec<_>>>()?;
     let blob = safetensors::serialize(views, &None).map_err(|e| Error::Tensor {
         tensor: "<outputs>".into(),
-        detail: format!("cannot serialise: {}", crate::case_file::safetensors_text(&e)),
+        detail: format!(
+            "cannot serialise: {}",
+            crate::case_file::safetensors_text(&e)
+        ),
     })?;
     let io = |source| Error::Io {
         path: path.display().to_string(),

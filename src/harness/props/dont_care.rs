@@ -109,7 +109,11 @@ mod tests {
         let mut layout = Layout::packed(&[(20, 20)]);
         layout.q.tokens = 23;
         layout.kv.tokens = 23;
-        let case = bf16_case(AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding), layout, 5);
+        let case = bf16_case(
+            AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding),
+            layout,
+            5,
+        );
         let mut be = HookedCpu::new();
         let calls = AtomicU32::new(0);
         be.after_fwd = Box::new(move |_, out| {
