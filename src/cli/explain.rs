@@ -3,7 +3,6 @@
 use anyhow::Result;
 use smallseq::dispatch::{Arch, Dispatcher, EnvView, Profile, RuntimeFacts};
 use smallseq::harness::repro::Recorded;
-use smallseq::mutants::Mutant;
 use std::path::PathBuf;
 
 /// Print whether a case takes the small-seq path, and why not.
@@ -59,15 +58,16 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
         .or_else(|| recorded.arch())
         .unwrap_or_else(Arch::cpu);
     // Bugs planted in the gate change its decision as they changed the campaign's.
-    let planted: Vec<Mutant> = recorded
-        .replay
-        .iter()
-        .flat_map(|r| r.planted.iter().filter_map(|m| m.parse().ok()))
-        .collect();
-    let defects = if planted.is_empty() {
+    let defects = if recorded.planted.is_empty() {
         Default::default()
     } else {
-        smallseq::backend::open_planted("cpu", &planted)?.gate_defects()
+        match smallseq::backend::open_planted("cpu", &recorded.planted) {
+            Ok(be) => be.gate_defects(),
+            Err(e) => {
+                eprintln!("smallseq: {e}");
+                return Ok(super::EXIT_USAGE);
+            }
+        }
     };
     if let (Some(r), false) = (&recorded.replay, args.json) {
         let mut shown = r.clone();

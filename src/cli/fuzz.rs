@@ -75,6 +75,9 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         eprintln!("smallseq: --jobs 0: at least one case must run at a time");
         return Ok(super::EXIT_USAGE);
     }
+    if let Err(code) = super::refuse_previous("fuzz", &args.out, &[], args.force) {
+        return Ok(code);
+    }
     let (target, jobs) =
         match target::open_planted(&args.target, args.profile, args.jobs, &args.plant) {
             Ok(t) => t,

@@ -21,6 +21,18 @@ pub struct MergeArgs {
 }
 
 pub fn run(args: &MergeArgs) -> Result<i32> {
+    // --force would remove a shard's own report before it is read.
+    let same = |d: &PathBuf| match (d.canonicalize(), args.out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => d == &args.out,
+    };
+    if let Some(d) = args.dirs.iter().find(|d| same(d)) {
+        eprintln!(
+            "smallseq merge: --out {} is one of the shards to merge; give another folder",
+            d.display()
+        );
+        return Ok(super::EXIT_USAGE);
+    }
     if let Err(code) = super::prepare_out("merge", &args.out, &[], args.force) {
         return Ok(code);
     }

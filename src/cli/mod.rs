@@ -95,6 +95,30 @@ pub fn write_reports(
     smallseq::report::write_html(dir, rep)
 }
 
+/// The refusal of [`prepare_out`] alone, which touches nothing: a command calls it before it
+/// starts workers or opens a device, so a wrong `--out` costs no start-up.
+pub fn refuse_previous(
+    command: &str,
+    out: &std::path::Path,
+    also: &[std::path::PathBuf],
+    force: bool,
+) -> Result<(), i32> {
+    use smallseq::harness::report_io::previous_report_files;
+    let previous: usize = std::iter::once(out)
+        .chain(also.iter().map(|d| d.as_path()))
+        .map(|d| previous_report_files(d).len())
+        .sum();
+    if previous > 0 && !force {
+        eprintln!(
+            "smallseq {command}: {} holds the report of a previous run ({previous} file(s)); \
+             pass --force to replace it, or give another --out",
+            out.display()
+        );
+        return Err(EXIT_USAGE);
+    }
+    Ok(())
+}
+
 /// Readies `out` for `command`'s report: refuses (usage status) when it, or one of `also`
 /// (subfolders a command writes reports into), holds a previous smallseq report and `force`
 /// is off, so a rerun never wipes the last night's capsules unasked and CI paths stay
@@ -106,19 +130,11 @@ pub fn prepare_out(
     also: &[std::path::PathBuf],
     force: bool,
 ) -> Result<(), i32> {
-    use smallseq::harness::report_io::{clean_previous, previous_report_files};
+    use smallseq::harness::report_io::clean_previous;
+    refuse_previous(command, out, also, force)?;
     let dirs: Vec<&std::path::Path> = std::iter::once(out)
         .chain(also.iter().map(|d| d.as_path()))
         .collect();
-    let previous: usize = dirs.iter().map(|d| previous_report_files(d).len()).sum();
-    if previous > 0 && !force {
-        eprintln!(
-            "smallseq {command}: {} holds the report of a previous run ({previous} file(s)); \
-             pass --force to replace it, or give another --out",
-            out.display()
-        );
-        return Err(EXIT_USAGE);
-    }
     let mut removed = 0;
     for d in &dirs {
         match clean_previous(d) {

@@ -59,19 +59,10 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         }
     };
     let profile = args.profile.or(recorded.profile).unwrap_or(Profile::Native);
+    let planted = recorded.planted;
     let replay = recorded.replay;
-    let mut planted = Vec::new();
     let (env, salt) = match &replay {
         Some(r) => {
-            for name in &r.planted {
-                match name.parse::<Mutant>() {
-                    Ok(m) => planted.push(m),
-                    Err(e) => {
-                        eprintln!("smallseq: {}: planted bug: {e}", args.capsule.display());
-                        return Ok(super::EXIT_USAGE);
-                    }
-                }
-            }
             if args.current_env {
                 let mut env = EnvView::from_process();
                 let set = apply_profile_defaults(profile, &mut env);

@@ -8,6 +8,7 @@ use crate::backend::rounding_budget_of;
 use crate::case::Case;
 use crate::dispatch::{Arch, Path, Profile};
 use crate::error::{Error, Result};
+use crate::mutants::Mutant;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
@@ -44,13 +45,16 @@ pub struct Recorded {
     pub replay: Option<Replay>,
     /// The profile it ran under: the record's, else the older `smallseq.profile` key.
     pub profile: Option<Profile>,
+    /// The bugs planted in the backend that made the capsule (`fuzz --plant`).
+    pub planted: Vec<Mutant>,
 }
 
 impl Recorded {
     /// Reads the replay record of `case`, read from the file `name` (used in errors).
     ///
     /// # Errors
-    /// [`Error::CaseFile`] naming the file when the record does not parse.
+    /// [`Error::CaseFile`] naming the file when the record does not parse or names a planted
+    /// bug this build does not know.
     pub fn of(case: &Case, name: &str) -> Result<Self> {
         let replay = Replay::from_meta(&case.meta)
             .transpose()
@@ -63,7 +67,21 @@ impl Recorded {
             .map(|r| r.profile.clone())
             .or_else(|| case.meta.get("smallseq.profile").cloned())
             .and_then(|p| p.parse().ok());
-        Ok(Recorded { replay, profile })
+        let planted = replay
+            .iter()
+            .flat_map(|r| r.planted.iter())
+            .map(|m| {
+                m.parse::<Mutant>().map_err(|e| Error::CaseFile {
+                    path: name.into(),
+                    detail: format!("planted bug: {e}"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Recorded {
+            replay,
+            profile,
+            planted,
+        })
     }
 
     /// The arch the capsule's gate was asked about, when it names one.
