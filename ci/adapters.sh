@@ -34,4 +34,4 @@ SMALLSEQ_BIN="$bin" "$py" -m unittest discover -s adapters/tests -p "test_agains
   || { tail -n 60 "$log"; exit 1; }
 tail -n 3 "$log"
 echo "== exec campaign through numpy_reference.py"
-"$bin" fuzz --backend exec --worker "$py adapters/numpy_reference.py" --cases 40 --seed 1 --out target/l0/exec || exit 1
+"$bin" fuzz --backend exec --worker "$py adapters/numpy_reference.py" --cases 40 --seed 1 --force --out target/l0/exec || exit 1

@@ -13,7 +13,7 @@ if [ "${3:-}" = collect ]; then
   # calibration of every tensor.
   timeout 300 "$bin" mutants --backend cuda --cases 300 --seed 1 \
     --only nan-on-overflow,dq-ulp-bias,zeroed-small-row,fallback-small-shapes-2x \
-    --out /tmp/mut-cuda >/tmp/mut-cuda.log 2>&1
+    --force --out /tmp/mut-cuda >/tmp/mut-cuda.log 2>&1
   say "mutants --backend cuda: exit $?"
   grep -E '^\|' /tmp/mut-cuda.log | tee -a "$log"
   timeout 200 "$bin" calibrate --backend cuda --cases 2500 --seed 1 --out "$out/calibrate.json" \
@@ -31,7 +31,7 @@ fi
 at=${3:-5m} ct=${4:-10m}
 python3 -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__, torch.cuda.get_device_name())' | tee -a "$log"
 setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shrink-time 5s \
-  --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
+  --force --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
 (timeout 300 python3 -m unittest discover -s adapters/tests -p 'test_frameworks.py' -v \
   >/tmp/smoke.log 2>&1; echo "smoke exit $?" >>/tmp/smoke.log) &
 smoke=$!
@@ -46,7 +46,7 @@ for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
             "jax-cudnn|adapters/jax_attention.py --implementation cudnn"; do
   name=${spec%%|*} script=${spec#*|}
   timeout -k 20 540 "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
-    --seed 17 --jobs 2 --shrink-time 5s --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
+    --seed 17 --jobs 2 --shrink-time 5s --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"

@@ -26,7 +26,7 @@ cp /tmp/gate-speed/log.txt "$out/speed.txt"; sed 's/^/  /' "$out/speed.txt" | te
 cat "$out/speed.txt"
 
 timeout -k 10 110 "$bin" fuzz --backend exec --worker "python3 adapters/torch_sdpa.py --kernel flash" \
-  --time 60s --seed 17 --jobs 16 --shrink-time 0s --out /tmp/gate-adapter > /tmp/gate-adapter.log 2>&1
+  --time 60s --seed 17 --jobs 16 --shrink-time 0s --force --out /tmp/gate-adapter > /tmp/gate-adapter.log 2>&1
 say "adapter speed (torch_sdpa flash, 16 jobs): exit $?; $(grep -m1 'cases in' /tmp/gate-adapter.log)"
 grep -m1 -i 'protocol overhead' /tmp/gate-adapter.log /tmp/gate-adapter/summary.md 2>/dev/null | tee -a "$log"
 tar czf "$out/adapter-speed.tar.gz" -C /tmp gate-adapter/report.json gate-adapter/summary.md gate-adapter.log 2>/dev/null
@@ -36,7 +36,7 @@ pids=()
 for m in nan-on-overflow dq-ulp-bias zeroed-small-row fallback-small-shapes-2x \
          head-index-above-16 softmax-first-tile-max f16-ds-unclamped round-toward-zero; do
   timeout -k 10 300 "$bin" mutants --backend cuda --only "$m" --cases 300 --seed 1 \
-    --out "/tmp/gate-mut/$m" > "/tmp/gate-mut/$m.log" 2>&1 &
+    --force --out "/tmp/gate-mut/$m" > "/tmp/gate-mut/$m.log" 2>&1 &
   pids+=($!)
 done
 timeout -k 10 300 "$bin" calibrate --backend cuda --cases 3000 --seed 1 --out "$out/calibrate.json" \
@@ -47,7 +47,7 @@ for f in OOB_WRITE HANG; do
   (
     name=/tmp/gate-faults/$f
     SMALLSEQ_KERNEL_DEFINES=SMALLSEQ_MUTANT_$f timeout -k 10 200 "$bin" fuzz --backend cuda \
-      --cases 100 --seed 7 --case-timeout 8s --shrink-time 0 --out "$name" > "$name.log" 2>&1
+      --cases 100 --seed 7 --case-timeout 8s --shrink-time 0 --force --out "$name" > "$name.log" 2>&1
     echo "campaign exit $?" >> "$name.log"
     cmd=$(grep -m1 -o '[^ ]*smallseq repro .*' "$name.log")
     if [ -n "$cmd" ]; then

@@ -196,11 +196,11 @@ gpu__time_duration.sum \
         done
       done ;;
     sanitize)
-      run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --out /tmp/san-m
+      run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 10 --seed 5 --shrink-time 0 --force --out /tmp/san-m
       # The tiled fallback (both directions, 16 and 512 tokens) and the small-seq kernels.
       run 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,fix16
       run 150 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --filter fix512,fix16
-      run 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 6 --seed 6 --shrink-time 0 --out /tmp/san-r ;;
+      run 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$ss" fuzz --backend cuda --cases 6 --seed 6 --shrink-time 0 --force --out /tmp/san-r ;;
     mutants)
       run 150 "$ss" mutants --backend cuda --cases 150 --seed 1 ;;
     fuzzbg)
@@ -212,7 +212,7 @@ gpu__time_duration.sum \
       for v in ${FUZZ_VARIANTS:-default}; do
         sfx=$([ $i -gt 0 ] && echo "-$i")
         split_variant "$v"
-        args=("${fuzz_args[@]}" --seed "${seed:-${FUZZ_SEED:-2027}}" --out "/tmp/fuzz$sfx")
+        args=("${fuzz_args[@]}" --seed "${seed:-${FUZZ_SEED:-2027}}" --force --out "/tmp/fuzz$sfx")
         echo "\$ setsid env ${envs[*]} SMALLSEQ_KERNEL_DEFINES='${defs[*]}' $ss ${args[*]} --time $fuzz_time" | tee -a "$log"
         # The campaign writes its own pid (setsid forks when the shell leads a process group).
         setsid sh -c 'echo $$ > "$0"; exec "$@"' "/tmp/fuzz$sfx.pid" env "${envs[@]}" \
@@ -254,7 +254,7 @@ gpu__time_duration.sum \
       if [ "$t" -lt 10 ]; then
         echo "SKIP (session time): fuzz" | tee -a "$log"
       else
-        run $((t + 90)) "$ss" "${fuzz_args[@]}" --seed "${FUZZ_SEED:-2027}" --out /tmp/fuzz \
+        run $((t + 90)) "$ss" "${fuzz_args[@]}" --seed "${FUZZ_SEED:-2027}" --force --out /tmp/fuzz \
           --time "${t}s"
       fi
       collect_fuzz ;;

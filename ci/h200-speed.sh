@@ -13,12 +13,12 @@ mkdir -p "$out"
 log=$out/log.txt
 say() { echo "$*" | tee -a "$log"; }
 t0=$SECONDS
-timeout 240 "$bin" fuzz --backend cuda --cases 1 --jobs 1 --out /tmp/speed-warm >/tmp/speed-warm.log 2>&1
+timeout 240 "$bin" fuzz --backend cuda --cases 1 --jobs 1 --force --out /tmp/speed-warm >/tmp/speed-warm.log 2>&1
 say "kernel cache warmed in $((SECONDS - t0)) s ($(nproc) cores)"
 tp() { # LABEL BIN ARGS...
   local name=$1 b=$2; shift 2
   timeout -k 10 $((secs + 120)) "$b" fuzz "$@" --seed 2051 --time "${secs}s" \
-    --shrink-time 1s --out "/tmp/speed-$name" >"/tmp/speed-$name.log" 2>&1
+    --shrink-time 1s --force --out "/tmp/speed-$name" >"/tmp/speed-$name.log" 2>&1
   say "$name: exit $?; $(grep -m1 'cases in' "/tmp/speed-$name.log")"
 }
 for who in new ${base:+base}; do
@@ -36,7 +36,7 @@ if [ -n "$base" ]; then
   for who in new base; do
     b=$bin; [ "$who" = base ] && b=$base
     timeout -k 10 300 "$b" fuzz --backend cuda --jobs 32 --cases 600 --seed 2052 \
-      --shrink-time 0 --out "/tmp/speed-eq-$who" >"/tmp/speed-eq-$who.log" 2>&1
+      --shrink-time 0 --force --out "/tmp/speed-eq-$who" >"/tmp/speed-eq-$who.log" 2>&1
     say "eq-$who: exit $?; $(grep -m1 'cases in' "/tmp/speed-eq-$who.log")"
   done
   python3 - /tmp/speed-eq-new/report.json /tmp/speed-eq-base/report.json <<'PY' | tee -a "$log"

@@ -11,14 +11,14 @@ say() { echo "$*" | tee -a "$log"; }
 t0=$SECONDS
 for d in "" SMALLSEQ_MUTANT_OOB_WRITE SMALLSEQ_MUTANT_HANG; do
   SMALLSEQ_KERNEL_DEFINES=$d timeout 240 "$bin" fuzz --backend cuda --cases 1 --jobs 1 \
-    --out "/tmp/warm$d" >"/tmp/warm$d.log" 2>&1 &
+    --force --out "/tmp/warm$d" >"/tmp/warm$d.log" 2>&1 &
 done
 wait
 say "kernel cache warmed in $((SECONDS - t0)) s"
 tp() { # NAME ENV ARGS...
   local name=$1 env=$2; shift 2
   env $env timeout -k 10 $((secs + 120)) "$bin" fuzz "$@" --seed 2051 --time "${secs}s" \
-    --shrink-time 1s --out "/tmp/$name" >"/tmp/$name.log" 2>&1
+    --shrink-time 1s --force --out "/tmp/$name" >"/tmp/$name.log" 2>&1
   say "$name ($env): exit $?; $(grep -m1 'cases in' "/tmp/$name.log")"
 }
 tp cpu-inproc X=1 --backend cpu
@@ -32,7 +32,7 @@ cp /tmp/cpu-inproc/report.json "$out/cpu-inproc.json"
 for f in OOB_WRITE HANG; do
   name=fault-$f
   SMALLSEQ_KERNEL_DEFINES=SMALLSEQ_MUTANT_$f timeout -k 10 200 "$bin" fuzz --backend cuda \
-    --cases 100 --seed 7 --case-timeout 8s --shrink-time 0 --out "/tmp/$name" >"/tmp/$name.log" 2>&1
+    --cases 100 --seed 7 --case-timeout 8s --shrink-time 0 --force --out "/tmp/$name" >"/tmp/$name.log" 2>&1
   say "$name: exit $?; $(grep -m1 'cases in' "/tmp/$name.log")"
   grep -E '^  (crash|hang) ' "/tmp/$name.log" | tee -a "$log"
   grep -m1 '^FAIL' "/tmp/$name.log" | cut -c1-250 | tee -a "$log"

@@ -60,7 +60,7 @@ speed_jobs=${SPEED_JOBS:-12}
 if [ -z "${SKIP_SPEED:-}" ] && [ "$(left)" -gt 300 ]; then
   say "speed: $speed_adapter, --jobs $speed_jobs, 60 s, no shrinking"
   timeout -k 10 150 "$bin" fuzz --backend exec --worker "python3 $speed_adapter" --time 60s --seed 17 \
-    --jobs "$speed_jobs" --shrink-time 0s --out "$work/speed" > "$work/speed.log" 2>&1
+    --jobs "$speed_jobs" --shrink-time 0s --force --out "$work/speed" > "$work/speed.log" 2>&1
   say "speed: exit $?; $(timeout 10 python3 ci/triage.py line speed "$work/speed/report.json")"
   timeout 30 tar czf "$out/speed.tar.gz" -C "$work" speed/report.json speed/summary.md speed.log 2>/dev/null
 fi
@@ -101,7 +101,7 @@ pids=()
 for spec in "${specs[@]}"; do
   name=${spec%%|*} script=${spec#*|}
   timeout -k 10 $(( ct + 40 )) "$bin" fuzz --backend exec --worker "python3 $script" --time "${ct}s" \
-    --seed 17 --jobs 2 --shrink-time 4s --out "$work/$name" > "$work/$name.log" 2>&1 &
+    --seed 17 --jobs 2 --shrink-time 4s --force --out "$work/$name" > "$work/$name.log" 2>&1 &
   pids+=($!)
 done
 # status lines every 60 s from the partial reports, so a killed call still says something

@@ -15,14 +15,14 @@ say "host: $(nproc) cores; $(nvidia-smi -L | head -4 | tr '\n' ' ')"
 t0=$SECONDS
 for d in "" SMALLSEQ_MUTANT_OOB_WRITE SMALLSEQ_MUTANT_TRAP SMALLSEQ_MUTANT_HANG; do
   SMALLSEQ_KERNEL_DEFINES=$d timeout 240 "$bin" fuzz --backend cuda --cases 1 --jobs 1 \
-    --out "/tmp/warm$d" >"/tmp/warm$d.log" 2>&1 &
+    --force --out "/tmp/warm$d" >"/tmp/warm$d.log" 2>&1 &
 done
 wait
 say "kernel cache warmed in $((SECONDS - t0)) s"
 tp() { # NAME ARGS...: one throughput run
   local name=$1; shift
   timeout -k 10 $((secs + 120)) "$bin" fuzz "$@" --seed 2050 --time "${secs}s" --shrink-time 1s \
-    --out "/tmp/$name" >"/tmp/$name.log" 2>&1
+    --force --out "/tmp/$name" >"/tmp/$name.log" 2>&1
   local rc=$?
   say "$name: exit $rc; $(grep -m1 'cases in' "/tmp/$name.log")"
   cp "/tmp/$name/report.json" "$out/$name.json" 2>/dev/null
@@ -35,7 +35,7 @@ for f in OOB_WRITE TRAP HANG; do
   name=fault-$(echo $f | tr 'A-Z_' 'a-z-')
   t1=$SECONDS
   SMALLSEQ_KERNEL_DEFINES=SMALLSEQ_MUTANT_$f timeout -k 10 200 "$bin" fuzz --backend cuda \
-    --cases 200 --seed 7 --case-timeout 8s --shrink-time 0 --out "/tmp/$name" >"/tmp/$name.log" 2>&1
+    --cases 200 --seed 7 --case-timeout 8s --shrink-time 0 --force --out "/tmp/$name" >"/tmp/$name.log" 2>&1
   rc=$?
   say "$name: exit $rc in $((SECONDS - t1)) s; $(grep -m1 'cases in' "/tmp/$name.log")"
   grep -E '^  (crash|hang|numeric_agreement) ' "/tmp/$name.log" | tee -a "$log"

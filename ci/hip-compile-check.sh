@@ -106,7 +106,7 @@ done
 
 # -- 4b. no device: exit 2, one line -----------------------------------------------------------
 set +e
-err=$("$bin" fuzz --backend hip --cases 1 --out "$out/fuzz" 2>&1 >/dev/null)
+err=$("$bin" fuzz --backend hip --cases 1 --force --out "$out/fuzz" 2>&1 >/dev/null)
 rc=$?
 set -e
 if [ -e /dev/kfd ]; then

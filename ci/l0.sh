@@ -46,7 +46,7 @@ stage tests cargo test --workspace --release "${features[@]}"
 # The binary `cargo test` built for the CLI tests (with the same features): `cargo run` would
 # resolve the dependencies' features without the dev-dependencies and compile again.
 bin=target/release/smallseq
-stage mutants "$bin" mutants --cases 300 --seed 1 --until-killed --out target/l0/mutants
-stage fuzz-campaign "$bin" fuzz --cases 300 --seed 1 --out target/l0/fuzz
+stage mutants "$bin" mutants --cases 300 --seed 1 --until-killed --force --out target/l0/mutants
+stage fuzz-campaign "$bin" fuzz --cases 300 --seed 1 --force --out target/l0/fuzz
 stage report-pages env SMALLSEQ_BIN="$bin" ci/html-check.sh target/l0/fuzz target/l0/mutants/neighbour-slot-read
 stage adapters env SMALLSEQ_BIN="$bin" ci/adapters.sh

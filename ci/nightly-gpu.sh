@@ -65,7 +65,7 @@ run_tier() {  # name, then smallseq fuzz arguments
   [ -n "$shard" ] && extra+=(--shard "$shard")
   [ -n "$worker" ] && extra+=(--worker "$worker")
   [ -n "$jobs" ] && extra+=(--jobs "$jobs")
-  (cd "$artifacts" && "$binary" fuzz --backend "$backend" --out "$name" "${extra[@]}" "$@")
+  (cd "$artifacts" && "$binary" fuzz --backend "$backend" --force --out "$name" "${extra[@]}" "$@")
   local rc=$?
   case $rc in
     0) ;;

@@ -30,6 +30,55 @@ fn file_err(path: &str, detail: impl Into<String>) -> Error {
     }
 }
 
+/// A safetensors error as a sentence: the crate's `Display` prints its variant names
+/// (`HeaderTooSmall`), which tell a user nothing about their file.
+pub fn safetensors_text(e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::InvalidHeader => "its header is not valid UTF-8 text".into(),
+        E::InvalidHeaderStart => "its header does not start with '{' (a JSON object)".into(),
+        E::InvalidHeaderDeserialization => "its header is text but not valid JSON".into(),
+        E::HeaderTooLarge => {
+            "the header length in its first 8 bytes is larger than the file or than 100 MB \
+             (is it a safetensors file at all?)"
+                .into()
+        }
+        E::HeaderTooSmall => {
+            "it is shorter than the 8-byte header length a safetensors file starts with \
+             (empty or truncated?)"
+                .into()
+        }
+        E::InvalidHeaderLength => "the header length in its first 8 bytes is invalid".into(),
+        E::TensorNotFound(t) => format!("it holds no tensor named '{t}'"),
+        E::TensorInvalidInfo => {
+            "a tensor's shape and dtype do not match its byte range in the header".into()
+        }
+        E::InvalidOffset(t) => format!("the byte offsets of tensor '{t}' are invalid"),
+        E::IoError(io) => format!("it cannot be read: {io}"),
+        E::JsonError(j) => format!("its header is not valid JSON: {j}"),
+        E::InvalidTensorView(dt, shape, len) => {
+            let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+            format!(
+                "a tensor of dtype {dt:?} and shape [{}] does not fit its {len} bytes",
+                dims.join(", ")
+            )
+        }
+        E::MetadataIncompleteBuffer => {
+            "the tensors in its header do not cover the data that follows it (truncated or \
+             padded file?)"
+                .into()
+        }
+        E::ValidationOverflow => "a tensor's shape in its header overflows when multiplied".into(),
+    }
+}
+
+fn not_safetensors(name: &str, e: &safetensors::SafeTensorError) -> Error {
+    file_err(
+        name,
+        format!("not a valid safetensors file: {}", safetensors_text(e)),
+    )
+}
+
 /// Reads a case file.
 ///
 /// # Errors
@@ -48,10 +97,8 @@ pub fn read_case(path: &Path) -> Result<Case> {
 /// # Errors
 /// As [`read_case`].
 pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(name, &e))?;
     let meta: BTreeMap<String, String> = header
         .metadata()
         .clone()
@@ -360,8 +407,7 @@ fn encode(dtype: StDtype, vals: impl Iterator<Item = f64>) -> Vec<u8> {
 /// [`Error::CaseFile`] naming the tensor: not safetensors, a shape or dtype that does not fit,
 /// an unknown tensor.
 pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor {t:?}")));
@@ -386,8 +432,7 @@ pub struct Outputs32 {
 /// # Errors
 /// As [`parse_outputs`].
 pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs32> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| file_err(name, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor {t:?}")));
@@ -500,7 +545,7 @@ fn encode_case(
         .map(|(n, dt, shape, bytes)| {
             TensorView::new(*dt, shape.clone(), bytes)
                 .map(|v| (n.clone(), v))
-                .map_err(|e| file_err(n, format!("cannot encode: {e:?}")))
+                .map_err(|e| file_err(n, format!("cannot encode: {}", safetensors_text(&e))))
         })
         .collect::<Result<_>>()?;
     let mut meta: HashMap<String, String> = meta.clone().into_iter().collect();
@@ -508,8 +553,12 @@ fn encode_case(
     meta.insert("smallseq.config".into(), case.config.to_json());
     meta.entry("smallseq.version".into())
         .or_insert_with(|| env!("CARGO_PKG_VERSION").into());
-    safetensors::serialize(views, &Some(meta))
-        .map_err(|e| file_err("<memory>", format!("cannot serialise: {e:?}")))
+    safetensors::serialize(views, &Some(meta)).map_err(|e| {
+        file_err(
+            "<memory>",
+            format!("cannot serialise: {}", safetensors_text(&e)),
+        )
+    })
 }
 
 /// Writes a case atomically: a temporary file in the same directory, then a rename, so a

@@ -485,6 +485,20 @@ fn te625_campaign_names_every_modelled_defect() {
     }
     let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(summary.contains("TE #625 defects"));
+    // The minutes of attribution after the report show progress (stderr is no terminal
+    // here: lines), and the gate's example prints offsets as lists, not Rust's Option.
+    let err = stderr_of(&out);
+    for phase in [
+        "TE #625 attribution: replaying failures",
+        "TE #625 attribution: scanning cases for the padded-span gate 150/150",
+    ] {
+        assert!(err.contains(phase), "{phase} not in {err}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(" padded ") && !stdout.contains("Some("),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -597,21 +611,37 @@ fn run_prints_what_it_wrote_refuses_its_input_as_output_and_drops_old_verdicts()
     assert_eq!(std::fs::read(&inp).unwrap(), before);
 }
 
-/// A reused `--out` loses the capsules and reports of the run before (stale capsules next to
-/// a new "passed" mislead), and keeps every file smallseq did not write.
+/// A `--out` holding a previous report is refused (exit 2, naming the folder and `--force`)
+/// and left as it was; with `--force` the previous reports and capsules go, other files stay.
 #[test]
-fn fuzz_cleans_what_a_previous_run_left_in_its_out_directory() {
+fn fuzz_refuses_a_previous_report_in_its_out_directory_without_force() {
     let dir = tmp("reused-out");
     std::fs::create_dir_all(dir.join("capsules")).unwrap();
     let stale = dir.join("capsules/case-000003-numeric_agreement.safetensors");
     std::fs::write(&stale, b"old").unwrap();
     std::fs::write(dir.join("te625.json"), b"[]").unwrap();
     std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
-    let out = bin()
-        .args(["fuzz", "--cases", "3", "--seed", "1", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let fuzz = |force: bool| {
+        let mut c = bin();
+        c.args(["fuzz", "--cases", "3", "--seed", "1", "--out"])
+            .arg(&dir);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    let out = fuzz(false);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} holds the report of a previous run",
+            dir.display()
+        )) && err.contains("--force"),
+        "{err}"
+    );
+    assert!(stale.exists() && !dir.join("report.json").exists());
+    let out = fuzz(true);
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(!stale.exists() && !dir.join("te625.json").exists());
     assert!(dir.join("notes.txt").exists() && dir.join("report.json").exists());
@@ -620,6 +650,89 @@ fn fuzz_cleans_what_a_previous_run_left_in_its_out_directory() {
         "{}",
         stderr_of(&out)
     );
+    // A folder with only other files is not a report: used without --force.
+    let other = tmp("other-files-out");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), b"mine").unwrap();
+    let out = bin()
+        .args(["fuzz", "--cases", "2", "--seed", "1", "--out"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// `explain` on a capsule asks the gate what the campaign asked it: the replay record's
+/// profile, arch and environment, as `repro` replays them (flags still override).
+#[test]
+fn explain_replays_the_capsules_dispatch_inputs() {
+    use smallseq::harness::capsule::{Replay, REPLAY};
+    let mut c = small_case(&[(3, 4), (2, 2)], 16, 128);
+    let replay = Replay {
+        backend: "te625-model".into(),
+        profile: "te625".into(),
+        arch: "gfx942".into(),
+        env: [("NVTE_FUSED_ATTN_CK_SMALLSEQ".to_string(), "1".to_string())].into(),
+        salt: 7,
+        ..Replay::default()
+    };
+    c.meta
+        .insert(REPLAY.into(), serde_json::to_string(&replay).unwrap());
+    let p = write(&c, "explain-capsule.safetensors");
+    let explain = |extra: &[&str]| {
+        let out = bin()
+            .args(["explain", "--json", "--case"])
+            .arg(&p)
+            .args(extra)
+            .env_remove("NVTE_FUSED_ATTN_CK_SMALLSEQ")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let v = explain(&[]);
+    assert_eq!(
+        (&v["path"], &v["profile"]),
+        (&"small_seq".into(), &"te625".into()),
+        "{v}"
+    );
+    // The shell's environment (the variable unset) is what the capsule's record replaces.
+    let v = explain(&["--env", "NVTE_FUSED_ATTN_CK_SMALLSEQ=0"]);
+    assert_eq!(v["path"], "fallback", "{v}");
+    let v = explain(&["--arch", "cpu"]);
+    assert_eq!(v["path"], "fallback", "{v}");
+    let out = bin().args(["explain", "--case"]).arg(&p).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("profile te625, arch gfx942, env NVTE_FUSED_ATTN_CK_SMALLSEQ=1"),
+        "{text}"
+    );
+}
+
+/// The safetensors crate's variant names (`HeaderTooSmall`) become a sentence naming the file;
+/// an unknown backend's list names exec.
+#[test]
+fn unreadable_files_and_unknown_backends_read_as_sentences() {
+    let p = tmp("five-bytes.safetensors");
+    std::fs::write(&p, b"12345").unwrap();
+    let (code, err) = exit_and_stderr(&["repro"], &p);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(&p.display().to_string()) && err.contains("shorter than the 8-byte header"),
+        "{err}"
+    );
+    assert!(!err.contains("HeaderTooSmall"), "{err}");
+    let case = write(&small_case(&[(2, 2)], 1, 64), "nope-backend.safetensors");
+    let case = case.to_str().unwrap();
+    for cmd in [
+        &["fuzz", "--cases", "1", "--backend", "nope"][..],
+        &["repro", case, "--backend", "nope"][..],
+    ] {
+        let out = bin().args(cmd).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("'nope'") && err.contains("exec"), "{err}");
+    }
 }
 
 /// The recorded verdict reads as sentences with rounded margins, the dq/dk allowance named.
@@ -703,7 +816,10 @@ fn usage_errors_are_plain_words() {
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(err.matches("os error").count(), 1, "{err}");
-    assert!(err.contains("/proc/smallseq-cannot"), "{err}");
+    assert!(
+        err.contains("cannot create the output folder /proc/smallseq-cannot"),
+        "{err}"
+    );
     let dir = tmp("plain-header");
     let out = bin()
         .args(["fuzz", "--cases", "2", "--time", "60s", "--out"])

@@ -47,7 +47,7 @@ pub fn open_with(spec: &Spec) -> Result<Box<dyn Backend>> {
         "cuda" => open_cuda(spec.device, &[], spec.warm),
         "hip" => open_hip(spec.device),
         other => Err(Error::config(format!(
-            "unknown backend '{other}' (expected one of {})",
+            "unknown backend '{other}' (expected one of {}, or exec with --worker 'COMMAND')",
             NAMES.join(", ")
         ))),
     }

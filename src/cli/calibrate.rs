@@ -14,6 +14,7 @@ use smallseq::harness::conformance::{self, CONFORMANCE_TENSORS};
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::{oracle, run_pair};
 use smallseq::harness::rng::Rng;
+use smallseq::harness::text::{decimal, signed};
 use smallseq::wrapper::RunOptions;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -193,7 +194,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             r.excluded,
             100.0 * r.off as f64 / r.elements.max(1) as f64,
             100.0 * r.max_rate,
-            r.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
+            r.max_margin.map_or("-".into(), |m| decimal(m, 3))
         );
     }
     let budgets: Vec<String> = CONFORMANCE_TENSORS
@@ -212,7 +213,8 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         100.0 * max,
         budgets.join(", "),
         max_margin.map_or("- (nothing judged)".into(), |m| format!(
-            "{m:.3}{}",
+            "{}{}",
+            decimal(m, 3),
             if m > 1.0 { ": over budget" } else { "" }
         ))
     );
@@ -246,13 +248,13 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     for (k, r) in rates.iter().filter(|(_, r)| r.bias.tensors > 0) {
         let b = &r.bias;
         println!(
-            "{k:22} {:>8} {:>11} {:>7.1} {:>11.3} {:>+10.3} {:>10}",
+            "{k:22} {:>8} {:>11} {:>7.1} {:>11} {:>10} {:>10}",
             b.tensors,
             b.voting_rows,
             100.0 * b.away_rows as f64 / b.voting_rows.max(1) as f64,
-            b.max_excess,
-            b.signed_ulps / b.differing.max(1) as f64,
-            b.max_margin.map_or("-".into(), |m| format!("{m:.3}"))
+            decimal(b.max_excess, 3),
+            signed(b.signed_ulps / b.differing.max(1) as f64, 3),
+            b.max_margin.map_or("-".into(), |m| decimal(m, 3))
         );
     }
     // What `bias::bias_budget_of` needs per tensor: its largest excess over every dtype and
@@ -268,7 +270,9 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 });
             let now = bias::bias_budget_of(be.name(), t)
                 .map_or("not judged".into(), |b| format!("budget {b:.2}"));
-            worst.map_or(format!("{t} - ({now})"), |w| format!("{t} {w:.3} ({now})"))
+            worst.map_or(format!("{t} - ({now})"), |w| {
+                format!("{t} {} ({now})", decimal(w, 3))
+            })
         })
         .collect();
     println!("largest excess per tensor: {}", per_tensor.join(", "));

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::campaign::{Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
-use smallseq::harness::report_io::{clean_previous, write_atomic, PartialReports};
+use smallseq::harness::report_io::{write_atomic, PartialReports};
 use smallseq::harness::te625;
 use smallseq::mutants::Mutant;
 use smallseq::worker::pool::DEFAULT_TIMEOUT_RULE;
@@ -39,6 +39,10 @@ pub struct FuzzArgs {
     /// Output directory for report.json, junit.xml and capsules.
     #[arg(long, default_value = "smallseq-out")]
     pub out: PathBuf,
+    /// Replace the report of a previous run in --out (without it, a --out that holds one is
+    /// refused, so no run silently wipes another's capsules).
+    #[arg(long)]
+    pub force: bool,
     /// Seconds spent shrinking each failure (0 disables shrinking).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     pub shrink_time: Duration,
@@ -70,6 +74,9 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     if args.jobs == Some(0) {
         eprintln!("smallseq: --jobs 0: at least one case must run at a time");
         return Ok(super::EXIT_USAGE);
+    }
+    if let Err(code) = super::refuse_previous("fuzz", &args.out, &[], args.force) {
+        return Ok(code);
     }
     let (target, jobs) =
         match target::open_planted(&args.target, args.profile, args.jobs, &args.plant) {
@@ -147,8 +154,9 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         let names: Vec<&str> = args.plant.iter().map(|m| m.name()).collect();
         eprintln!("smallseq fuzz: planted bugs: {}", names.join(", "));
     }
-    let removed = clean_previous(&args.out)?.len();
-    super::say_cleaned("fuzz", &args.out, removed);
+    if let Err(code) = super::prepare_out("fuzz", &args.out, &[], args.force) {
+        return Ok(code);
+    }
     let campaign = Campaign {
         checker: Checker::new(
             runner,
@@ -248,7 +256,7 @@ pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
 /// appends the table to `summary.md`.
 fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions) -> Result<()> {
     eprintln!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
-    let findings = te625::attribute(report, out, opts, 60)?;
+    let findings = te625::attribute(report, out, opts, 60, &mut attribution_progress())?;
     println!("TE #625 defects:");
     for f in &findings {
         println!(
@@ -266,6 +274,42 @@ fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions)
     md.push_str(&te625::markdown(&findings));
     write_atomic(&summary, md.as_bytes())?;
     Ok(())
+}
+
+/// Draws [`te625::Step`]s: a bar per phase on a terminal, else a line on stderr every 10 s
+/// and at each phase's end (CI logs show it is moving, without a line per case).
+fn attribution_progress() -> impl FnMut(te625::Step) {
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<(&'static str, ProgressBar)> = None;
+    let mut last = Instant::now();
+    move |s: te625::Step| {
+        if tty {
+            if bar.as_ref().is_none_or(|(phase, _)| *phase != s.phase) {
+                if let Some((_, b)) = bar.take() {
+                    b.finish();
+                }
+                let b = ProgressBar::new(s.total);
+                b.set_style(
+                    ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+                        .expect("static template"),
+                );
+                b.set_message(s.phase);
+                bar = Some((s.phase, b));
+            }
+            if let Some((_, b)) = &bar {
+                b.set_position(s.done);
+                if s.done == s.total {
+                    b.finish();
+                }
+            }
+        } else if s.done == s.total || last.elapsed() >= Duration::from_secs(10) {
+            eprintln!(
+                "smallseq fuzz: TE #625 attribution: {} {}/{}",
+                s.phase, s.done, s.total
+            );
+            last = Instant::now();
+        }
+    }
 }
 
 /// The campaign's last line: its verdict and the page to open.

@@ -14,9 +14,28 @@ pub struct MergeArgs {
     /// Where to write report.json, junit.xml, summary.md, margins.json and capsules/.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace the report of a previous run in --out (without it, a --out that holds one is
+    /// refused, so no run silently wipes another's capsules).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: &MergeArgs) -> Result<i32> {
+    // --force would remove a shard's own report before it is read.
+    let same = |d: &PathBuf| match (d.canonicalize(), args.out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => d == &args.out,
+    };
+    if let Some(d) = args.dirs.iter().find(|d| same(d)) {
+        eprintln!(
+            "smallseq merge: --out {} is one of the shards to merge; give another folder",
+            d.display()
+        );
+        return Ok(super::EXIT_USAGE);
+    }
+    if let Err(code) = super::prepare_out("merge", &args.out, &[], args.force) {
+        return Ok(code);
+    }
     let rep = match merge(&args.dirs, &args.out) {
         Ok(r) => r,
         Err(e) => {

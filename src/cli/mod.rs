@@ -95,15 +95,71 @@ pub fn write_reports(
     smallseq::report::write_html(dir, rep)
 }
 
-/// Says what [`smallseq::harness::report_io::clean_previous`] removed from a reused `--out`.
-pub fn say_cleaned(command: &str, out: &std::path::Path, removed: usize) {
+/// The refusal of [`prepare_out`] alone, which touches nothing: a command calls it before it
+/// starts workers or opens a device, so a wrong `--out` costs no start-up.
+pub fn refuse_previous(
+    command: &str,
+    out: &std::path::Path,
+    also: &[std::path::PathBuf],
+    force: bool,
+) -> Result<(), i32> {
+    use smallseq::harness::report_io::previous_report_files;
+    let previous: usize = std::iter::once(out)
+        .chain(also.iter().map(|d| d.as_path()))
+        .map(|d| previous_report_files(d).len())
+        .sum();
+    if previous > 0 && !force {
+        eprintln!(
+            "smallseq {command}: {} holds the report of a previous run ({previous} file(s)); \
+             pass --force to replace it, or give another --out",
+            out.display()
+        );
+        return Err(EXIT_USAGE);
+    }
+    Ok(())
+}
+
+/// Readies `out` for `command`'s report: refuses (usage status) when it, or one of `also`
+/// (subfolders a command writes reports into), holds a previous smallseq report and `force`
+/// is off, so a rerun never wipes the last night's capsules unasked and CI paths stay
+/// predictable; with `force`, removes that report (other files stay). Then creates `out`,
+/// naming it and the OS's reason when that fails.
+pub fn prepare_out(
+    command: &str,
+    out: &std::path::Path,
+    also: &[std::path::PathBuf],
+    force: bool,
+) -> Result<(), i32> {
+    use smallseq::harness::report_io::clean_previous;
+    refuse_previous(command, out, also, force)?;
+    let dirs: Vec<&std::path::Path> = std::iter::once(out)
+        .chain(also.iter().map(|d| d.as_path()))
+        .collect();
+    let mut removed = 0;
+    for d in &dirs {
+        match clean_previous(d) {
+            Ok(r) => removed += r.len(),
+            Err(e) => {
+                eprintln!("smallseq {command}: --force: {e}");
+                return Err(EXIT_USAGE);
+            }
+        }
+    }
     if removed > 0 {
         eprintln!(
-            "smallseq {command}: removed {removed} file(s) a previous run wrote in {} (its \
-             reports and capsules; other files are left)",
+            "smallseq {command}: --force: removed {removed} file(s) a previous run wrote in {} \
+             (its reports and capsules; other files are left)",
             out.display()
         );
     }
+    if let Err(e) = std::fs::create_dir_all(out) {
+        eprintln!(
+            "smallseq {command}: cannot create the output folder {}: {e}",
+            out.display()
+        );
+        return Err(EXIT_USAGE);
+    }
+    Ok(())
 }
 
 /// The command line as typed, each word quoted for a POSIX shell where it needs it.

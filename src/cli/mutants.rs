@@ -12,7 +12,6 @@ use smallseq::harness::capsule;
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
 use smallseq::harness::props::Prop;
-use smallseq::harness::report_io::clean_previous;
 use smallseq::harness::rng::Rng;
 use smallseq::harness::shrink::shrink;
 use smallseq::mutants::Mutant;
@@ -51,6 +50,10 @@ pub struct MutantsArgs {
     /// Output directory (mutants.json; per mutant its report files and capsules).
     #[arg(long, default_value = "smallseq-out/mutants")]
     pub out: PathBuf,
+    /// Replace the report of a previous run in --out (without it, a --out that holds one is
+    /// refused, so no run silently wipes another's capsules).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Serialize)]
@@ -93,11 +96,13 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         list.len(),
         args.seed
     );
-    let mut removed = clean_previous(&args.out)?.len();
-    for m in Mutant::ALL {
-        removed += clean_previous(&args.out.join(m.name()))?.len();
+    let per_mutant: Vec<PathBuf> = Mutant::ALL
+        .iter()
+        .map(|m| args.out.join(m.name()))
+        .collect();
+    if let Err(code) = super::prepare_out("mutants", &args.out, &per_mutant, args.force) {
+        return Ok(code);
     }
-    super::say_cleaned("mutants", &args.out, removed);
     let one = |&m: &Mutant| -> Result<Row> {
         let be = open_planted(&args.backend, &[m])?;
         let checker = Checker::isolated(be.as_ref());

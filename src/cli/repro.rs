@@ -4,9 +4,9 @@ use super::target::{self, TargetArgs};
 use anyhow::Result;
 use smallseq::backend;
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
-use smallseq::harness::capsule::{Replay, FAULT, KERNEL_DEFINES_ENV, PROVENANCE};
+use smallseq::harness::capsule::{FAULT, KERNEL_DEFINES_ENV, PROVENANCE};
 use smallseq::harness::props::Checker;
-use smallseq::harness::repro::{judge_stored, rerun};
+use smallseq::harness::repro::{judge_stored, rerun, Recorded};
 use smallseq::mutants::Mutant;
 use smallseq::runner::InProcess;
 use smallseq::wrapper::RunOptions;
@@ -51,34 +51,18 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         }
         return Ok(if diag.failed { 1 } else { 0 });
     };
-    let replay = match Replay::from_meta(&case.meta).transpose() {
+    let recorded = match Recorded::of(&case, &args.capsule.display().to_string()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("smallseq: {}: {e}", args.capsule.display());
+            eprintln!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
-    let profile = args
-        .profile
-        .or_else(|| {
-            let recorded = replay.as_ref().map(|r| r.profile.clone());
-            recorded
-                .or_else(|| case.meta.get("smallseq.profile").cloned())
-                .and_then(|p| p.parse().ok())
-        })
-        .unwrap_or(Profile::Native);
-    let mut planted = Vec::new();
+    let profile = args.profile.or(recorded.profile).unwrap_or(Profile::Native);
+    let planted = recorded.planted;
+    let replay = recorded.replay;
     let (env, salt) = match &replay {
         Some(r) => {
-            for name in &r.planted {
-                match name.parse::<Mutant>() {
-                    Ok(m) => planted.push(m),
-                    Err(e) => {
-                        eprintln!("smallseq: {}: planted bug: {e}", args.capsule.display());
-                        return Ok(super::EXIT_USAGE);
-                    }
-                }
-            }
             if args.current_env {
                 let mut env = EnvView::from_process();
                 let set = apply_profile_defaults(profile, &mut env);

@@ -212,7 +212,7 @@ pub fn open_with_env(
         }
         other => {
             return Err(format!(
-                "unknown backend {other} (expected one of {}, exec)",
+                "unknown backend '{other}' (expected one of {}, or exec with --worker 'COMMAND')",
                 backend::NAMES.join(", ")
             ))
         }

@@ -25,6 +25,7 @@ pub mod shapes;
 pub mod shrink;
 pub mod subnormal;
 pub mod te625;
+pub mod text;
 pub mod tolerance;
 pub mod transform;
 

@@ -67,7 +67,13 @@ pub fn markdown(rep: &Report) -> String {
         let at: Vec<String> = rep
             .largest_margins
             .iter()
-            .map(|(t, m)| format!("{t} {:.3} (case {})", m.margin, m.case))
+            .map(|(t, m)| {
+                format!(
+                    "{t} {} (case {})",
+                    super::text::decimal(m.margin, 3),
+                    m.case
+                )
+            })
             .collect();
         m.push_str(&format!(
             "Largest margin per tensor (1 is the failure line): {}.\n\n",
@@ -210,41 +216,50 @@ impl PartialReports {
 }
 
 /// Files a campaign writes into its output directory.
-const REPORT_FILES: [&str; 5] = [
+const REPORT_FILES: [&str; 7] = [
     "report.json",
+    "report.html",
+    "margins.json",
     "junit.xml",
     "summary.md",
     "te625.json",
     "mutants.json",
 ];
 
-/// Removes from `dir` what an earlier `fuzz` or `mutants` run wrote there (its reports, and
-/// the capsules `case-*.safetensors` in `capsules/`), so stale capsules never sit next to a
-/// new "passed"; other files are left alone. Returns the files removed.
+/// What an earlier `fuzz`, `mutants` or `merge` run wrote in `dir` (its reports, and the
+/// capsules `case-*.safetensors` in `capsules/`), sorted; empty when `dir` holds none.
+pub fn previous_report_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = REPORT_FILES
+        .iter()
+        .map(|f| dir.join(f))
+        .filter(|p| p.is_file())
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(dir.join("capsules")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("case-") && name.contains(".safetensors") && e.path().is_file() {
+                found.push(e.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Removes from `dir` what [`previous_report_files`] finds, so stale capsules never sit next
+/// to a new "passed"; other files are left alone. Returns the files removed.
 ///
 /// # Errors
 /// [`Error::Io`] naming the file that could not be removed.
 pub fn clean_previous(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut doomed: Vec<PathBuf> = REPORT_FILES.iter().map(|f| dir.join(f)).collect();
-    let capsules = dir.join("capsules");
-    if let Ok(entries) = std::fs::read_dir(&capsules) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("case-") && name.contains(".safetensors") {
-                doomed.push(e.path());
-            }
-        }
-    }
-    let mut removed = Vec::new();
-    for p in doomed.into_iter().filter(|p| p.is_file()) {
-        std::fs::remove_file(&p).map_err(|source| Error::Io {
+    let doomed = previous_report_files(dir);
+    for p in &doomed {
+        std::fs::remove_file(p).map_err(|source| Error::Io {
             path: p.display().to_string(),
             source,
         })?;
-        removed.push(p);
     }
-    removed.sort();
-    Ok(removed)
+    Ok(doomed)
 }
 
 /// The lines of `summary.md` that say how the campaign was run: the exact command line, the

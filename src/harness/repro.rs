@@ -1,13 +1,14 @@
 //! Replaying a capsule: re-judge its stored outputs on this machine, or run it again on a
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
-use super::capsule::{build_commit, COMMIT, PROVENANCE};
+use super::capsule::{build_commit, Replay, COMMIT, PROVENANCE};
 use super::props::{dont_care_outputs, numeric, oracle_for, Checker, Outcome};
 use super::{bias, conformance};
 use crate::backend::rounding_budget_of;
 use crate::case::Case;
-use crate::dispatch::Path;
-use crate::error::Result;
+use crate::dispatch::{Arch, Path, Profile};
+use crate::error::{Error, Result};
+use crate::mutants::Mutant;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
@@ -32,6 +33,67 @@ pub fn shell_quote(word: &str) -> String {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// The dispatch inputs a capsule records, read once for every command that replays them
+/// (`repro` reruns under them, `explain` asks the gate under them), so the two cannot disagree
+/// about which path a capsule took.
+#[derive(Clone, Debug, Default)]
+pub struct Recorded {
+    /// The capsule's replay record; `None` for a capsule written before they were recorded.
+    pub replay: Option<Replay>,
+    /// The profile it ran under: the record's, else the older `smallseq.profile` key.
+    pub profile: Option<Profile>,
+    /// The bugs planted in the backend that made the capsule (`fuzz --plant`).
+    pub planted: Vec<Mutant>,
+}
+
+impl Recorded {
+    /// Reads the replay record of `case`, read from the file `name` (used in errors).
+    ///
+    /// # Errors
+    /// [`Error::CaseFile`] naming the file when the record does not parse or names a planted
+    /// bug this build does not know.
+    pub fn of(case: &Case, name: &str) -> Result<Self> {
+        let replay = Replay::from_meta(&case.meta)
+            .transpose()
+            .map_err(|detail| Error::CaseFile {
+                path: name.into(),
+                detail,
+            })?;
+        let profile = replay
+            .as_ref()
+            .map(|r| r.profile.clone())
+            .or_else(|| case.meta.get("smallseq.profile").cloned())
+            .and_then(|p| p.parse().ok());
+        let planted = replay
+            .iter()
+            .flat_map(|r| r.planted.iter())
+            .map(|m| {
+                m.parse::<Mutant>().map_err(|e| Error::CaseFile {
+                    path: name.into(),
+                    detail: format!("planted bug: {e}"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Recorded {
+            replay,
+            profile,
+            planted,
+        })
+    }
+
+    /// The arch the capsule's gate was asked about, when it names one.
+    pub fn arch(&self) -> Option<Arch> {
+        self.replay.as_ref().and_then(|r| r.arch.parse().ok())
+    }
+
+    /// The dispatch variables the capsule's gate saw, when it records them.
+    pub fn env(&self) -> Option<Vec<(String, String)>> {
+        self.replay
+            .as_ref()
+            .map(|r| r.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 }
 

@@ -53,8 +53,24 @@ fn describe(m: Mutant) -> &'static str {
     }
 }
 
+/// How far [`attribute`] is: it runs for minutes after a campaign's report, so the caller
+/// shows this rather than a silence that reads as a hang.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// `replaying failures` (one step per failure), then `scanning cases for the padded-span
+    /// gate` (one step per case of the campaign).
+    pub phase: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// The phases of [`Step`].
+pub const PHASE_REPLAY: &str = "replaying failures";
+pub const PHASE_GATE: &str = "scanning cases for the padded-span gate";
+
 /// Attributes the report's failures (at most `max_failures`, shrunk capsules preferred) to
-/// the model's defects, and scans the campaign's cases for the padded-span gate.
+/// the model's defects, and scans the campaign's cases for the padded-span gate, telling
+/// `progress` after each failure and each case.
 ///
 /// # Errors
 /// Capsules that cannot be read back, or harness errors on a replay.
@@ -63,6 +79,7 @@ pub fn attribute(
     out: &Path,
     opts: &RunOptions,
     max_failures: usize,
+    progress: &mut dyn FnMut(Step),
 ) -> Result<Vec<DefectFinding>> {
     let mut findings: Vec<DefectFinding> = TE625_DEFECTS
         .iter()
@@ -74,7 +91,13 @@ pub fn attribute(
             example: None,
         })
         .collect();
-    for f in report.failures.iter().take(max_failures) {
+    let replayed = report.failures.len().min(max_failures) as u64;
+    for (k, f) in report.failures.iter().take(max_failures).enumerate() {
+        progress(Step {
+            phase: PHASE_REPLAY,
+            done: k as u64,
+            total: replayed,
+        });
         // Shrinking keeps the property failing, not the defect that made it fail: a shrunk
         // case may show another defect than the original, so both are replayed.
         let capsules: Vec<&str> = f
@@ -110,18 +133,43 @@ pub fn attribute(
             }
         }
     }
-    findings.push(padded_span_gate(report, opts)?);
+    progress(Step {
+        phase: PHASE_REPLAY,
+        done: replayed,
+        total: replayed,
+    });
+    findings.push(padded_span_gate(report, opts, progress)?);
     Ok(findings)
+}
+
+/// Offsets as a table cell reads them: `0,10,28`.
+fn offsets_text(offsets: &[i32]) -> String {
+    let parts: Vec<String> = offsets.iter().map(i32::to_string).collect();
+    parts.join(",")
+}
+
+/// Padded offsets, or `none` for a side without them (its slots start at `cu_seqlens`).
+fn padded_text(padded: Option<&[i32]>) -> String {
+    padded.map_or_else(|| "none".into(), offsets_text)
 }
 
 /// Replays the campaign's geometries and counts the cases TE declines for the padded span
 /// alone while every actual length is within the limit.
-fn padded_span_gate(report: &Report, opts: &RunOptions) -> Result<DefectFinding> {
+fn padded_span_gate(
+    report: &Report,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(Step),
+) -> Result<DefectFinding> {
     let model = CpuBackend::te625_model();
     let arch = model.arch();
     let mut count = 0;
     let mut example = None;
     for i in 0..report.cases {
+        progress(Step {
+            phase: PHASE_GATE,
+            done: i,
+            total: report.cases,
+        });
         let cs = case_seed(report.seed, i);
         let g = draw_geometry_for(&mut Rng::new(cs), Profile::Te625);
         let facts = StaticFacts {
@@ -143,15 +191,20 @@ fn padded_span_gate(report: &Report, opts: &RunOptions) -> Result<DefectFinding>
             if example.is_none() {
                 let case = build(&g, cs ^ 0xda7a)?;
                 example = Some(format!(
-                    "case {i}: cu_seqlens_q {:?} padded {:?}, cu_seqlens_kv {:?} padded {:?}",
-                    case.layout.q.cu,
-                    case.layout.q.padded,
-                    case.layout.kv.cu,
-                    case.layout.kv.padded
+                    "case {i}: cu_seqlens_q {} padded {}, cu_seqlens_kv {} padded {}",
+                    offsets_text(&case.layout.q.cu),
+                    padded_text(case.layout.q.padded.as_deref()),
+                    offsets_text(&case.layout.kv.cu),
+                    padded_text(case.layout.kv.padded.as_deref())
                 ));
             }
         }
     }
+    progress(Step {
+        phase: PHASE_GATE,
+        done: report.cases,
+        total: report.cases,
+    });
     Ok(DefectFinding {
         defect: "padded-span-gate".into(),
         description: "eligibility read from padded spans: slots of <= 17 tokens with padding \
@@ -180,4 +233,15 @@ pub fn markdown(findings: &[DefectFinding]) -> String {
         ));
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_print_as_a_list_and_missing_padding_as_none() {
+        assert_eq!(padded_text(Some(&[0, 10, 28, 40, 53])), "0,10,28,40,53");
+        assert_eq!(padded_text(None), "none");
+    }
 }

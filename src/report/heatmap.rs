@@ -24,6 +24,9 @@ pub struct ErrorGrid {
     pub slots: Vec<(usize, usize)>,
     /// `off[b]`: tokens from here on are tail slack.
     pub end: usize,
+    /// The capsule's own recorded verdict, (property, detail) per failure, so a failure card
+    /// prints the text of the capsule it draws (a shrunk case fails with other numbers).
+    pub recorded: Vec<(String, String)>,
 }
 
 impl ErrorGrid {
@@ -57,7 +60,37 @@ pub fn error_grid(path: &Path) -> Result<ErrorGrid> {
         )));
     }
     let (tensor, chosen_by) = choose_tensor(&case);
-    grid(&case, &tensor, chosen_by)
+    let mut g = grid(&case, &tensor, chosen_by)?;
+    g.recorded = recorded_failures(&case);
+    Ok(g)
+}
+
+impl ErrorGrid {
+    /// The capsule's recorded detail of `property`, else of its first failure.
+    pub fn detail_of(&self, property: &str) -> Option<&str> {
+        self.recorded
+            .iter()
+            .find(|(p, _)| p == property)
+            .or(self.recorded.first())
+            .map(|(_, d)| d.as_str())
+    }
+}
+
+fn recorded_failures(case: &Case) -> Vec<(String, String)> {
+    let verdict: serde_json::Value = case
+        .meta
+        .get("smallseq.verdict")
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default();
+    verdict["failures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (text("property"), text("detail"))
+        })
+        .collect()
 }
 
 /// The verdict's worst tensor, else the one with the largest recorded margin, else the first
@@ -136,6 +169,7 @@ fn grid(case: &Case, tensor: &str, chosen_by: String) -> Result<ErrorGrid> {
         err,
         slots,
         end: side.offsets().last().map_or(0, |&o| o as usize),
+        recorded: Vec::new(),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use super::charts;
 use super::heatmap::error_grid;
-use super::run::Run;
+use super::run::{Failure, Run};
 use std::fmt::Write;
 
 /// Failures that get an error picture; the rest are listed with their repro command.
@@ -154,7 +154,7 @@ fn coverage(b: &mut String, run: &Run) {
 }
 
 fn fmt_margin(m: Option<f64>) -> String {
-    m.map_or_else(|| "inf".into(), |m| format!("{m:.3}"))
+    m.map_or_else(|| "inf".into(), |m| crate::harness::text::decimal(m, 3))
 }
 
 fn margins(b: &mut String, run: &Run) {
@@ -188,19 +188,31 @@ fn failures(b: &mut String, run: &Run) {
     }
     b.push_str("<h2>Failures</h2>\n");
     for (k, f) in run.failures.iter().enumerate() {
-        let capsule = f.capsule_shown();
+        let card = if k < HEATMAPS {
+            card(run, f)
+        } else {
+            Card {
+                which: "original",
+                capsule: &f.capsule,
+                detail: f.detail.clone(),
+                picture: String::new(),
+            }
+        };
         let _ = write!(
             b,
-            "<h3>case {} <span class=\"fail\">{}</span></h3>\n<p>{}</p>\n<div class=\"row\"><div><p>repro:</p><pre>{}</pre><p>capsule: <code>{}</code></p></div>",
+            "<h3>case {} <span class=\"fail\">{}</span></h3>\n<p class=\"card-capsule\">shown: the \
+             <b>{}</b> capsule <code>{}</code> (its recorded verdict{})</p>\n<p>{}</p>\n<div \
+             class=\"row\"><div><p>repro:</p><pre>{}</pre>{}</div>",
             f.case,
             esc(&f.property),
-            esc(&f.detail),
+            card.which,
+            esc(file_name(card.capsule)),
+            if card.picture.is_empty() { "" } else { " and error picture" },
+            esc(&card.detail),
             esc(&f.repro),
-            esc(capsule)
+            other_capsule(f, card.capsule),
         );
-        if k < HEATMAPS {
-            b.push_str(&heat_section(run, capsule));
-        }
+        b.push_str(&card.picture);
         b.push_str("</div>\n");
     }
     if run.failures.len() > HEATMAPS {
@@ -211,25 +223,93 @@ fn failures(b: &mut String, run: &Run) {
     }
 }
 
-fn heat_section(run: &Run, capsule: &str) -> String {
-    let path = run.locate(capsule);
-    match error_grid(&path) {
-        Ok(g) => {
-            let worst = g.worst().map_or(String::new(), |(e, t, h)| {
-                format!("; largest error {e:.3e} at token {t}, head {h}")
-            });
-            format!(
-                "<div>{}<p class=\"note\">tensor <b>{}</b> ({}){worst}. Colour: log10 error over six decades below the largest (yellow); grey: exact; magenta: NaN or infinite. Black lines: slot starts and the end of the used tokens; blue dashes: end of each slot's valid tokens.</p></div>",
-                picture(charts::heatmap(&g)),
-                esc(&g.tensor),
-                esc(&g.chosen_by)
-            )
+/// What one failure card shows: one capsule's verdict text and its error picture, never the
+/// text of one and the picture of another (a shrunk case fails with other tensors and sizes).
+struct Card<'a> {
+    /// `shrunk` or `original`.
+    which: &'static str,
+    capsule: &'a str,
+    detail: String,
+    picture: String,
+}
+
+/// The shrunk capsule's card when it can be drawn, else the original's.
+fn card<'a>(run: &Run, f: &'a Failure) -> Card<'a> {
+    let mut why_not = None;
+    let candidates = f
+        .shrunk_capsule
+        .as_deref()
+        .map(|s| ("shrunk", s))
+        .into_iter()
+        .chain(std::iter::once(("original", f.capsule.as_str())));
+    for (which, capsule) in candidates {
+        match error_grid(&run.locate(capsule)) {
+            Ok(g) => {
+                let detail = match (which, g.detail_of(&f.property)) {
+                    (_, Some(d)) => d.to_string(),
+                    // The original's verdict is the report's own failure entry.
+                    ("original", None) => f.detail.clone(),
+                    (_, None) => "(the capsule records no verdict)".into(),
+                };
+                return Card {
+                    which,
+                    capsule,
+                    detail,
+                    picture: heat_section(&g),
+                };
+            }
+            Err(e) => {
+                why_not.get_or_insert(e.to_string());
+            }
         }
-        Err(e) => format!(
+    }
+    Card {
+        which: "original",
+        capsule: &f.capsule,
+        detail: f.detail.clone(),
+        picture: format!(
             "<p class=\"note\">(no error picture: {})</p>",
-            esc(&e.to_string())
+            esc(why_not.as_deref().unwrap_or("no capsule"))
         ),
     }
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The card's note on the failure's other capsule, so both files stay findable.
+fn other_capsule(f: &Failure, shown: &str) -> String {
+    let other = if shown == f.capsule {
+        f.shrunk_capsule.as_deref()
+    } else {
+        Some(f.capsule.as_str())
+    };
+    match other {
+        Some(o) => format!(
+            "<p>capsule: <code>{}</code></p><p class=\"note\">{} capsule: <code>{}</code></p>",
+            esc(shown),
+            if shown == f.capsule {
+                "shrunk"
+            } else {
+                "original"
+            },
+            esc(o)
+        ),
+        None => format!("<p>capsule: <code>{}</code></p>", esc(shown)),
+    }
+}
+
+fn heat_section(g: &super::heatmap::ErrorGrid) -> String {
+    let worst = g.worst().map_or(String::new(), |(e, t, h)| {
+        format!("; largest error {e:.3e} at token {t}, head {h}")
+    });
+    format!(
+        "<div>{}<p class=\"note\">tensor <b>{}</b> ({}){worst}. Colour: log10 error over six decades below the largest (yellow); grey: exact; magenta: NaN or infinite. Black lines: slot starts and the end of the used tokens; blue dashes: end of each slot's valid tokens.</p></div>",
+        picture(charts::heatmap(g)),
+        esc(&g.tensor),
+        esc(&g.chosen_by)
+    )
 }
 
 /// The page of several runs: trends over them, a table, then each run in full.
@@ -358,5 +438,77 @@ mod tests {
             esc("<a href=\"x\">&</a>"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;"
         );
+    }
+
+    /// A card draws one capsule and prints that capsule's verdict, saying which it is: the
+    /// shrunk one when it can be drawn, else the original.
+    #[test]
+    fn a_failure_card_shows_one_capsules_text_and_picture() {
+        use crate::case_file::{write_case, OutputPrecision};
+        use crate::AttnConfig;
+        use smallseq_reference::{Dtype, Layout, Mask};
+        let dir = std::env::temp_dir().join(format!("smallseq-card-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("capsules")).unwrap();
+        let cfg = AttnConfig::new(Dtype::F32, 2, 64, Mask::Padding);
+        let layout = Layout::packed(&[(3, 4), (2, 2)]);
+        let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+        let t = |n: usize| {
+            ndarray::Array3::from_shape_fn((n, 2, 64), |(a, b, c)| {
+                ((a * 7 + b * 3 + c) % 11) as f32 / 11.0 - 0.5
+            })
+        };
+        let mut case = crate::Case::new(cfg, layout, t(tq), t(tk), t(tk), None).unwrap();
+        case.outputs = crate::harness::props::oracle(&case).unwrap().reference;
+        let capsule = |name: &str, detail: &str| {
+            let mut c = case.clone();
+            c.meta.insert(
+                "smallseq.verdict".into(),
+                format!(
+                    r#"{{"failures":[{{"property":"numeric_agreement","detail":"{detail}"}}]}}"#
+                ),
+            );
+            let p = dir.join("capsules").join(name);
+            write_case(&c, &p, OutputPrecision::Device).unwrap();
+            p.display().to_string()
+        };
+        let run = Run {
+            dir: dir.clone(),
+            failures: vec![Failure {
+                case: 4,
+                property: "numeric_agreement".into(),
+                detail: "original text".into(),
+                capsule: capsule("case-000004-numeric_agreement.safetensors", "original text"),
+                shrunk_capsule: Some(capsule(
+                    "case-000004-numeric_agreement-shrunk.safetensors",
+                    "shrunk text",
+                )),
+                repro: "smallseq repro x".into(),
+            }],
+            ..Run::default()
+        };
+        let mut b = String::new();
+        failures(&mut b, &run);
+        assert!(
+            b.contains("<p>shrunk text</p>") && !b.contains("<p>original text</p>"),
+            "{b}"
+        );
+        assert!(
+            b.contains(
+                "the <b>shrunk</b> capsule <code>case-000004-numeric_agreement-shrunk.safetensors</code> \
+                 (its recorded verdict and error picture)"
+            ),
+            "{b}"
+        );
+        assert_eq!(b.matches("<svg").count(), 1, "{b}");
+        // Without a drawable shrunk capsule the card is the original's, text and picture.
+        std::fs::remove_file(run.failures[0].shrunk_capsule.as_ref().unwrap()).unwrap();
+        let mut b = String::new();
+        failures(&mut b, &run);
+        assert!(
+            b.contains("<p>original text</p>") && !b.contains("shrunk text"),
+            "{b}"
+        );
+        assert!(b.contains("the <b>original</b> capsule"), "{b}");
+        assert_eq!(b.matches("<svg").count(), 1, "{b}");
     }
 }

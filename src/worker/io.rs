@@ -42,13 +42,16 @@ pub fn write_outputs(path: &Path, tensors: &[(&str, ArrayViewD<'_, f32>)]) -> Re
                 .map(|v| (n.to_string(), v))
                 .map_err(|e| Error::Tensor {
                     tensor: n.to_string(),
-                    detail: format!("cannot encode: {e}"),
+                    detail: format!("cannot encode: {}", crate::case_file::safetensors_text(&e)),
                 })
         })
         .collect::<Result<Vec<_>>>()?;
     let blob = safetensors::serialize(views, &None).map_err(|e| Error::Tensor {
         tensor: "<outputs>".into(),
-        detail: format!("cannot serialise: {e}"),
+        detail: format!(
+            "cannot serialise: {}",
+            crate::case_file::safetensors_text(&e)
+        ),
     })?;
     let io = |source| Error::Io {
         path: path.display().to_string(),

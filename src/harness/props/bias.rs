@@ -203,14 +203,14 @@ pub fn judge(signs: &[Signs], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
                 format!(
                     "{}: {} of {} rows deviating from the emulation land {name} it ({:.1}%; \
                      chance allows {:.1}% at false-alarm rate {FALSE_ALARM:e}, bias budget \
-                     {:.1}%); mean signed deviation {:+.2} ulp over {} elements",
+                     {:.1}%); mean signed deviation {} ulp over {} elements",
                     s.tensor,
                     v.k,
                     v.n,
                     100.0 * v.k as f64 / v.n.max(1) as f64,
                     100.0 * (0.5 + (b * v.n as f64 + chance(v.n)) / v.n.max(1) as f64),
                     100.0 * b,
-                    s.mean_ulps(),
+                    crate::harness::text::signed(s.mean_ulps(), 2),
                     s.differing
                 ),
             ));

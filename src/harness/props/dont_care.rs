@@ -29,10 +29,34 @@ impl Checker<'_> {
                 mask_dont_care(case, &mut other, actual);
                 match bitwise_diff(actual, &other) {
                     None => Outcome::Pass,
-                    Some(d) => fail(
+                    Some(d) => self.blame_dont_care(case, actual, d),
+                }
+            }
+        }
+    }
+}
+
+impl Checker<'_> {
+    /// The re-poisoned rerun differed (`diff`). That rerun is also just the next call: a
+    /// backend whose reruns differ in the last bit would be named here first, with a cause
+    /// (don't-care inputs) it does not have. So the same inputs run once more; when that
+    /// plain rerun differs too, the failure is determinism's, which judges it next.
+    fn blame_dont_care(&self, case: &Case, actual: &Outputs, diff: String) -> Outcome {
+        match self.runner.run_pair(case, &self.opts) {
+            Err(e) => self.run_failed(Prop::DontCare, "plain rerun failed", &e),
+            Ok(p) => {
+                let mut again = p.outputs();
+                mask_dont_care(case, &mut again, actual);
+                if bitwise_diff(actual, &again).is_some() {
+                    skip(
+                        "reruns of the same inputs differ: non-determinism, judged by \
+                         determinism",
+                    )
+                } else {
+                    fail(
                         Prop::DontCare,
-                        format!("valid output changed when don't-care inputs changed: {d}"),
-                    ),
+                        format!("valid output changed when don't-care inputs changed: {diff}"),
+                    )
                 }
             }
         }
@@ -65,4 +89,51 @@ pub fn dont_care_outputs(case: &Case, actual: &Outputs) -> Option<String> {
         .or_else(|| check3("dq", &actual.dq, &vq))
         .or_else(|| check3("dk", &actual.dk, &vk))
         .or_else(|| check3("dv", &actual.dv, &vk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_backends::{bf16_case, HookedCpu};
+    use super::*;
+    use crate::config::AttnConfig;
+    use crate::dispatch::Path;
+    use smallseq_reference::{Dtype, Layout, Mask};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A backend whose every call moves one output by one more bf16 ulp (a run-dependent sum
+    /// order) is non-deterministic, and must not be named as reading don't-care tokens.
+    #[test]
+    fn reruns_that_differ_by_themselves_are_determinisms_not_dont_cares() {
+        // 20 tokens: the fallback path, whose outputs the stand-in edits; 3 tail tokens of
+        // each buffer are don't-care.
+        let mut layout = Layout::packed(&[(20, 20)]);
+        layout.q.tokens = 23;
+        layout.kv.tokens = 23;
+        let case = bf16_case(
+            AttnConfig::new(Dtype::Bf16, 1, 64, Mask::Padding),
+            layout,
+            5,
+        );
+        let mut be = HookedCpu::new();
+        let calls = AtomicU32::new(0);
+        be.after_fwd = Box::new(move |_, out| {
+            let n = calls.fetch_add(1, Ordering::Relaxed) + 1;
+            let x = &mut out.o.body_mut()[0];
+            *x = f32::from_bits(x.to_bits() + (n << 16));
+        });
+        let checker = Checker::isolated(&be);
+        let run = checker.check(&case, 0).unwrap();
+        assert_eq!(run.path_fwd, Some(Path::Fallback));
+        let outcome = |p: Prop| run.outcomes.iter().find(|(q, _)| *q == p).map(|(_, o)| o);
+        assert!(
+            !matches!(outcome(Prop::DontCare), Some(Outcome::Fail(_))),
+            "{:?}",
+            outcome(Prop::DontCare)
+        );
+        assert!(
+            matches!(outcome(Prop::Determinism), Some(Outcome::Fail(_))),
+            "{:?}",
+            run.outcomes
+        );
+    }
 }
