@@ -35,7 +35,11 @@ fn campaign_json(be: &dyn Backend, jobs: usize, cases: u64, stop_on_failure: boo
     // The stage profile (issue 32) covers the stages every judged case passes through, and
     // its shares add up to the whole; it is timing, so it leaves the comparison.
     for stage in ["generation", "backend", "reference", "emulation", "judging"] {
-        assert!(rep.stages.contains_key(stage), "no stage {stage}: {:?}", rep.stages.keys());
+        assert!(
+            rep.stages.contains_key(stage),
+            "no stage {stage}: {:?}",
+            rep.stages.keys()
+        );
     }
     let total: f64 = rep.stages.values().map(|s| s.share).sum();
     assert!((total - 1.0).abs() < 1e-9, "shares add to {total}");

@@ -187,3 +187,44 @@ fn te625_model_every_printed_repro_reproduces_and_current_env_uses_the_shells() 
         "no capsule passes with the small-seq path switched off in the shell"
     );
 }
+
+/// An implementation outside the tree (`--backend exec`): the capsule records the worker
+/// command, so the printed line (`--backend exec`, no `--worker`) reruns the case through the
+/// same worker; and a crash capsule replayed with no `--backend` at all is rerun where it
+/// crashed, failing again, not judged as "nothing stored".
+#[test]
+fn exec_capsules_rerun_through_the_recorded_worker_as_printed() {
+    let bin = env!("CARGO_BIN_EXE_smallseq");
+    let worker = format!("env SMALLSEQ_MUTANT_FAULT=panic {bin} worker --backend cpu");
+    let out_dir = campaign_reproduces(
+        "exec",
+        &[
+            "--backend",
+            "exec",
+            "--worker",
+            &worker,
+            "--cases",
+            "60",
+            "--seed",
+            "5",
+            "--jobs",
+            "2",
+            "--shrink-time",
+            "1s",
+        ],
+    );
+    let capsule = std::fs::read_dir(out_dir.join("capsules"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with("-crash.safetensors"))
+        .expect("a crash capsule");
+    let plain = bare(Command::new(bin))
+        .arg("repro")
+        .arg(&capsule)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&plain.stdout);
+    assert_eq!(plain.status.code(), Some(1), "{text}");
+    assert!(text.contains("rerunning it on --backend exec"), "{text}");
+    assert!(text.contains("crash: FAIL"), "{text}");
+}

@@ -4,7 +4,7 @@ use super::target::{self, TargetArgs};
 use anyhow::Result;
 use smallseq::backend;
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
-use smallseq::harness::capsule::{FAULT, KERNEL_DEFINES_ENV, PROVENANCE};
+use smallseq::harness::capsule::{FAULT, KERNEL_DEFINES_ENV, PROVENANCE, WORKER};
 use smallseq::harness::props::Checker;
 use smallseq::harness::repro::{judge_stored, rerun, Recorded};
 use smallseq::mutants::Mutant;
@@ -44,7 +44,13 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
-    let Some(name) = &args.backend else {
+    // A crash or hang stored no outputs to judge: without --backend it is rerun where it
+    // faulted (the recorded worker, else the recorded backend), and fails if it faults again.
+    let fault_backend = case.meta.get(FAULT).and_then(|_| recorded_backend(&case));
+    if let (None, Some(b)) = (&args.backend, &fault_backend) {
+        println!("the capsule records a worker fault and no outputs to judge: rerunning it on --backend {b}");
+    }
+    let Some(name) = args.backend.as_ref().or(fault_backend.as_ref()) else {
         let diag = judge_stored(&case)?;
         for l in &diag.lines {
             println!("{l}");
@@ -197,11 +203,26 @@ fn defaulted_text(set: &[String]) -> String {
     }
 }
 
-/// The worker command a fault capsule records, as one line for `--worker`.
+/// The backend a fault capsule ran on, as `--backend` takes it: `exec` where it records an
+/// outside implementation's worker, else its recorded backend.
+fn recorded_backend(case: &smallseq::Case) -> Option<String> {
+    if case.meta.contains_key(WORKER) {
+        return Some("exec".into());
+    }
+    case.meta.get("smallseq.backend").cloned()
+}
+
+/// The worker command a capsule records ([`WORKER`], or a fault's worker), as one line for
+/// `--worker`.
 fn recorded_worker(case: &smallseq::Case) -> Option<String> {
-    let f: serde_json::Value = serde_json::from_str(case.meta.get(FAULT)?).ok()?;
-    let words: Vec<String> = f
-        .get("worker")?
+    let words = match case.meta.get(WORKER) {
+        Some(w) => serde_json::from_str::<serde_json::Value>(w).ok()?,
+        None => {
+            let f: serde_json::Value = serde_json::from_str(case.meta.get(FAULT)?).ok()?;
+            f.get("worker")?.clone()
+        }
+    };
+    let words: Vec<String> = words
         .as_array()?
         .iter()
         .filter_map(|x| x.as_str())

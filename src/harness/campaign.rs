@@ -11,6 +11,7 @@ use super::rng::Rng;
 use super::shrink::shrink;
 use crate::case::Case;
 use crate::error::{panic_text, Error, Result};
+use crate::runner::Runner;
 use crate::stages::{self, Stage, StageTimes};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -531,7 +532,7 @@ impl Merge<'_, '_> {
                 capsule: cap.display().to_string(),
                 shrunk_capsule: None,
                 shrunk_size: None,
-                repro: repro_cmd(&cap, be.name(), &rep.profile),
+                repro: repro_cmd(&cap, repro_backend(be), &rep.profile),
             };
             rep.failures.push(entry.clone());
             progress(Progress {
@@ -562,7 +563,7 @@ impl Merge<'_, '_> {
                         slots: l.slots(),
                         max_tokens: max_tok,
                     });
-                    entry.repro = repro_cmd(&scap, be.name(), &rep.profile);
+                    entry.repro = repro_cmd(&scap, repro_backend(be), &rep.profile);
                     *rep.failures.last_mut().expect("just pushed") = entry;
                 }
             }
@@ -634,6 +635,16 @@ pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
         p90: at(0.9),
         p99: at(0.99),
         max: v.last().copied().unwrap_or(0.0),
+    }
+}
+
+/// The backend a repro line names: `exec` for an implementation outside the tree, whose
+/// worker command the capsule records ([`capsule::WORKER`]), else the runner's own name.
+fn repro_backend(r: &dyn Runner) -> &str {
+    if r.external() {
+        "exec"
+    } else {
+        r.name()
     }
 }
 

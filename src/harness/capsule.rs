@@ -43,6 +43,10 @@ pub const PROVENANCE: &str = "smallseq.provenance";
 /// The metadata key of a worker fault (`kind`, `detail`, `stderr_tail`, `worker`), JSON.
 pub const FAULT: &str = "smallseq.fault";
 
+/// Key of the worker command (a JSON array of words) that ran an implementation outside the
+/// tree (`--backend exec`): the printed repro line reruns the case through it.
+pub const WORKER: &str = "smallseq.worker";
+
 /// The metadata key of the commit the writing build was made from.
 pub const COMMIT: &str = "smallseq.commit";
 
@@ -204,6 +208,10 @@ pub fn write(
     let mut c = case.clone();
     c.outputs = run.outputs.clone();
     stamp_as(&mut c.meta, runner.name(), runner.provenance());
+    if let Some(cmd) = runner.worker_command().filter(|_| runner.external()) {
+        c.meta
+            .insert(WORKER.into(), serde_json::json!(cmd).to_string());
+    }
     if let Some(f) = &run.fault {
         c.meta.insert(
             FAULT.into(),

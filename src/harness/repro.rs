@@ -152,7 +152,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         d.failed = true;
         d.say(format!("numeric_agreement FAILED: {}", f.detail));
         if let Some(w) = f.worst {
-            d.say(format!("worst element: {}", w.describe()));
+            d.say(format!("worst element: {}", w.describe(y.design)));
         }
     }
     if let Some(msg) = dont_care_outputs(case, &case.outputs) {
@@ -283,7 +283,8 @@ pub fn rerun(checker: &Checker, case: &Case, salt: u64) -> Result<Diagnosis> {
                 d.failed = true;
                 d.say(format!("{p}: FAIL: {}", f.detail));
                 if let Some(w) = &f.worst {
-                    d.say(format!("  worst element: {}", w.describe()));
+                    let design = super::conditioning::Design::of_backend(checker.runner.name());
+                    d.say(format!("  worst element: {}", w.describe(design)));
                 }
             }
         }

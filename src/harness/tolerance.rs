@@ -25,7 +25,7 @@
 //! ([`super::conditioning`]): where dS = P·(dP − D) cancels, the f32 noise of its terms is
 //! larger than any threshold drawn from one tensor-wide yardstick.
 
-use super::conditioning::{GradAllowance, OrderAllowance};
+use super::conditioning::{Design, GradAllowance, OrderAllowance};
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, ArrayViewD};
 use serde::Serialize;
@@ -59,13 +59,20 @@ impl Worst {
             || same_non_finite(self.value, self.emulated)
     }
 
-    /// One line: where, the value, the reference's, and the emulation's.
-    pub fn describe(&self) -> String {
+    /// One line: where, the value, the reference's, and the emulation's. Only an
+    /// implementation of smallseq's design (`design`) is told that sharing the emulation's
+    /// value is a limit of its design: the emulation is no model of an undeclared one.
+    pub fn describe(&self, design: Design) -> String {
         let dim = self.dim.map_or(String::new(), |x| format!(", dim {x}"));
-        let design = if self.design_shares() {
-            " (the same value: a limit of the kernel design, not a deviation from it)"
-        } else {
-            ""
+        let design = match (self.design_shares(), design) {
+            (false, _) => "",
+            (true, Design::Project) => {
+                " (the same value: a limit of the kernel design, not a deviation from it)"
+            }
+            (true, Design::Envelope) => {
+                " (the same value as smallseq's emulation; the implementation declared no \
+                 design, so no design limit is claimed)"
+            }
         };
         format!(
             "tensor {}, token {}, head {}{dim}: value {} expected {}, emulation {}{design}",

@@ -124,7 +124,11 @@ impl<'a> Checker<'a> {
         )];
         if let Some(why) = case.config.unsupported_reason() {
             let o = match self.runner.run_pair(case, &self.opts) {
-                Err(Error::Unsupported(_)) => skip(format!("unsupported: {why}")),
+                Err(Error::Unsupported(said)) => skip(format!(
+                    "{}; the implementation: {}",
+                    unsupported(&why),
+                    said.replace(':', " -")
+                )),
                 Err(e) => fail(
                     Prop::NumericAgreement,
                     format!("expected an unsupported error, got: {e}"),
@@ -143,7 +147,7 @@ impl<'a> Checker<'a> {
                 let o = if p == Prop::NumericAgreement {
                     o.clone()
                 } else {
-                    skip(format!("unsupported: {why}"))
+                    skip(unsupported(&why))
                 };
                 outcomes.push((p, o));
             }
@@ -224,6 +228,13 @@ impl<'a> Checker<'a> {
     }
 }
 
+/// The skip reason of a case outside the semantics (`AttnConfig::unsupported_reason`): the
+/// report's key names the feature (`unsupported dropout`), the detail after the colon.
+fn unsupported(why: &str) -> String {
+    let feature = why.split_whitespace().next().unwrap_or("feature");
+    format!("unsupported {feature}: {why}")
+}
+
 /// `f`, the work of property `p`, timed as its stage.
 fn prop_timed(p: Prop, f: impl FnOnce() -> Outcome) -> Outcome {
     timed(Stage::Property(p.name()), f)
@@ -236,4 +247,34 @@ fn declined(why: &str) -> String {
         "declined by the implementation ({})",
         why.replace(':', " -")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_backends::bf16_case;
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::config::AttnConfig;
+    use smallseq_reference::{Dtype, Layout, Mask};
+
+    #[test]
+    fn a_case_outside_the_semantics_is_skipped_under_the_feature_it_uses() {
+        let mut cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
+        cfg.dropout = 0.1;
+        let case = bf16_case(cfg, Layout::packed(&[(3, 4)]), 1);
+        let be = CpuBackend::default();
+        let run = Checker::isolated(&be).check(&case, 0).unwrap();
+        for (p, o) in &run.outcomes {
+            if matches!(p, Prop::Eligibility | Prop::Crash | Prop::Hang) {
+                continue;
+            }
+            match o {
+                Outcome::Skip { reason } => assert!(
+                    reason.starts_with("unsupported dropout: dropout = 0.1"),
+                    "{p}: {reason}"
+                ),
+                other => panic!("{p}: {other:?}"),
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use super::verdict::{Failure, Outcome, Prop};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
+use crate::harness::conditioning::Design;
 use crate::harness::tolerance::{Judgement, Worst};
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
@@ -18,7 +19,7 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
         None => Outcome::Pass,
         Some(j) => Outcome::Fail(Failure {
             prop: Prop::NumericAgreement,
-            detail: numeric_detail(j),
+            detail: numeric_detail(j, y.design),
             worst: j.worst.clone(),
             margin: j.margin,
         }),
@@ -30,11 +31,25 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
 /// where the emulation itself is non-finite (its error leaves those elements out) or holds the
 /// kernel's value at the worst element, so a limit of the kernel design does not read as a
 /// kernel straying from it.
-fn numeric_detail(j: &Judgement) -> String {
-    let mut s = format!(
-        "{}: max error {:.3e} > threshold {:.3e} (emulation error {:.3e}",
-        j.tensor, j.err, j.threshold, j.emu_err
-    );
+fn numeric_detail(j: &Judgement, design: Design) -> String {
+    // The figure printed is the rule that failed: where the tensor's error is inside its
+    // threshold, a row of it failed the per-row rule.
+    let row = j
+        .row
+        .as_ref()
+        .filter(|r| r.margin > 1.0 && j.err <= j.threshold);
+    let mut s = match row {
+        Some(r) => format!(
+            "{}: row (token {}, head {}) error {:.3e} > its threshold {:.3e} (row scale {:.3e}, \
+             emulation error {:.3e}; the tensor's max error {:.3e} is inside its threshold \
+             {:.3e}",
+            j.tensor, r.token, r.head, r.err, r.threshold, r.scale, r.emu_err, j.err, j.threshold
+        ),
+        None => format!(
+            "{}: max error {:.3e} > threshold {:.3e} (emulation error {:.3e}",
+            j.tensor, j.err, j.threshold, j.emu_err
+        ),
+    };
     if j.emu_non_finite > 0 {
         s += &format!(
             " over its finite elements; it is non-finite at {} where the reference is finite",
@@ -43,8 +58,78 @@ fn numeric_detail(j: &Judgement) -> String {
     }
     s.push(')');
     if j.worst.as_ref().is_some_and(Worst::design_shares) {
-        s += "; the emulation holds the same value at the worst element: the kernel follows \
-              its design, and the design loses the value there";
+        s += match design {
+            Design::Project => {
+                "; the emulation holds the same value at the worst element: the kernel follows \
+                 its design, and the design loses the value there"
+            }
+            Design::Envelope => {
+                "; smallseq's emulation holds the same value at the worst element (the \
+                 implementation declared no design, so no design limit is claimed)"
+            }
+        };
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::tolerance::RowVerdict;
+
+    fn judgement(err: f64, threshold: f64, row_margin: f64, shares: bool) -> Judgement {
+        Judgement {
+            tensor: "dv".into(),
+            err,
+            emu_err: 1e-4,
+            threshold,
+            margin: row_margin.max(err / threshold),
+            worst: Some(Worst {
+                tensor: "dv".into(),
+                token: 3,
+                head: 1,
+                dim: Some(0),
+                value: 2.0,
+                expected: 1.0,
+                emulated: if shares { 2.0 } else { 1.0 },
+            }),
+            row: Some(RowVerdict {
+                token: 5,
+                head: 2,
+                scale: 0.25,
+                err: 0.01,
+                emu_err: 1e-5,
+                threshold: 0.01 / row_margin,
+                margin: row_margin,
+            }),
+            blind: false,
+            emu_non_finite: 0,
+            indeterminate: false,
+        }
+    }
+
+    #[test]
+    fn a_row_rule_failure_prints_the_rows_figures_not_the_passing_tensors() {
+        // Issue 31: "dv: max error 1.507e-2 > threshold 1.385e-1 … margin 34.70".
+        let d = numeric_detail(&judgement(1.507e-2, 1.385e-1, 34.7, false), Design::Project);
+        assert!(
+            d.starts_with("dv: row (token 5, head 2) error 1.000e-2 > its threshold 2.882e-4"),
+            "{d}"
+        );
+        assert!(d.contains("inside its threshold 1.385e-1"), "{d}");
+        let d = numeric_detail(&judgement(0.5, 0.1, 2.0, false), Design::Project);
+        assert!(
+            d.starts_with("dv: max error 5.000e-1 > threshold 1.000e-1"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn only_the_projects_design_is_told_it_meets_a_limit_of_its_design() {
+        let j = judgement(0.5, 0.1, 2.0, true);
+        assert!(numeric_detail(&j, Design::Project).contains("the kernel follows its design"));
+        let d = numeric_detail(&j, Design::Envelope);
+        assert!(!d.contains("follows its design"), "{d}");
+        assert!(d.contains("declared no design"), "{d}");
+    }
 }

@@ -27,6 +27,8 @@ pub struct Yardstick {
     pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
     /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
     pub regimes: Vec<&'static str>,
+    /// The design the order allowance is of, which also decides how a failure is worded.
+    pub design: Design,
 }
 
 impl Yardstick {
@@ -90,6 +92,7 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         order: allow.order,
         p_noise: allow.p_noise,
         regimes,
+        design,
     })
 }
 

@@ -146,9 +146,16 @@ fn a_failure_says_where_the_design_itself_holds_the_kernels_value() {
     let w = j.worst.clone().expect("a worst element");
     assert!(w.design_shares() && w.emulated == f64::INFINITY, "{w:?}");
     assert!(
-        w.describe().contains("emulation inf (the same value"),
+        w.describe(Design::Project)
+            .contains("emulation inf (the same value"),
         "{}",
-        w.describe()
+        w.describe(Design::Project)
+    );
+    assert!(
+        !w.describe(Design::Envelope)
+            .contains("limit of the kernel design"),
+        "{}",
+        w.describe(Design::Envelope)
     );
     assert_eq!(j.emu_non_finite, 1);
     // A kernel off the emulation: neither note.
@@ -158,7 +165,11 @@ fn a_failure_says_where_the_design_itself_holds_the_kernels_value() {
         !j.passed() && !w.design_shares() && j.emu_non_finite == 0,
         "{j:?}"
     );
-    assert!(!w.describe().contains("the same value"), "{}", w.describe());
+    assert!(
+        !w.describe(Design::Project).contains("the same value"),
+        "{}",
+        w.describe(Design::Project)
+    );
     // Past the range the emulation's infinity is the reference's own: not counted.
     assert_eq!(
         triple_with(f64::INFINITY, 70000.0, f64::INFINITY).emu_non_finite,
