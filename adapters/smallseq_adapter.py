@@ -960,13 +960,31 @@ def log(msg: str):
     print(f"[adapter] {msg}", file=sys.stderr, flush=True)
 
 
-def _claim_stdout():
-    """Keeps a private duplicate of fd 1 for protocol lines and points fd 1 (and sys.stdout)
-    at stderr, so nothing else can write to the protocol stream."""
-    fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+_PROTOCOL_STREAM = None
+
+
+def protocol_stream():
+    """The protocol stream: a private duplicate of fd 1, taken once, after which fd 1 (and
+    sys.stdout) point at stderr, so nothing else can write to it. `serve` writes its lines
+    here; `write_line` is the public way to write one of your own."""
+    global _PROTOCOL_STREAM
+    if _PROTOCOL_STREAM is None:
+        fd = os.dup(1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        _PROTOCOL_STREAM = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+    return _PROTOCOL_STREAM
+
+
+def write_line(line, stream=None):
+    """Writes one raw protocol line (a dict is encoded as JSON; a str is written as given,
+    one newline added) and flushes: for workers that answer something `serve` would not
+    (a test of how a campaign takes a misbehaving worker, a reply of your own). `stream`
+    defaults to `protocol_stream()`."""
+    out = stream if stream is not None else protocol_stream()
+    text = line if isinstance(line, str) else json.dumps(line)
+    out.write(text.rstrip("\n") + "\n")
+    out.flush()
 
 
 def handshake(adapter: Adapter) -> dict:
@@ -1107,17 +1125,15 @@ def start(adapter: Adapter):
 
 def serve(adapter: Adapter, stdin=None, stdout=None) -> int:
     """Handshake, then one reply per request line until `shutdown` or end of input."""
-    out = stdout if stdout is not None else _claim_stdout()
+    out = stdout if stdout is not None else protocol_stream()
     inp = stdin if stdin is not None else sys.stdin
     start(adapter)
-    out.write(json.dumps(handshake(adapter)) + "\n")
-    out.flush()
+    write_line(handshake(adapter), out)
     for line in inp:
         reply, stop = reply_for(line, adapter)
         if reply is not None:
             try:
-                out.write(json.dumps(reply) + "\n")
-                out.flush()
+                write_line(reply, out)
             except BrokenPipeError:
                 return 0
         if stop:

@@ -233,6 +233,22 @@ class Subprocess(unittest.TestCase):
             tensors, _ = kit.read_safetensors(req["out"])
             self.assertEqual(tensors["o"][1].shape, (6, 2, 8))
 
+    def test_write_line_puts_raw_lines_on_the_protocol_stream_only(self):
+        script = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import smallseq_adapter as kit\n"
+            "print('to stderr, since the kit took stdout', flush=True) if kit.protocol_stream() else None\n"
+            "kit.write_line('not a handshake')\n"
+            "kit.write_line({'id': 7, 'ok': True})\n"
+            "print('stray', flush=True)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script, ADAPTERS], capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.splitlines(), ["not a handshake", '{"id": 7, "ok": true}'])
+        self.assertIn("stray", proc.stderr)
+        self.assertIn("to stderr", proc.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
