@@ -59,7 +59,8 @@ pub fn safetensors_text(e: &safetensors::SafeTensorError) -> String {
         E::InvalidTensorView(dt, shape, len) => {
             let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
             format!(
-                "a tensor of dtype {dt:?} and shape [{}] does not fit its {len} bytes",
+                "a tensor of dtype {} and shape [{}] does not fit its {len} bytes",
+                dtype_name(*dt),
                 dims.join(", ")
             )
         }
@@ -144,8 +145,8 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
             return Err(file_err(
                 name,
                 format!(
-                    "tensor {t}: shape {:?}, expected [T, {h}, {d}] from smallseq.config",
-                    arr.shape()
+                    "tensor {t}: shape {}, expected [T, {h}, {d}] from smallseq.config",
+                    shape_text(arr.shape())
                 ),
             ));
         }
@@ -235,7 +236,10 @@ impl Reader<'_> {
             other => {
                 return Err(file_err(
                     self.name,
-                    format!("tensor {t}: dtype {other:?} is not a float type"),
+                    format!(
+                        "tensor {t}: dtype {} is not a float type",
+                        dtype_name(other)
+                    ),
                 ))
             }
         })
@@ -265,7 +269,10 @@ impl Reader<'_> {
             other => {
                 return Err(file_err(
                     self.name,
-                    format!("tensor {t}: dtype {other:?} is not a float type"),
+                    format!(
+                        "tensor {t}: dtype {} is not a float type",
+                        dtype_name(other)
+                    ),
                 ))
             }
         })
@@ -290,8 +297,9 @@ impl Reader<'_> {
             return Err(file_err(
                 self.name,
                 format!(
-                    "tensor {t}: shape {:?}, expected {expected:?}",
-                    view.shape()
+                    "tensor {t}: shape {}, expected {}",
+                    shape_text(view.shape()),
+                    shape_text(expected)
                 ),
             ));
         }
@@ -310,8 +318,9 @@ impl Reader<'_> {
             return Err(file_err(
                 self.name,
                 format!(
-                    "tensor {t}: dtype {:?}, expected {want:?} (config dtype {dtype})",
-                    view.dtype()
+                    "tensor {t}: dtype {}, expected {} (config dtype {dtype})",
+                    dtype_name(view.dtype()),
+                    dtype_name(want)
                 ),
             ));
         }
@@ -323,7 +332,8 @@ impl Reader<'_> {
                 return Err(file_err(
                     self.name,
                     format!(
-                        "tensor {t}: shape {shape:?} has rank {}, expected [T, H, D]",
+                        "tensor {t}: shape {} has rank {}, expected [T, H, D]",
+                        shape_text(&shape),
                         shape.len()
                     ),
                 ))
@@ -340,13 +350,19 @@ impl Reader<'_> {
         if view.dtype() != StDtype::I32 {
             return Err(file_err(
                 self.name,
-                format!("tensor {t}: dtype {:?}, expected I32", view.dtype()),
+                format!(
+                    "tensor {t}: dtype {}, expected i32",
+                    dtype_name(view.dtype())
+                ),
             ));
         }
         if view.shape().len() != 1 {
             return Err(file_err(
                 self.name,
-                format!("tensor {t}: shape {:?}, expected [b+1]", view.shape()),
+                format!(
+                    "tensor {t}: shape {}, expected [b+1]",
+                    shape_text(view.shape())
+                ),
             ));
         }
         Ok(view
@@ -410,7 +426,7 @@ pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
-            return Err(file_err(name, format!("unknown output tensor {t:?}")));
+            return Err(file_err(name, format!("unknown output tensor '{t}'")));
         }
     }
     Reader { st: &st, name }.outputs(case)
@@ -435,7 +451,7 @@ pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Output
     let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
         if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
-            return Err(file_err(name, format!("unknown output tensor {t:?}")));
+            return Err(file_err(name, format!("unknown output tensor '{t}'")));
         }
     }
     let r = Reader { st: &st, name };
@@ -569,4 +585,33 @@ fn encode_case(
 pub fn write_case(case: &Case, path: &Path, precision: OutputPrecision) -> Result<()> {
     let bytes = case_bytes(case, precision)?;
     crate::files::write_atomic(path, &bytes)
+}
+
+/// A tensor's shape as the error texts show it: `[3, 4, 5]`.
+fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// A safetensors dtype by the name the format's header spells it with, in lower case
+/// (`f32`, `bf16`, `i32`, …), never as a Rust value.
+fn dtype_name(dt: StDtype) -> String {
+    serde_json::to_value(dt)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_lowercase))
+        .unwrap_or_else(|| "an unknown type".into())
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_and_shapes_read_as_the_format_spells_them() {
+        assert_eq!(dtype_name(StDtype::F32), "f32");
+        assert_eq!(dtype_name(StDtype::BF16), "bf16");
+        assert_eq!(dtype_name(StDtype::I32), "i32");
+        assert_eq!(shape_text(&[3, 4, 5]), "[3, 4, 5]");
+        assert_eq!(shape_text(&[]), "[]");
+    }
 }
