@@ -38,20 +38,37 @@ use crate::case::Case;
 use ndarray::{s, Array2, Array3, ArrayView1};
 use smallseq_reference::Dtype;
 
-/// `Σ |a·b|` in f64: the magnitude a dot product's f32 rounding scales with.
-fn abs_dot(a: ArrayView1<f32>, b: ArrayView1<f32>) -> f64 {
-    a.iter()
-        .zip(b.iter())
-        .map(|(x, y)| (f64::from(*x) * f64::from(*y)).abs())
-        .sum()
-}
-
 /// `(Σ a·b, Σ |a·b|)` in f64: a dot product and the magnitude its rounding scales with.
 fn dot_and_abs(a: ArrayView1<f32>, b: ArrayView1<f32>) -> (f64, f64) {
     a.iter().zip(b.iter()).fold((0.0, 0.0), |(s, m), (x, y)| {
         let t = f64::from(*x) * f64::from(*y);
         (s + t, m + t.abs())
     })
+}
+
+/// `|a|` in f64, in standard layout (what [`row_of`] and [`row_mut`] read).
+fn abs64(a: &Array3<f32>) -> Array3<f64> {
+    let values: Vec<f64> = a.iter().map(|x| f64::from(*x).abs()).collect();
+    Array3::from_shape_vec(a.dim(), values).expect("one value per element, in logical order")
+}
+
+/// Row `(i, j)` of an array in standard layout (every array the allowances build), as a slice.
+fn row_of(a: &Array3<f64>, i: usize, j: usize) -> &[f64] {
+    let (_, n1, n2) = a.dim();
+    let start = (i * n1 + j) * n2;
+    &a.as_slice().expect("built in standard layout")[start..start + n2]
+}
+
+/// [`row_of`], mutable.
+fn row_mut(a: &mut Array3<f64>, i: usize, j: usize) -> &mut [f64] {
+    let (_, n1, n2) = a.dim();
+    let start = (i * n1 + j) * n2;
+    &mut a.as_slice_mut().expect("built in standard layout")[start..start + n2]
+}
+
+/// `Σ a·b` in order.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Allowances of `dq [Tq, H, Dqk]` and `dk [Tk, Hkv, Dqk]`, in the tensors' units.
@@ -265,13 +282,17 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             Array3::<f64>::zeros(case.v.dim()),
         )
     });
+    // The inputs' magnitudes in f64, once per case, in rows the loops below walk as slices
+    // (which vectorise): converting per (query, key) pair was most of the allowances' time.
+    let (qa, ka, va) = (abs64(&case.q), abs64(&case.k), abs64(&case.v));
+    let doa = d_o.map(abs64);
     for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
-        let q_r = case.q.slice(s![t, h, ..]);
+        let qa_r = row_of(&qa, t, h);
         let score_mag = row
             .keys
             .iter()
-            .map(|&c| scale * abs_dot(q_r, case.k.slice(s![c, hk, ..])))
+            .map(|&c| scale * dot(qa_r, row_of(&ka, c, hk)))
             .fold(0.0f64, f64::max);
         let s_i = score_mag + lse_r.abs();
         let probs: Vec<f64> = row
@@ -286,29 +307,26 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .map(|&pr| p_noise(case.config.dtype, pr, rho))
             .collect();
         for ((&c, &prob), &pn) in row.keys.iter().zip(&probs).zip(&p_noises) {
-            let v_c = case.v.slice(s![c, hk, ..]);
-            for ((x, n), v) in ord_o
-                .slice_mut(s![t, h, ..])
-                .iter_mut()
-                .zip(noise_o.slice_mut(s![t, h, ..]).iter_mut())
-                .zip(v_c)
-            {
-                *x += w_o * prob * f64::from(*v).abs();
-                *n += pn * f64::from(*v).abs();
+            let va_c = row_of(&va, c, hk);
+            let noise_r = row_mut(&mut noise_o, t, h);
+            for (n, v) in noise_r.iter_mut().zip(va_c) {
+                *n += pn * v;
             }
-            if let (Some(d_o), Some(ndv)) = (d_o, noise_dv.as_mut()) {
-                for (n, y) in ndv
-                    .slice_mut(s![c, hk, ..])
-                    .iter_mut()
-                    .zip(d_o.slice(s![t, h, ..]))
-                {
-                    *n += pn * f64::from(*y).abs();
+            for (x, v) in row_mut(&mut ord_o, t, h).iter_mut().zip(va_c) {
+                *x += w_o * prob * v;
+            }
+            if let (Some(doa), Some(ndv)) = (doa.as_ref(), noise_dv.as_mut()) {
+                for (n, y) in row_mut(ndv, c, hk).iter_mut().zip(row_of(doa, t, h)) {
+                    *n += pn * y;
                 }
             }
         }
-        let (Some(d_o), Some((dq, dk, odq, odk, odv))) = (d_o, g.as_mut()) else {
+        let (Some(d_o), Some(doa), Some((dq, dk, odq, odk, odv))) =
+            (d_o, doa.as_ref(), g.as_mut())
+        else {
             continue;
         };
+        let doa_r = row_of(doa, t, h);
         let d_o_r = d_o.slice(s![t, h, ..]);
         // (dP_ij, a_ij) of the row's visible keys.
         let dpa: Vec<(f64, f64)> = row
@@ -338,27 +356,23 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                     scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
                 }
             };
-            // Row views, not (token, head, dim) indexing: this loop is most of the allowances'
-            // time, and each indexed access checks three bounds.
-            let k_c = case.k.slice(s![c, hk, ..]);
-            let (mut dq_r, mut odq_r) = (dq.slice_mut(s![t, h, ..]), odq.slice_mut(s![t, h, ..]));
-            let (mut dk_r, mut odk_r) = (dk.slice_mut(s![c, hk, ..]), odk.slice_mut(s![c, hk, ..]));
-            for (((((qx, kx), dq_x), dk_x), odq_x), odk_x) in q_r
+            let ka_c = row_of(&ka, c, hk);
+            for (x, (dq_x, odq_x)) in ka_c
                 .iter()
-                .zip(k_c.iter())
-                .zip(dq_r.iter_mut())
-                .zip(dk_r.iter_mut())
-                .zip(odq_r.iter_mut())
-                .zip(odk_r.iter_mut())
+                .zip(row_mut(dq, t, h).iter_mut().zip(row_mut(odq, t, h).iter_mut()))
             {
-                let (kx, qx) = (f64::from(*kx).abs(), f64::from(*qx).abs());
-                *dq_x += w * kx;
-                *dk_x += w * qx;
-                *odq_x += w_ord * kx;
-                *odk_x += w_ord * qx;
+                *dq_x += w * x;
+                *odq_x += w_ord * x;
             }
-            for (x, y) in odv.slice_mut(s![c, hk, ..]).iter_mut().zip(d_o_r.iter()) {
-                *x += w_dv * prob * f64::from(*y).abs();
+            for (x, (dk_x, odk_x)) in qa_r
+                .iter()
+                .zip(row_mut(dk, c, hk).iter_mut().zip(row_mut(odk, c, hk).iter_mut()))
+            {
+                *dk_x += w * x;
+                *odk_x += w_ord * x;
+            }
+            for (x, y) in row_mut(odv, c, hk).iter_mut().zip(doa_r) {
+                *x += w_dv * prob * y;
             }
         }
     }
