@@ -321,8 +321,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 }
             }
         }
-        let (Some(d_o), Some(doa), Some((dq, dk, odq, odk, odv))) =
-            (d_o, doa.as_ref(), g.as_mut())
+        let (Some(d_o), Some(doa), Some((dq, dk, odq, odk, odv))) = (d_o, doa.as_ref(), g.as_mut())
         else {
             continue;
         };
@@ -357,17 +356,19 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 }
             };
             let ka_c = row_of(&ka, c, hk);
-            for (x, (dq_x, odq_x)) in ka_c
-                .iter()
-                .zip(row_mut(dq, t, h).iter_mut().zip(row_mut(odq, t, h).iter_mut()))
-            {
+            for (x, (dq_x, odq_x)) in ka_c.iter().zip(
+                row_mut(dq, t, h)
+                    .iter_mut()
+                    .zip(row_mut(odq, t, h).iter_mut()),
+            ) {
                 *dq_x += w * x;
                 *odq_x += w_ord * x;
             }
-            for (x, (dk_x, odk_x)) in qa_r
-                .iter()
-                .zip(row_mut(dk, c, hk).iter_mut().zip(row_mut(odk, c, hk).iter_mut()))
-            {
+            for (x, (dk_x, odk_x)) in qa_r.iter().zip(
+                row_mut(dk, c, hk)
+                    .iter_mut()
+                    .zip(row_mut(odk, c, hk).iter_mut()),
+            ) {
                 *dk_x += w * x;
                 *odk_x += w_ord * x;
             }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::backend::launch::Kernel;
 use crate::backend::{Backend, GUARD};
-use crate::workspace::{plan, Direction, Shape};
+use crate::workspace::{plan, Direction, Plan, Shape};
 use ndarray::{Array2, Array3};
 use smallseq_reference::Mask;
 use std::sync::Mutex;
@@ -181,23 +181,33 @@ fn uploads(calls: &[Call]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_forward_uploads_launches_synchronises_once_then_downloads() {
-    let be = GpuBackend::from_runtime(Fake::new());
-    let c = case(Dtype::Bf16, 64, &[(3, 5), (17, 17)]);
-    let p = plan(
+/// The small-seq forward's plan for `c`.
+fn small_seq_fwd_plan(c: &Case) -> Plan {
+    plan(
         Direction::Fwd,
         Some(crate::dispatch::Path::SmallSeq),
-        &shape(&c),
-    );
-    let args = FwdArgs {
+        &shape(c),
+    )
+}
+
+/// A forward's arguments: `c`'s inputs under `p`.
+fn fwd_args<'a>(c: &'a Case, p: &'a Plan) -> FwdArgs<'a> {
+    FwdArgs {
         config: &c.config,
         layout: &c.layout,
         q: c.q.view(),
         k: c.k.view(),
         v: c.v.view(),
-        plan: &p,
-    };
+        plan: p,
+    }
+}
+
+#[test]
+fn a_forward_uploads_launches_synchronises_once_then_downloads() {
+    let be = GpuBackend::from_runtime(Fake::new());
+    let c = case(Dtype::Bf16, 64, &[(3, 5), (17, 17)]);
+    let p = small_seq_fwd_plan(&c);
+    let args = fwd_args(&c, &p);
     let mut out = fwd_bufs(&c, p.total);
     // The fake's memory holds what was uploaded: the guarded buffers come back unchanged.
     let before = out.o.data.clone();
@@ -324,19 +334,8 @@ fn failures_are_judged_alike_on_every_runtime() {
         ..Fake::new()
     });
     let c = case(Dtype::Bf16, 64, &[(2, 2)]);
-    let p = plan(
-        Direction::Fwd,
-        Some(crate::dispatch::Path::SmallSeq),
-        &shape(&c),
-    );
-    let args = FwdArgs {
-        config: &c.config,
-        layout: &c.layout,
-        q: c.q.view(),
-        k: c.k.view(),
-        v: c.v.view(),
-        plan: &p,
-    };
+    let p = small_seq_fwd_plan(&c);
+    let args = fwd_args(&c, &p);
     let mut out = fwd_bufs(&c, p.total);
     assert!(matches!(
         failing.small_seq_fwd(&args, &mut out),
@@ -353,17 +352,10 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     let (tq, h, d) = c.q.dim();
     let (tk, hk, dv) = c.v.dim();
     let lse = Array2::<f32>::zeros((tq, h));
-    let run = |p: &crate::workspace::Plan| {
+    let run = |p: &Plan| {
         let be = GpuBackend::from_runtime(Fake::new());
         let args = BwdArgs {
-            fwd: FwdArgs {
-                config: &c.config,
-                layout: &c.layout,
-                q: c.q.view(),
-                k: c.k.view(),
-                v: c.v.view(),
-                plan: p,
-            },
+            fwd: fwd_args(&c, p),
             o: c.q.view(),
             lse: lse.view(),
             d_o: c.q.view(),
@@ -454,14 +446,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
         ..Fake::new()
     });
     let args = BwdArgs {
-        fwd: FwdArgs {
-            config: &c.config,
-            layout: &c.layout,
-            q: c.q.view(),
-            k: c.k.view(),
-            v: c.v.view(),
-            plan: &small,
-        },
+        fwd: fwd_args(&c, &small),
         o: c.q.view(),
         lse: lse.view(),
         d_o: c.q.view(),
