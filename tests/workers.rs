@@ -459,3 +459,52 @@ fn reused_case_files_judge_like_fresh_ones() {
     assert!(r < f, "reused {r} case files, fresh {f}");
     println!("case files: {f} fresh, {r} reused");
 }
+
+/// Issue 37's planted fault on one device only (`ci/fault-on-device.sh`), through CPU workers
+/// told their device: the faulting device's cases crash, the other device's are judged, and
+/// the same wrapper naming a device the campaign does not use changes nothing.
+#[test]
+fn a_fault_planted_on_one_device_costs_its_cases_not_the_other_devices() {
+    let wrapper = concat!(env!("CARGO_MANIFEST_DIR"), "/ci/fault-on-device.sh");
+    let exe = env!("CARGO_BIN_EXE_smallseq");
+    let run = |tag: &str, device: &str| {
+        let dir = out_dir(tag);
+        let worker =
+            format!("{wrapper} {device} SMALLSEQ_MUTANT_FAULT=panic {exe} worker --backend cpu");
+        let args = [
+            "--backend",
+            "exec",
+            "--worker",
+            &worker,
+            "--devices",
+            "0,1",
+            "--jobs",
+            "2",
+            "--cases",
+            "40",
+            "--seed",
+            "3",
+        ];
+        let o = fuzz(&args, &dir, &[]);
+        (
+            o.status.code(),
+            report(&dir),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, r, err) = run("fault-dev1", "1");
+    assert_eq!(code, Some(1), "{err}");
+    let failures = r["failures"].as_array().unwrap();
+    assert!(!failures.is_empty(), "{r}");
+    assert!(failures.iter().all(|f| f["property"] == "crash"), "{r}");
+    assert!(
+        r["properties"]["numeric_agreement"]["pass"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{r}"
+    );
+    let (code, r, err) = run("fault-dev5", "5");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(r["failures"].as_array().unwrap().is_empty(), "{r}");
+}
