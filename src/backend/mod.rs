@@ -20,6 +20,7 @@ pub use registry::{device_count, open, open_planted, open_with, Spec, NAMES};
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
+use crate::mutants::Defects;
 use crate::dispatch::Arch;
 use crate::error::Result;
 use crate::workspace::Plan;
@@ -250,6 +251,10 @@ pub trait MutationHooks {
     /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
     fn zeroes_dont_care(&self) -> bool {
         true
+    }
+    /// Bugs planted in the wrapper's segment ids → `cu_seqlens` conversion.
+    fn segment_defects(&self) -> Defects {
+        Defects::none()
     }
 }
 
