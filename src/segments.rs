@@ -174,7 +174,10 @@ impl Segmented {
         };
         let s: Segmented = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         if s.max_segments == 0 || s.max_segments > 64 {
-            return Err(bad(format!("max_segments {} outside 1..=64", s.max_segments)));
+            return Err(bad(format!(
+                "max_segments {} outside 1..=64",
+                s.max_segments
+            )));
         }
         s.ids.check()?;
         Ok(s)
@@ -400,7 +403,11 @@ mod tests {
         let mut tail = l.clone();
         tail.q.padded.as_mut().unwrap()[3] = 9;
         assert!(!s.describes(&tail));
-        for bad in ["", "{}", r#"{"max_segments":0,"batch":1,"seq_q":1,"seq_kv":1,"ids_q":[1],"ids_kv":[1],"pos_q":[0],"pos_kv":[0]}"#] {
+        for bad in [
+            "",
+            "{}",
+            r#"{"max_segments":0,"batch":1,"seq_q":1,"seq_kv":1,"ids_q":[1],"ids_kv":[1],"pos_q":[0],"pos_kv":[0]}"#,
+        ] {
             let e = Segmented::from_meta(bad).unwrap_err().to_string();
             assert!(e.contains(META_KEY), "{e}");
         }

@@ -9,9 +9,9 @@ use crate::dispatch::{Decision, EnvView, Path, Profile, RuntimeFacts};
 use crate::error::{Error, Result};
 use crate::segments::{self, Segmented};
 use crate::workspace::{self, Direction, Plan, Shape};
-use std::borrow::Cow;
 use ndarray::{Array2, Array3};
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// How to run one case.
 #[derive(Clone, Debug)]

@@ -5,6 +5,7 @@
 
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::case_file::{input_bytes, parse_case};
+use smallseq::dispatch::Profile;
 use smallseq::harness::campaign::{case_seed, Budget, Campaign, Report};
 use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
@@ -12,7 +13,6 @@ use smallseq::harness::rng::Rng;
 use smallseq::mutants::{Defects, Mutant};
 use smallseq::segments::{Segmented, META_KEY};
 use smallseq::wrapper::launched;
-use smallseq::dispatch::Profile;
 use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -24,7 +24,9 @@ fn segment_cases(seed: u64, n: usize) -> Vec<smallseq::case::Case> {
         .filter_map(|i| {
             let cs = case_seed(seed, i);
             let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
-            g.segments.is_some().then(|| build(&g, cs ^ 0xda7a).unwrap())
+            g.segments
+                .is_some()
+                .then(|| build(&g, cs ^ 0xda7a).unwrap())
         })
         .take(n)
         .collect()
@@ -53,7 +55,10 @@ fn the_launch_takes_the_offsets_converted_from_the_ids_and_they_round_trip() {
             differs += 1;
         }
     }
-    assert!(differs > 50, "the slip changed only {differs} of 200 launches");
+    assert!(
+        differs > 50,
+        "the slip changed only {differs} of 200 launches"
+    );
 }
 
 #[test]
@@ -65,7 +70,8 @@ fn stale_or_missing_ids_leave_the_layout_alone_and_malformed_ones_are_errors() {
     let mut changed = case.clone();
     changed.layout = smallseq::reference::Layout::packed(&[(2, 3)]);
     assert!(matches!(launched(&be, &changed).unwrap(), Cow::Borrowed(_)));
-    case.meta.insert(META_KEY.into(), "{\"max_segments\": 2}".into());
+    case.meta
+        .insert(META_KEY.into(), "{\"max_segments\": 2}".into());
     let e = launched(&be, &case).unwrap_err().to_string();
     assert!(e.contains(META_KEY), "{e}");
     case.meta.remove(META_KEY);
@@ -73,10 +79,7 @@ fn stale_or_missing_ids_leave_the_layout_alone_and_malformed_ones_are_errors() {
 }
 
 fn campaign(be: &CpuBackend, cases: u64, stop_on_failure: bool, tag: &str) -> Report {
-    let out = std::env::temp_dir().join(format!(
-        "smallseq-segments-{tag}-{}",
-        std::process::id()
-    ));
+    let out = std::env::temp_dir().join(format!("smallseq-segments-{tag}-{}", std::process::id()));
     let rep = Campaign {
         checker: Checker::isolated(be),
         seed: 1,

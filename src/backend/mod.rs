@@ -20,9 +20,9 @@ pub use registry::{device_count, open, open_planted, open_with, Spec, NAMES};
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
-use crate::mutants::Defects;
 use crate::dispatch::Arch;
 use crate::error::Result;
+use crate::mutants::Defects;
 use crate::workspace::Plan;
 use ndarray::ArrayView3;
 use smallseq_reference::Layout;

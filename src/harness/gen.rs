@@ -413,7 +413,11 @@ fn segment_layout<D: Draw>(d: &mut D) -> Option<(Layout, Segmented)> {
     let (mut lq, mut oq, mut lk, mut ok) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..batch {
         let room = max_segments.min(seq_q).min(seq_kv);
-        let n = if d.percent(50) { room } else { d.range(0, room) };
+        let n = if d.percent(50) {
+            room
+        } else {
+            d.range(0, room)
+        };
         for (seq, lens, offs) in [(seq_q, &mut lq, &mut oq), (seq_kv, &mut lk, &mut ok)] {
             // Each segment starts one token long; every spare token then lengthens a
             // segment (two in three) or widens a gap: before segment i, or the row's tail.
@@ -448,11 +452,7 @@ fn segment_layout<D: Draw>(d: &mut D) -> Option<(Layout, Segmented)> {
             tokens,
         }
     };
-    let layout = Layout::new(
-        side(lq, oq, batch * seq_q),
-        side(lk, ok, batch * seq_kv),
-    )
-    .ok()?;
+    let layout = Layout::new(side(lq, oq, batch * seq_q), side(lk, ok, batch * seq_kv)).ok()?;
     let ids = Segmented::of_layout(&layout, batch, seq_q, seq_kv, max_segments).ok()?;
     Some((layout, ids))
 }
