@@ -30,7 +30,7 @@ impl SegmentIds {
             ("segment_pos_q", &self.pos_q, self.seq_q),
             ("segment_pos_kv", &self.pos_kv, self.seq_kv),
         ] {
-            if v.len() != self.batch * s {
+            if Some(v.len()) != self.batch.checked_mul(s) {
                 return Err(Error::Tensor {
                     tensor: name.into(),
                     detail: format!("length {} != batch {} x seq {s}", v.len(), self.batch),
@@ -179,6 +179,14 @@ impl Segmented {
                 s.max_segments
             )));
         }
+        // Rows of no token would let `batch` (and the slot count it sets) grow without a
+        // buffer to bound it.
+        if s.ids.seq_q == 0 || s.ids.seq_kv == 0 {
+            return Err(bad(format!(
+                "seq_q {} and seq_kv {} must be at least 1",
+                s.ids.seq_q, s.ids.seq_kv
+            )));
+        }
         s.ids.check()?;
         Ok(s)
     }
@@ -193,9 +201,9 @@ impl Segmented {
     pub fn describes(&self, layout: &Layout) -> bool {
         let s = &self.ids;
         let (q, kv) = (&layout.q, &layout.kv);
-        if layout.slots() != s.batch * self.max_segments
-            || q.tokens != s.batch * s.seq_q
-            || kv.tokens != s.batch * s.seq_kv
+        if Some(layout.slots()) != s.batch.checked_mul(self.max_segments)
+            || Some(q.tokens) != s.batch.checked_mul(s.seq_q)
+            || Some(kv.tokens) != s.batch.checked_mul(s.seq_kv)
             || q.padded.is_none()
             || kv.padded.is_none()
         {
