@@ -414,6 +414,7 @@ mod tests {
         for bad in [
             "",
             "{}",
+            r#"{"max_segments":1,"batch":99999999999,"seq_q":0,"seq_kv":0,"ids_q":[],"ids_kv":[],"pos_q":[],"pos_kv":[]}"#,
             r#"{"max_segments":0,"batch":1,"seq_q":1,"seq_kv":1,"ids_q":[1],"ids_kv":[1],"pos_q":[0],"pos_kv":[0]}"#,
         ] {
             let e = Segmented::from_meta(bad).unwrap_err().to_string();
