@@ -495,13 +495,20 @@ pub fn case_bytes(case: &Case, precision: OutputPrecision) -> Result<Vec<u8>> {
     encode_case(case, Some(precision), &case.meta)
 }
 
-/// A case's inputs alone (no stored outputs, no metadata beyond the format and config): what
-/// a worker request names, written without copying the case.
+/// A case's inputs alone (no stored outputs, no metadata beyond the format, the config and
+/// the segment ids the launch converts): what a worker request names, written without
+/// copying the case.
 ///
 /// # Errors
 /// As [`case_bytes`].
 pub fn input_bytes(case: &Case) -> Result<Vec<u8>> {
-    encode_case(case, None, &BTreeMap::new())
+    let inputs: BTreeMap<String, String> = case
+        .meta
+        .get_key_value(crate::segments::META_KEY)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .into_iter()
+        .collect();
+    encode_case(case, None, &inputs)
 }
 
 /// `precision`: how stored outputs are written; `None` leaves them out.

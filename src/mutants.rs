@@ -85,11 +85,16 @@ pub enum Mutant {
     F16DsUnclamped,
     /// Small-seq outputs are rounded toward zero instead of to nearest-even.
     RoundTowardZero,
+    // Issue 35: the path JAX users take.
+    /// The segment ids → `cu_seqlens` conversion on the way to the kernels counts ids up to
+    /// `max_segments - 1` (`bincount(ids)[1:max_segments]`): a row's last admitted segment
+    /// keeps its start and loses its length.
+    SegmentConversionSlip,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 36] = [
+    pub const ALL: [Mutant; 37] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -128,6 +133,8 @@ impl Mutant {
         Mutant::SoftmaxFirstTileMax,
         Mutant::F16DsUnclamped,
         Mutant::RoundTowardZero,
+        // Issue 35.
+        Mutant::SegmentConversionSlip,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -195,6 +202,8 @@ impl Mutant {
             Mutant::SoftmaxFirstTileMax => "softmax-first-tile-max",
             Mutant::F16DsUnclamped => "f16-ds-unclamped",
             Mutant::RoundTowardZero => "round-toward-zero",
+            // Issue 35.
+            Mutant::SegmentConversionSlip => "segment-conversion-slip",
         }
     }
 }

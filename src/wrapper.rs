@@ -7,9 +7,11 @@ use crate::case::Case;
 use crate::dispatch::gate::Dispatcher;
 use crate::dispatch::{Decision, EnvView, Path, Profile, RuntimeFacts};
 use crate::error::{Error, Result};
+use crate::segments::{self, Segmented};
 use crate::workspace::{self, Direction, Plan, Shape};
 use ndarray::{Array2, Array3};
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// How to run one case.
 #[derive(Clone, Debug)]
@@ -249,12 +251,34 @@ fn to3(buf: &DevBuf, shape: [usize; 3]) -> Array3<f32> {
     Array3::from_shape_vec(shape, buf.body().to_vec()).expect("buffer sized from shape")
 }
 
+/// The case as its launch sees it. A case that carries JAX-style segment ids
+/// ([`segments::META_KEY`]) describing its layout is launched on the offsets converted from
+/// those ids, as TE's JAX path converts them, while the judges keep the case's own layout:
+/// a conversion bug then shows as outputs in the wrong rows. Stale ids (the layout changed
+/// since they were drawn) are left out, so the launch takes the case's layout.
+///
+/// # Errors
+/// Malformed segment metadata, or ids the conversion leaves without a valid layout.
+pub fn launched<'a>(backend: &dyn Backend, case: &'a Case) -> Result<Cow<'a, Case>> {
+    let Some(text) = case.meta.get(segments::META_KEY) else {
+        return Ok(Cow::Borrowed(case));
+    };
+    let ids = Segmented::from_meta(text)?;
+    if !ids.describes(&case.layout) {
+        return Ok(Cow::Borrowed(case));
+    }
+    let mut launch = case.clone();
+    launch.layout = ids.launch_layout(&backend.segment_defects())?;
+    Ok(Cow::Owned(launch))
+}
+
 /// Forward: plan, decide, zero don't-care outputs, launch.
 ///
 /// # Errors
 /// Invalid cases, unsupported configs (dropout, bias), forced paths the gate declines, and
 /// backend failures.
 pub fn fwd(backend: &dyn Backend, case: &Case, opts: &RunOptions) -> Result<FwdResult> {
+    let case = &*launched(backend, case)?;
     let (path, plan, workspace) = prepare(backend, case, opts, Direction::Fwd)?;
     let p = &case.config.params;
     let (tq, h, dv) = (case.layout.q.tokens, p.num_heads, p.head_dim_v);
@@ -305,6 +329,7 @@ pub fn bwd(
     lse: &Array2<f32>,
     opts: &RunOptions,
 ) -> Result<BwdResult> {
+    let case = &*launched(backend, case)?;
     let d_o = case
         .d_o
         .as_ref()

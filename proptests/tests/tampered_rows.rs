@@ -50,7 +50,7 @@ fn production_case(dtype: &str, mask: &str, lens: &[(usize, usize)], seed: u64) 
         backward: true,
         dist: DataDist::Randn,
         poison: false,
-        segment_split: false,
+        segments: None,
         data: DataClass::Plain,
         production: false,
     };

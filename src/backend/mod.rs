@@ -22,6 +22,7 @@ use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
 use crate::error::Result;
+use crate::mutants::Defects;
 use crate::workspace::Plan;
 use ndarray::ArrayView3;
 use smallseq_reference::Layout;
@@ -250,6 +251,10 @@ pub trait MutationHooks {
     /// Whether the wrapper must zero don't-care outputs (a mutant may switch this off).
     fn zeroes_dont_care(&self) -> bool {
         true
+    }
+    /// Bugs planted in the wrapper's segment ids → `cu_seqlens` conversion.
+    fn segment_defects(&self) -> Defects {
+        Defects::none()
     }
 }
 

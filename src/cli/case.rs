@@ -134,7 +134,7 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
         backward: !a.no_backward,
         dist,
         poison: false,
-        segment_split: false,
+        segments: None,
         data: smallseq::harness::data_class::DataClass::Plain,
         production: false,
     };

@@ -364,7 +364,7 @@ impl Campaign<'_> {
                 }
             }
         }
-        let classes = classify(&case, g.segment_split, g.poison);
+        let classes = classify(&case, g.segments.is_some(), g.poison);
         Ok(Checked {
             case,
             classes,

@@ -10,6 +10,7 @@
 
 use crate::case::Case;
 use crate::dispatch::{Path, Profile};
+use crate::segments::{self, Segmented};
 use serde::{Deserialize, Serialize};
 use smallseq_reference::{Dtype, Mask, Window};
 use std::collections::BTreeMap;
@@ -55,6 +56,15 @@ const DATA: [&str; 6] = [
     "bwd_range_stress",
 ];
 const PATHS: [&str; 2] = ["small_seq", "fallback"];
+/// What the segment ids of a case that carries them ask of the conversion.
+const SEGMENT_IDS: [&str; 6] = [
+    "full_row",
+    "empty_row",
+    "pad_between",
+    "adjacent",
+    "unused_slots",
+    "seq_q_ne_kv",
+];
 /// `props::numeric_regimes`' values.
 const REGIMES: [&str; 4] = [
     "in_range",
@@ -104,6 +114,41 @@ fn length(l: usize) -> String {
     }
 }
 
+/// The [`SEGMENT_IDS`] values a case's ids reach.
+fn segment_values(s: &Segmented) -> Vec<&'static str> {
+    let ids = &s.ids;
+    let rows = |v: &[i32], seq: usize| -> Vec<Vec<i32>> {
+        v.chunks(seq.max(1)).map(<[i32]>::to_vec).collect()
+    };
+    let (rq, rk) = (rows(&ids.ids_q, ids.seq_q), rows(&ids.ids_kv, ids.seq_kv));
+    let count = |row: &Vec<i32>| row.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let both = || rq.iter().chain(rk.iter());
+    let used: usize = rq.iter().map(count).sum();
+    let mut out = Vec::new();
+    let mut tag = |name: &'static str, hit: bool| {
+        if hit {
+            out.push(name);
+        }
+    };
+    tag("full_row", rq.iter().any(|r| count(r) == s.max_segments));
+    tag("empty_row", rq.iter().any(|r| count(r) == 0));
+    tag(
+        "pad_between",
+        both().any(|r| {
+            let first = r.iter().position(|&x| x != 0);
+            let last = r.iter().rposition(|&x| x != 0);
+            matches!((first, last), (Some(a), Some(b)) if r[a..b].contains(&0))
+        }),
+    );
+    tag(
+        "adjacent",
+        both().any(|r| r.windows(2).any(|w| w[0] != 0 && w[1] != 0 && w[0] != w[1])),
+    );
+    tag("unused_slots", used < ids.batch * s.max_segments);
+    tag("seq_q_ne_kv", ids.seq_q != ids.seq_kv);
+    out
+}
+
 fn window(w: Window) -> &'static str {
     match (w == Window::NONE, w.left >= 0, w.right >= 0) {
         (true, ..) => "none",
@@ -122,7 +167,7 @@ impl Coverage {
             Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
         };
         let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
-        let dims: [(&'static str, &[&str]); 19] = [
+        let dims: [(&'static str, &[&str]); 20] = [
             ("dtype", &["bf16", "f16", "f32"]),
             ("heads", &HEAD_BUCKETS),
             ("kv_heads", &HEAD_BUCKETS),
@@ -142,6 +187,7 @@ impl Coverage {
             ("small_seq_heads", ss_heads),
             ("small_seq_head_dim", ss_dims),
             ("numeric_regime", &REGIMES),
+            ("segment_ids", &SEGMENT_IDS),
         ];
         Coverage(
             dims.into_iter()
@@ -218,6 +264,12 @@ impl Coverage {
         if path == Some(Path::SmallSeq) {
             self.count("small_seq_heads", &heads(p.num_heads));
             self.count("small_seq_head_dim", &dim(p.head_dim_qk));
+        }
+        let ids = case.meta.get(segments::META_KEY);
+        if let Some(s) = ids.and_then(|t| Segmented::from_meta(t).ok()) {
+            segment_values(&s)
+                .into_iter()
+                .for_each(|v| self.count("segment_ids", v));
         }
     }
 
@@ -297,7 +349,7 @@ mod tests {
         for i in 0..n {
             let g = draw_geometry_for(&mut Rng::new(i), profile);
             let case = build(&g, i).unwrap();
-            let classes = crate::harness::classes::classify(&case, g.segment_split, g.poison);
+            let classes = crate::harness::classes::classify(&case, g.segments.is_some(), g.poison);
             c.add(&case, &classes, None);
         }
         c

@@ -85,6 +85,11 @@ pub fn fit_to_caps(g: &mut Geometry, caps: &Caps, rng: &mut Rng) -> Result<()> {
             g.layout = Layout::new(keep(&g.layout.q), keep(&g.layout.kv))?;
         }
     }
+    // Ids drawn for another layout would be dropped at launch anyway; without them the case
+    // says what its launch takes.
+    if g.segments.as_ref().is_some_and(|s| !s.describes(&g.layout)) {
+        g.segments = None;
+    }
     Ok(())
 }
 

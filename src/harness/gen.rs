@@ -9,7 +9,7 @@ use crate::case::{bshd_layout, Case};
 use crate::config::{AttnConfig, Bias, LayoutKind};
 use crate::dispatch::Profile;
 use crate::error::Result;
-use crate::segments::SegmentIds;
+use crate::segments::{self, Segmented};
 use ndarray::Array3;
 use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
 
@@ -57,8 +57,9 @@ pub struct Geometry {
     pub dist: DataDist,
     /// Fill don't-care input tokens with NaN, ±Inf and huge values.
     pub poison: bool,
-    /// Built from JAX-style segment ids (several segments per row, padding inside).
-    pub segment_split: bool,
+    /// The JAX-style segment ids the layout was drawn as (several segments per row, padding
+    /// inside), stored with the case and converted on the way to the kernels.
+    pub segments: Option<Segmented>,
     /// Data shaped against the tile structure, on top of `dist`.
     pub data: DataClass,
     /// Drawn by [`shapes::draw_production`].
@@ -189,25 +190,25 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
         Bias::None
     };
     let dropout = if d.percent(2) { 0.1 } else { 0.0 };
-    let mut layout_kind = if d.percent(8) {
+    let layout_kind = if d.percent(8) {
         LayoutKind::Bshd
     } else {
         LayoutKind::Thd
     };
-    let mut segment_split = false;
+    let mut segments = None;
     let layout = match layout_kind {
         LayoutKind::Bshd => {
             let s = d.pick(&[1, 2, 8, 16, 17, 18]);
             let s_kv = if d.percent(80) { s } else { d.range(1, 18) };
             bshd_layout(d.range(0, 6), s, s_kv)
         }
-        LayoutKind::Thd if d.percent(12) => {
-            segment_split = true;
-            segment_layout(d).unwrap_or_else(|| {
-                layout_kind = LayoutKind::Thd;
-                thd_layout(d, edges)
-            })
-        }
+        LayoutKind::Thd if d.percent(12) => match segment_layout(d) {
+            Some((layout, ids)) => {
+                segments = Some(ids);
+                layout
+            }
+            None => thd_layout(d, edges),
+        },
         LayoutKind::Thd => thd_layout(d, edges),
     };
     let config = AttnConfig {
@@ -225,7 +226,7 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
         dropout,
         layout: layout_kind,
     };
-    with_data(d, config, layout, segment_split)
+    with_data(d, config, layout, segments)
 }
 
 /// A geometry for the campaign's profile. Under `te625` most cases are shaped for TE's
@@ -283,7 +284,7 @@ pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
     if bshd {
         config.layout = LayoutKind::Bshd;
     }
-    with_data(d, config, layout, false)
+    with_data(d, config, layout, None)
 }
 
 /// The data-side choices every geometry ends with.
@@ -291,7 +292,7 @@ pub(super) fn with_data<D: Draw>(
     d: &mut D,
     config: AttnConfig,
     layout: Layout,
-    segment_split: bool,
+    segments: Option<Segmented>,
 ) -> Geometry {
     Geometry {
         config,
@@ -299,7 +300,7 @@ pub(super) fn with_data<D: Draw>(
         backward: d.percent(85),
         dist: d.pick(&DataDist::ALL),
         poison: d.percent(70),
-        segment_split,
+        segments,
         data: DataClass::Plain,
         production: false,
     }
@@ -398,42 +399,62 @@ fn thd_layout<D: Draw>(d: &mut D, edges: bool) -> Layout {
     layout
 }
 
-/// A layout from JAX-style segment ids: several segments per row, padding inside.
-fn segment_layout<D: Draw>(d: &mut D) -> Option<Layout> {
+/// A layout that JAX-style segment ids express, with those ids: `batch` rows of `seq_q` /
+/// `seq_kv` tokens, up to `max_segments` segments a row (half of the rows full, where TE's
+/// `bincount(ids)[1..=max_segments]` bound matters), padding before, between and after
+/// them, and TE's compact slot order (`batch * max_segments` slots, the unused ones empty at
+/// the end of the buffers). The layout is drawn first and the ids derived from it, so the
+/// conversion the launch runs is checked against offsets it did not compute.
+fn segment_layout<D: Draw>(d: &mut D) -> Option<(Layout, Segmented)> {
     let batch = d.range(1, 4);
-    let seq = d.range(2, 17);
+    let seq_q = d.range(2, 18);
+    let seq_kv = if d.percent(70) { seq_q } else { d.range(1, 18) };
     let max_segments = d.range(1, 4);
-    let row_ids = |d: &mut D| -> Vec<i32> {
-        let mut ids = Vec::with_capacity(seq);
-        let mut id = 0;
-        while ids.len() < seq {
-            let run = d.range(1, 5).min(seq - ids.len());
-            let pad = d.percent(30);
-            if !pad {
-                id += 1;
+    let (mut lq, mut oq, mut lk, mut ok) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..batch {
+        let room = max_segments.min(seq_q).min(seq_kv);
+        let n = if d.percent(50) {
+            room
+        } else {
+            d.range(0, room)
+        };
+        for (seq, lens, offs) in [(seq_q, &mut lq, &mut oq), (seq_kv, &mut lk, &mut ok)] {
+            // Each segment starts one token long; every spare token then lengthens a
+            // segment (two in three) or widens a gap: before segment i, or the row's tail.
+            let mut len = vec![1usize; n];
+            let mut gap = vec![0usize; n + 1];
+            for _ in 0..seq - n {
+                if n > 0 && d.percent(65) {
+                    len[d.below(n as u64) as usize] += 1;
+                } else {
+                    gap[d.below(n as u64 + 1) as usize] += 1;
+                }
             }
-            ids.extend(std::iter::repeat_n(if pad { 0 } else { id }, run));
+            let mut at = r * seq;
+            for i in 0..n {
+                at += gap[i];
+                offs.push(at as i32);
+                lens.push(len[i] as i32);
+                at += len[i];
+            }
         }
-        ids
+    }
+    let slots = batch * max_segments;
+    let side = |lens: Vec<i32>, mut offs: Vec<i32>, tokens: usize| {
+        let mut cu = vec![0i32];
+        for l in lens.iter().chain(std::iter::repeat(&0)).take(slots) {
+            cu.push(cu[cu.len() - 1] + l);
+        }
+        offs.resize(slots + 1, tokens as i32);
+        Side {
+            cu,
+            padded: Some(offs),
+            tokens,
+        }
     };
-    let mut ids_q = Vec::new();
-    let mut ids_kv = Vec::new();
-    for _ in 0..batch {
-        ids_q.extend(row_ids(d));
-        ids_kv.extend(row_ids(d));
-    }
-    let n = batch * seq;
-    SegmentIds {
-        batch,
-        seq_q: seq,
-        seq_kv: seq,
-        ids_q,
-        ids_kv,
-        pos_q: vec![0; n],
-        pos_kv: vec![0; n],
-    }
-    .to_layout(max_segments)
-    .ok()
+    let layout = Layout::new(side(lq, oq, batch * seq_q), side(lk, ok, batch * seq_kv)).ok()?;
+    let ids = Segmented::of_layout(&layout, batch, seq_q, seq_kv, max_segments).ok()?;
+    Some((layout, ids))
 }
 
 /// Fills the tensors of a geometry from a data seed.
@@ -464,6 +485,9 @@ pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
         data_class::apply(&mut case, g.data, &mut rng.fork(11));
         case.meta
             .insert("smallseq.data_class".into(), g.data.name().into());
+    }
+    if let Some(ids) = &g.segments {
+        case.meta.insert(segments::META_KEY.into(), ids.to_meta());
     }
     case.meta
         .insert("smallseq.seed".into(), data_seed.to_string());

@@ -58,7 +58,7 @@ pub fn draw_production<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     };
     Geometry {
         production: true,
-        ..with_data(d, config, layout, false)
+        ..with_data(d, config, layout, None)
     }
 }
 

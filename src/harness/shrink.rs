@@ -5,6 +5,7 @@
 use super::props::{Checker, Prop};
 use super::transform::{reduce_heads, select_slots, shorten_slot};
 use crate::case::Case;
+use crate::segments::{self, Segmented};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,18 @@ fn candidates(case: &Case) -> Vec<Case> {
         });
     }
     out.push(ints);
+    // Ids that no longer describe a candidate's layout are ignored at launch; dropped here,
+    // so a shrunk capsule does not claim a conversion its launch did not run.
+    for c in &mut out {
+        let stale = c
+            .meta
+            .get(segments::META_KEY)
+            .and_then(|t| Segmented::from_meta(t).ok())
+            .is_some_and(|s| !s.describes(&c.layout));
+        if stale {
+            c.meta.remove(segments::META_KEY);
+        }
+    }
     out
 }
 

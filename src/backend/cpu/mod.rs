@@ -369,6 +369,15 @@ impl MutationHooks for CpuBackend {
     fn zeroes_dont_care(&self) -> bool {
         !self.has(Mutant::DontCareNotZeroed)
     }
+
+    fn segment_defects(&self) -> Defects {
+        Defects::of(
+            &[Mutant::SegmentConversionSlip]
+                .into_iter()
+                .filter(|m| self.has(*m))
+                .collect::<Vec<_>>(),
+        )
+    }
 }
 
 impl Compute for CpuBackend {
