@@ -154,3 +154,44 @@ fn a_panicking_case_ends_a_parallel_campaign_with_its_error() {
         Err(_) => panic!("the campaign hung after a worker's panic"),
     }
 }
+
+/// Range limits (issue 31) are listed apart from failures: a report holding one is not failed,
+/// its summary says what it is, and the shard merge keeps it.
+#[test]
+fn range_limits_are_listed_apart_and_do_not_fail_the_report() {
+    let be = CpuBackend::default();
+    let out = std::env::temp_dir().join(format!("smallseq-range-limit-{}", std::process::id()));
+    let campaign = Campaign {
+        checker: Checker::isolated(&be),
+        seed: 5,
+        budget: Budget::Cases(3),
+        out: out.clone(),
+        shrink_budget: Duration::ZERO,
+        stop_on_failure: false,
+        jobs: 1,
+        shard: Default::default(),
+    };
+    let mut rep = campaign
+        .run(&AtomicBool::new(false), &mut |_| {})
+        .expect("campaign runs");
+    let _ = std::fs::remove_dir_all(&out);
+    rep.range_limits
+        .push(smallseq::harness::campaign::FailureEntry {
+            case: 2,
+            property: "numeric_agreement".into(),
+            detail: "range limit of a 16-bit design, not a defect: dq at 4 element(s)".into(),
+            capsule: "capsules/case-000002-range_limit.safetensors".into(),
+            shrunk_capsule: None,
+            shrunk_size: None,
+            repro: String::new(),
+        });
+    assert!(!rep.failed());
+    let md = smallseq::harness::report_io::markdown(&rep);
+    assert!(
+        md.contains("Range limits of a 16-bit design, not defects (1 case(s)"),
+        "{md}"
+    );
+    assert!(md.contains("| 2 | range limit of a 16-bit design"), "{md}");
+    let json = serde_json::to_value(&rep).unwrap();
+    assert_eq!(json["range_limits"][0]["case"], 2);
+}

@@ -249,4 +249,43 @@ fn h200_f16_saturated_ds_fails_as_a_limit_of_the_design() {
         regimes.contains(&"ds_saturated") && regimes.contains(&"output_past_limit"),
         "{regimes:?}"
     );
+    // Issue 31: the failure is wholly a range limit of the design, and says what overflows.
+    assert!(
+        text.contains("range limit of a 16-bit design, not a defect: dq at 4 element(s)")
+            && text.contains("dS rounded to f16 saturates at 65504"),
+        "{text}"
+    );
+}
+
+/// A value past the range that the emulation does not share is a defect, however near the
+/// limit: the same capsule with one of its four shared infinities turned into NaN, or with its
+/// largest finite element sign-flipped beside them, is no range limit.
+#[test]
+fn a_value_past_the_range_the_emulation_does_not_share_is_a_defect() {
+    let y_case = capsule("h200-f16-ds-saturation-dq-inf.safetensors");
+    let y = oracle(&y_case).unwrap();
+    let limit = |case: &smallseq::Case| {
+        let (o, _) = smallseq::harness::props::numeric(case, &case.outputs, &y);
+        match o {
+            smallseq::harness::props::Outcome::Fail(f) => f.range_limit,
+            other => panic!("the capsule must fail: {other:?}"),
+        }
+    };
+    assert!(limit(&y_case).is_some());
+    let mut nan = y_case.clone();
+    let dq = nan.outputs.dq.as_mut().unwrap();
+    let at = dq.iter().position(|x| x.is_infinite()).unwrap();
+    *dq.iter_mut().nth(at).unwrap() = f64::NAN;
+    assert_eq!(limit(&nan), None);
+    let mut off = y_case.clone();
+    let dq = off.outputs.dq.as_mut().unwrap();
+    // The largest finite element, sign-flipped: off by twice its size, far past the threshold.
+    let (finite, _) = dq
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+        .unwrap();
+    *dq.iter_mut().nth(finite).unwrap() *= -1.0;
+    assert_eq!(limit(&off), None);
 }

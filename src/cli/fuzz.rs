@@ -60,6 +60,10 @@ pub struct FuzzArgs {
     /// again.
     #[arg(long, value_delimiter = ',')]
     pub plant: Vec<Mutant>,
+    /// Fail (exit 1) on range limits too: failures that are wholly an output past the dtype's
+    /// range that smallseq's emulation of a 16-bit design reproduces (listed apart by default).
+    #[arg(long)]
+    pub fail_on_range_limit: bool,
 }
 
 pub fn seed_or_clock(seed: Option<u64>) -> u64 {
@@ -195,14 +199,19 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     } else if te {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
-    println!("{}", verdict_line(&report, &args.out));
-    Ok(if report.failed() {
-        1
-    } else if report.interrupted {
-        super::EXIT_INTERRUPTED
-    } else {
-        0
-    })
+    println!(
+        "{}",
+        verdict_line(&report, &args.out, args.fail_on_range_limit)
+    );
+    Ok(
+        if report.failed() || (args.fail_on_range_limit && !report.range_limits.is_empty()) {
+            1
+        } else if report.interrupted {
+            super::EXIT_INTERRUPTED
+        } else {
+            0
+        },
+    )
 }
 
 /// A progress bar on a terminal, a plain line every 10 s otherwise; failures always printed.
@@ -313,21 +322,27 @@ fn attribution_progress() -> impl FnMut(te625::Step) {
 }
 
 /// The campaign's last line: its verdict and the page to open.
-fn verdict_line(r: &Report, out: &std::path::Path) -> String {
+fn verdict_line(r: &Report, out: &std::path::Path, fail_on_range_limit: bool) -> String {
     let mut cases: Vec<u64> = r.failures.iter().map(|f| f.case).collect();
     cases.sort_unstable();
     cases.dedup();
-    let verdict = if !cases.is_empty() {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let limits = r.range_limits.len();
+    let limits_text = match limits {
+        0 => String::new(),
+        n => format!(", {n} range limit{} listed apart", plural(n)),
+    };
+    let verdict = if !cases.is_empty() || (fail_on_range_limit && limits > 0) {
         format!(
-            "FAILED ({} case{}{})",
+            "FAILED ({} case{}{limits_text}{})",
             cases.len(),
-            if cases.len() == 1 { "" } else { "s" },
+            plural(cases.len()),
             if r.interrupted { ", interrupted" } else { "" }
         )
     } else if r.interrupted {
-        "INTERRUPTED".to_string()
+        format!("INTERRUPTED{limits_text}")
     } else {
-        "PASSED".to_string()
+        format!("PASSED{limits_text}")
     };
     format!("{verdict}: open {}", out.join("report.html").display())
 }
@@ -352,6 +367,12 @@ fn summarize(r: &Report, out: &std::path::Path) {
     let missed = r.classes_missed();
     if !missed.is_empty() {
         println!("  classes not hit: {}", missed.join(", "));
+    }
+    for f in &r.range_limits {
+        println!(
+            "RANGE LIMIT case {} [{}]: {}\n  repro: {}",
+            f.case, f.property, f.detail, f.repro
+        );
     }
     for f in &r.failures {
         println!(

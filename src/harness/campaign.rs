@@ -6,7 +6,7 @@ use super::classes::{self, classify};
 use super::fit::fit_to_caps;
 use super::gen::{build, draw_geometry_for};
 use super::in_order::{self, Merger};
-use super::props::{CaseRun, Checker, Outcome, Prop};
+use super::props::{CaseRun, Checker, Failure, Outcome, Prop};
 use super::rng::Rng;
 use super::shrink::shrink;
 use crate::case::Case;
@@ -33,6 +33,14 @@ pub struct Counts {
     pub pass: u64,
     pub fail: u64,
     pub skip: u64,
+    /// Failures that are wholly a range limit of a 16-bit design (`props::range_limit`),
+    /// counted apart from `fail`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub range_limit: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Percentiles of a margin distribution.
@@ -128,6 +136,11 @@ pub struct Report {
     /// The same margins, log-binned, for the histograms of `report.html`.
     pub margin_histograms: BTreeMap<String, super::histogram::Histogram>,
     pub failures: Vec<FailureEntry>,
+    /// Cases whose every failure is a range limit of a 16-bit design, with its
+    /// characterisation as `detail`: listed, not counted as defects (`failed` ignores them;
+    /// `fuzz --fail-on-range-limit` fails on them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub range_limits: Vec<FailureEntry>,
     pub interrupted: bool,
     /// The worker command, when cases ran in worker processes.
     #[serde(default)]
@@ -399,6 +412,7 @@ impl Campaign<'_> {
             largest_margins: BTreeMap::new(),
             margin_histograms: BTreeMap::new(),
             failures: Vec::new(),
+            range_limits: Vec::new(),
             interrupted: false,
             worker: self.checker.runner.worker_command().map(|c| c.join(" ")),
             not_covered: self.checker.runner.caps().not_covered(),
@@ -481,6 +495,7 @@ impl Merge<'_, '_> {
             let n = rep.properties.entry(p.name().into()).or_default();
             match o {
                 Outcome::Pass => n.pass += 1,
+                Outcome::Fail(f) if !f.is_defect() => n.range_limit += 1,
                 Outcome::Fail(_) => n.fail += 1,
                 Outcome::Skip { reason } => {
                     n.skip += 1;
@@ -513,7 +528,10 @@ impl Merge<'_, '_> {
         }
         rep.cases = local + 1;
         let failures = run.failures();
-        if let Some(first) = failures.first() {
+        let defect = failures.iter().find(|f| f.is_defect());
+        if let (None, Some(limit)) = (defect, failures.first()) {
+            take_range_limit(c, &self.capsules, rep, (i, &case, &run), limit)?;
+        } else if let Some(first) = defect {
             let capsule_start = Instant::now();
             let name = format!("case-{i:06}-{}.safetensors", first.prop);
             let cap = self.capsules.join(&name);
@@ -597,6 +615,42 @@ impl Merge<'_, '_> {
         self.rep.protocol_overhead_us = (!overhead.is_empty()).then(|| percentiles(overhead));
         self.rep
     }
+}
+
+/// A case whose failures are all range limits: its capsule (no shrink: the case is
+/// characterised, not reduced) and its entry among the range limits.
+fn take_range_limit(
+    c: &Campaign,
+    capsules: &Path,
+    rep: &mut Report,
+    (i, case, run): (u64, &Case, &CaseRun),
+    limit: &Failure,
+) -> Result<()> {
+    let cap = capsules.join(format!("case-{i:06}-range_limit.safetensors"));
+    let origin = capsule::Origin {
+        campaign_seed: c.seed,
+        case: i,
+        jobs: c.jobs,
+    };
+    capsule::write(
+        &cap,
+        case,
+        run,
+        &c.checker,
+        case_seed(c.seed, i),
+        Some(origin),
+    )?;
+    let be = c.checker.runner.as_ref();
+    rep.range_limits.push(FailureEntry {
+        case: i,
+        property: limit.prop.name().into(),
+        detail: limit.range_limit.clone().unwrap_or_default(),
+        capsule: cap.display().to_string(),
+        shrunk_capsule: None,
+        shrunk_size: None,
+        repro: repro_cmd(&cap, repro_backend(be), &rep.profile),
+    });
+    Ok(())
 }
 
 /// [`Merge`] as the merging side of [`in_order::run`], with what its `take` needs besides.

@@ -59,6 +59,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     m.largest_margins.clear();
     m.dimensions = Default::default();
     m.failures.clear();
+    m.range_limits.clear();
     m.margin_samples.clear();
     m.interrupted = false;
     m.shard = None;
@@ -88,6 +89,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
             t.pass += c.pass;
             t.fail += c.fail;
             t.skip += c.skip;
+            t.range_limit += c.range_limit;
         }
         add(&mut m.skip_reasons, &r.skip_reasons);
         add(&mut m.coverage, &r.coverage);
@@ -106,19 +108,15 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                 .extend(v.iter().copied());
         }
         for f in &r.failures {
-            let mut f = f.clone();
-            for p in [Some(&mut f.capsule), f.shrunk_capsule.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                let copied = copy_capsule(dir, p, &capsules)?;
-                f.repro = f.repro.replace(p.as_str(), &copied);
-                *p = copied;
-            }
-            m.failures.push(f);
+            m.failures.push(with_copied_capsules(f, dir, &capsules)?);
+        }
+        for f in &r.range_limits {
+            m.range_limits
+                .push(with_copied_capsules(f, dir, &capsules)?);
         }
     }
     m.failures.sort_by_key(|f| f.case);
+    m.range_limits.sort_by_key(|f| f.case);
     m.cases_per_s = m.cases as f64 / m.elapsed_s.max(1e-9);
     super::profile::reshare(&mut m.stages, m.cases_per_s);
     m.margins = m
@@ -177,6 +175,25 @@ fn check_complete(shards: &[(PathBuf, Report)]) -> Result<()> {
             missing.join(", ")
         )))
     }
+}
+
+/// `f` with its capsules copied from shard `dir` into `capsules`, its paths and repro line
+/// naming the copies.
+fn with_copied_capsules(
+    f: &super::campaign::FailureEntry,
+    dir: &Path,
+    capsules: &Path,
+) -> Result<super::campaign::FailureEntry> {
+    let mut f = f.clone();
+    for p in [Some(&mut f.capsule), f.shrunk_capsule.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        let copied = copy_capsule(dir, p, capsules)?;
+        f.repro = f.repro.replace(p.as_str(), &copied);
+        *p = copied;
+    }
+    Ok(f)
 }
 
 /// Copies a capsule named in a shard's report (relative to the process that wrote it, or to

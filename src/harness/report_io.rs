@@ -107,6 +107,21 @@ pub fn markdown(rep: &Report) -> String {
         m.push_str(&format!("\nClasses not hit: {}.\n", missed.join(", ")));
     }
     m.push_str(&markdown_skips(rep));
+    if !rep.range_limits.is_empty() {
+        m.push_str(&format!(
+            "\nRange limits of a 16-bit design, not defects ({} case(s); `fuzz \
+             --fail-on-range-limit` fails on them):\n\n| case | characterisation | capsule |\n|---:|---|---|\n",
+            rep.range_limits.len()
+        ));
+        for f in &rep.range_limits {
+            m.push_str(&format!(
+                "| {} | {} | `{}` |\n",
+                f.case,
+                f.detail.replace('|', "\\|"),
+                f.capsule
+            ));
+        }
+    }
     if !rep.failures.is_empty() {
         m.push_str("\n| case | property | detail | capsule | repro |\n|---:|---|---|---|---|\n");
         for f in &rep.failures {

@@ -151,6 +151,9 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     if let Outcome::Fail(f) = num {
         d.failed = true;
         d.say(format!("numeric_agreement FAILED: {}", f.detail));
+        if let Some(limit) = &f.range_limit {
+            d.say(format!("numeric_agreement: {limit}"));
+        }
         if let Some(w) = f.worst {
             d.say(format!("worst element: {}", w.describe(y.design)));
         }
@@ -282,6 +285,9 @@ pub fn rerun(checker: &Checker, case: &Case, salt: u64) -> Result<Diagnosis> {
             Outcome::Fail(f) => {
                 d.failed = true;
                 d.say(format!("{p}: FAIL: {}", f.detail));
+                if let Some(limit) = &f.range_limit {
+                    d.say(format!("{p}: {limit}"));
+                }
                 if let Some(w) = &f.worst {
                     let design = super::conditioning::Design::of_backend(checker.runner.name());
                     d.say(format!("  worst element: {}", w.describe(design)));

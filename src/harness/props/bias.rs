@@ -222,6 +222,7 @@ pub fn judge(signs: &[Signs], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
             detail,
             worst: None,
             margin,
+            range_limit: None,
         }),
         None if judged => Outcome::Pass,
         None if signs.is_empty() => Outcome::Skip {

@@ -294,6 +294,7 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
             detail,
             worst: None,
             margin,
+            range_limit: None,
         }),
         None if judged => Outcome::Pass,
         None => Outcome::Skip {

@@ -82,6 +82,7 @@ impl Checker<'_> {
                     ),
                     worst: None,
                     margin: between / limit,
+                    range_limit: None,
                 });
             }
         }

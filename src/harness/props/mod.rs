@@ -33,6 +33,7 @@ mod fallback;
 mod fault;
 mod metamorphic;
 mod numeric;
+mod range_limit;
 mod relation;
 mod scale;
 #[cfg(test)]

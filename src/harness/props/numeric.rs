@@ -22,6 +22,7 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
             detail: numeric_detail(j, y.design),
             worst: j.worst.clone(),
             margin: j.margin,
+            range_limit: super::range_limit::range_limit(case, actual, y),
         }),
     };
     (outcome, js)

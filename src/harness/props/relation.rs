@@ -162,6 +162,7 @@ pub(super) fn within_tolerance(
                 detail: detail(&d.tensor, d.err, limit),
                 worst: d.worst.clone(),
                 margin: d.err / limit,
+                range_limit: None,
             });
         }
     }

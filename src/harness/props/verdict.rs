@@ -75,6 +75,17 @@ pub struct Failure {
     pub worst: Option<Worst>,
     /// err / threshold for numeric failures; infinite for exact properties.
     pub margin: f64,
+    /// Where the failure is wholly a range limit of a 16-bit design (`range_limit.rs`): what
+    /// overflows, and from what inputs. Counted apart from defects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range_limit: Option<String>,
+}
+
+impl Failure {
+    /// Whether this failure is a defect (not a characterised range limit).
+    pub fn is_defect(&self) -> bool {
+        self.range_limit.is_none()
+    }
 }
 
 /// The outcome of one property on one case.
@@ -93,6 +104,7 @@ pub(crate) fn fail(prop: Prop, detail: impl Into<String>) -> Outcome {
         detail: detail.into(),
         worst: None,
         margin: f64::INFINITY,
+        range_limit: None,
     })
 }
 

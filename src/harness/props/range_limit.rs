@@ -1,0 +1,92 @@
+//! Range limits apart from defects (issue 31): a `numeric_agreement` failure that is wholly an
+//! output past the dtype's range (non-finite, or saturated at the largest finite value) where
+//! the f64 reference is finite and inside it, at elements where smallseq's emulation of a
+//! 16-bit design holds the very same value, is the limit of that design, not a defect of the
+//! implementation. Re-judged with those elements set to the reference, the outputs pass; the
+//! failure is then kept, characterised (which tensor, how many elements, which intermediate
+//! overflows, from what input magnitude), and counted apart: the campaign's exit status counts
+//! defects, and `--fail-on-range-limit` makes range limits fail too.
+
+use super::yardstick::Yardstick;
+use crate::case::{Case, Outputs};
+use ndarray::{Array3, Zip};
+
+/// Whether `x` lies past the range of a dtype whose largest finite value is `max`.
+fn past_range(x: f64, max: f64) -> bool {
+    !x.is_finite() || x.abs() >= max
+}
+
+/// The same stored value: equal bits, or both NaN.
+fn same_value(x: f64, e: f64) -> bool {
+    x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan())
+}
+
+/// Elements of one output past the range where the reference is finite and inside it and the
+/// emulation holds the same value, set to the reference in place; returns how many.
+fn excuse(
+    actual: &mut Array3<f64>,
+    reference: &Array3<f64>,
+    emulated: &Array3<f64>,
+    max: f64,
+) -> usize {
+    let mut n = 0;
+    Zip::from(actual)
+        .and(reference)
+        .and(emulated)
+        .for_each(|a, &r, &e| {
+            if past_range(*a, max) && r.is_finite() && r.abs() < max && same_value(*a, e) {
+                *a = r;
+                n += 1;
+            }
+        });
+    n
+}
+
+/// The characterisation of a range limit, when every failing tensor of `actual` is one: the
+/// outputs, with the shared out-of-range elements set to the reference, pass the same judge.
+/// None for any other failure (a value the emulation does not share is a defect, whatever its
+/// size).
+pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<String> {
+    let max = f64::from(case.config.dtype.max_finite());
+    let mut excused = actual.clone();
+    let mut counts = Vec::new();
+    for (name, a, r, e) in [
+        ("o", excused.o.as_mut(), &y.reference.o, &y.emulated.o),
+        ("dq", excused.dq.as_mut(), &y.reference.dq, &y.emulated.dq),
+        ("dk", excused.dk.as_mut(), &y.reference.dk, &y.emulated.dk),
+        ("dv", excused.dv.as_mut(), &y.reference.dv, &y.emulated.dv),
+    ] {
+        if let (Some(a), Some(r), Some(e)) = (a, r, e) {
+            let n = excuse(a, r, e, max);
+            if n > 0 {
+                counts.push(format!("{name} at {n} element(s)"));
+            }
+        }
+    }
+    if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
+        return None;
+    }
+    let largest = |x: &Array3<f32>| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let mut inputs = vec![
+        format!("|q| {}", largest(&case.q)),
+        format!("|k| {}", largest(&case.k)),
+        format!("|v| {}", largest(&case.v)),
+    ];
+    if let Some(d_o) = &case.d_o {
+        inputs.push(format!("|dO| {}", largest(d_o)));
+    }
+    let intermediate = if y.regimes.contains(&"ds_saturated") {
+        format!("dS rounded to {} saturates at {max}", case.config.dtype)
+    } else {
+        format!("a {} intermediate or store passes {max}", case.config.dtype)
+    };
+    Some(format!(
+        "range limit of a 16-bit design, not a defect: {} past the {} range where the f64 \
+         reference is finite, and smallseq's emulation of a design that rounds P and dS to {} \
+         holds the same values ({intermediate}); inputs up to {}",
+        counts.join(", "),
+        case.config.dtype,
+        case.config.dtype,
+        inputs.join(", ")
+    ))
+}
