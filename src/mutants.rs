@@ -85,11 +85,15 @@ pub enum Mutant {
     F16DsUnclamped,
     /// Small-seq outputs are rounded toward zero instead of to nearest-even.
     RoundTowardZero,
+    // Issue 35.
+    /// The fallback's dropout forms the Philox counter with the query row and key column
+    /// swapped: a mask of the right density on the wrong elements.
+    PhiloxIndexSwapped,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 36] = [
+    pub const ALL: [Mutant; 37] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -128,6 +132,8 @@ impl Mutant {
         Mutant::SoftmaxFirstTileMax,
         Mutant::F16DsUnclamped,
         Mutant::RoundTowardZero,
+        // Issue 35.
+        Mutant::PhiloxIndexSwapped,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -195,6 +201,8 @@ impl Mutant {
             Mutant::SoftmaxFirstTileMax => "softmax-first-tile-max",
             Mutant::F16DsUnclamped => "f16-ds-unclamped",
             Mutant::RoundTowardZero => "round-toward-zero",
+            // Issue 35.
+            Mutant::PhiloxIndexSwapped => "philox-index-swapped",
         }
     }
 }

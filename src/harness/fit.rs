@@ -1,6 +1,6 @@
 //! Drawing inside an implementation's capabilities: a geometry the generator drew is moved
 //! to the nearest one the worker computes (a dtype, mask or head dim it lacks is redrawn
-//! from those it has; windows, GQA, `Dv != Dqk`, backward and gaps between sequences are
+//! from those it has; windows, GQA, `Dv != Dqk`, backward, dropout and gaps between sequences are
 //! dropped when it lacks them), so no budget goes to skips. The report lists what was left
 //! out ([`crate::runner::Caps::not_covered`]).
 
@@ -9,7 +9,7 @@ use super::rng::{Draw, Rng};
 use crate::config::LayoutKind;
 use crate::error::{Error, Result};
 use crate::runner::Caps;
-use smallseq_reference::{Layout, Side, Window};
+use smallseq_reference::{Dropout, Layout, Side, Window};
 
 /// Moves `g` inside `caps`, drawing replacements from `rng`.
 ///
@@ -63,6 +63,9 @@ pub fn fit_to_caps(g: &mut Geometry, caps: &Caps, rng: &mut Rng) -> Result<()> {
     }
     if !caps.backward {
         g.backward = false;
+    }
+    if !caps.dropout {
+        p.dropout = Dropout::NONE;
     }
     let unpadded = |s: &Side| Side {
         cu: s.cu.clone(),
@@ -123,7 +126,7 @@ mod tests {
 
     #[test]
     fn full_caps_change_nothing() {
-        let caps = Caps::in_tree("cpu", true, 1);
+        let caps = Caps::in_tree("cpu", true, 1, true);
         for seed in 0..100 {
             let mut rng = Rng::new(seed);
             let g0 = draw_geometry_for(&mut rng, Profile::Native);

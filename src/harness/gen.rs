@@ -11,7 +11,7 @@ use crate::dispatch::Profile;
 use crate::error::Result;
 use crate::segments::SegmentIds;
 use ndarray::Array3;
-use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
 
 /// How input values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +67,12 @@ pub struct Geometry {
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
 const MAX_TOKENS: usize = 1024;
+
+/// Share of [`draw_geometry`]'s cases with a dropout (`docs/semantics.md` §1.8), and the
+/// probabilities drawn: both extremes (`0` with a nonzero seed is no dropout, `1` drops every
+/// element) and three between.
+pub const DROPOUT_PERCENT: u64 = 10;
+pub const DROPOUT_P: [f64; 5] = [0.0, 0.1, 0.5, 0.9, 1.0];
 
 /// A slot length; with `edges` (data shaped against the tiles) mostly one of the tile edges.
 fn draw_len<D: Draw>(d: &mut D, edges: bool) -> usize {
@@ -188,7 +194,15 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     } else {
         Bias::None
     };
-    let dropout = if d.percent(2) { 0.1 } else { 0.0 };
+    let dropout = if d.percent(DROPOUT_PERCENT) {
+        Dropout {
+            p: d.pick(&DROPOUT_P),
+            seed: d.below(u64::MAX),
+            offset: d.below(1 << 40),
+        }
+    } else {
+        Dropout::NONE
+    };
     let mut layout_kind = if d.percent(8) {
         LayoutKind::Bshd
     } else {
@@ -220,9 +234,9 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
             mask,
             window,
             scale,
+            dropout,
         },
         bias,
-        dropout,
         layout: layout_kind,
     };
     with_data(d, config, layout, segment_split)
