@@ -115,6 +115,7 @@ mod tests {
             assert_eq!(g.config.dtype, Dtype::Bf16);
             assert!(matches!(p.mask, Mask::Padding | Mask::PaddingCausal));
             assert_eq!(p.window, Window::NONE);
+            assert_eq!(p.dropout, Dropout::NONE, "caps.dropout is false");
             assert_eq!(p.num_kv_heads, p.num_heads);
             assert!([64, 128].contains(&p.head_dim_qk) && p.head_dim_v == p.head_dim_qk);
             assert!(!g.backward);

@@ -311,6 +311,11 @@ mod tests {
         assert_eq!(numeric, Some(Outcome::Pass));
         assert!(run.outcomes.iter().all(|(_, o)| !matches!(o, Outcome::Fail(_))));
         let hooked = super::super::test_backends::HookedCpu::new();
+        // Run anyway, a backend that does not compute dropout refuses it with a typed error.
+        match crate::runner::run_pair(&hooked, &case, &RunOptions::default()) {
+            Err(Error::Unsupported(why)) => assert!(why.contains("dropout = 0.5"), "{why}"),
+            other => panic!("expected unsupported, got {:?}", other.map(|_| ())),
+        }
         let run = Checker::isolated(&hooked).check(&case, 0).unwrap();
         for (p, reason) in skips(&run) {
             assert!(
