@@ -149,7 +149,8 @@ impl Case {
     pub fn dropout_factor(&self, row: &VisibleRow, key: usize) -> f64 {
         let p = &self.config.params;
         let c = key - self.layout.kv.offset(row.slot);
-        p.dropout.factor(row.slot, p.num_heads, row.head, row.row, c)
+        p.dropout
+            .factor(row.slot, p.num_heads, row.head, row.row, c)
     }
 
     /// Every valid query row of every slot and head, with its visible keys (mask and window of

@@ -179,7 +179,11 @@ pub fn config() -> impl Strategy<Value = AttnConfig> {
                     mask,
                     window: window.map_or(Window::NONE, |(left, right)| Window { left, right }),
                     scale: 1.0 / (d as f64).sqrt(),
-                    dropout: Dropout { p: dropout, seed: 11, offset: 3 },
+                    dropout: Dropout {
+                        p: dropout,
+                        seed: 11,
+                        offset: 3,
+                    },
                 },
                 bias,
                 layout,

@@ -202,10 +202,14 @@ fn emulate_group(
                 })
                 .collect();
             let dp: Vec<f32> = (0..lk)
-                .map(|c| match z(h, r, c) {
+                .map(|c| {
                     // A dropped key's dP is exactly 0, not 0 times a product.
-                    zc if zc == 0.0 => 0.0,
-                    zc => dot32(d_o.row(r), v.row(c)) * zc,
+                    let zc = z(h, r, c);
+                    if zc == 0.0 {
+                        0.0
+                    } else {
+                        dot32(d_o.row(r), v.row(c)) * zc
+                    }
                 })
                 .collect();
             let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);

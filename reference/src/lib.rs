@@ -21,8 +21,8 @@ pub mod problem;
 pub mod slot;
 pub mod types;
 
-pub use dropout::{philox4x32_10, Dropout};
 pub use attention::{forward, forward_backward, forward_backward_views, Forward, Gradients};
+pub use dropout::{philox4x32_10, Dropout};
 pub use layout::{Layout, LayoutError, Side};
 pub use problem::{check_params, Problem};
 pub use types::{visible, AttnParams, CausalAlign, Dtype, Mask, Window};

@@ -138,7 +138,10 @@ fn dropout_extremes() {
         let (f, g) = with(0.0);
         assert_eq!((&f, &g), (&f0, &g0), "case {i}: p = 0");
         let (f, g) = with(1.0);
-        assert!(same_bits(f.lse.view(), f0.lse.view()), "case {i}: p = 1 lse");
+        assert!(
+            same_bits(f.lse.view(), f0.lse.view()),
+            "case {i}: p = 1 lse"
+        );
         assert!(f.o.iter().all(|&x| x == 0.0), "case {i}: p = 1 o");
         if let Some(g) = g {
             for t in [&g.dq, &g.dk, &g.dv] {

@@ -98,7 +98,10 @@ impl Dispatcher {
             ));
         }
         if c.dropout_p() != 0.0 {
-            out.push(reason(Code::Dropout, format!("dropout {} > 0", c.dropout_p())));
+            out.push(reason(
+                Code::Dropout,
+                format!("dropout {} > 0", c.dropout_p()),
+            ));
         }
         if c.bias != Bias::None {
             out.push(reason(Code::Bias, format!("bias {}", c.bias)));

@@ -309,7 +309,10 @@ mod tests {
             .find(|(p, _)| *p == Prop::NumericAgreement)
             .map(|(_, o)| o.clone());
         assert_eq!(numeric, Some(Outcome::Pass));
-        assert!(run.outcomes.iter().all(|(_, o)| !matches!(o, Outcome::Fail(_))));
+        assert!(run
+            .outcomes
+            .iter()
+            .all(|(_, o)| !matches!(o, Outcome::Fail(_))));
         let hooked = super::super::test_backends::HookedCpu::new();
         // Run anyway, a backend that does not compute dropout refuses it with a typed error.
         match crate::runner::run_pair(&hooked, &case, &RunOptions::default()) {
