@@ -7,7 +7,8 @@ Capabilities: every dtype, mask and window of §1, GQA, head_dim_v != head_dim_q
 dim, padded offsets, backward and LSE. Rows with no visible key: O = 0, LSE = -inf, no
 gradient. Don't-care tokens: never read, written 0 (-inf for LSE).
 BSHD cases are the THD cases whose slots all hold S tokens (the kit flattens them).
-Cannot express: bias and dropout (outside §1: `unsupported`), and anything about paths or
+Cannot express: bias (outside §1) and dropout (§1.8's Philox mask is not implemented here), both
+`unsupported`, and anything about paths or
 workspaces.
 """
 

@@ -74,6 +74,8 @@ CONFIG_KEYS = (
     "window",
     "bias",
     "dropout",
+    "dropout_seed",
+    "dropout_offset",
     "scale",
     "layout",
 )
@@ -305,6 +307,9 @@ class Config:
     bias: str = "none"
     dropout: float = 0.0
     layout: str = "thd"
+    # Philox key and counter base of the dropout mask (semantics.md §1.8), 0..2**64-1.
+    dropout_seed: int = 0
+    dropout_offset: int = 0
 
     @property
     def group(self) -> int:
@@ -372,13 +377,21 @@ def parse_config(text: str) -> Config:
     if not isinstance(bias, str):
         raise Invalid(f"smallseq.config bias = {bias}: expected a string")
     dropout = number("dropout", 0.0)
-    if not 0.0 <= dropout < 1.0:
-        raise Invalid(f"smallseq.config dropout = {dropout}: must be in [0, 1)")
+    if not 0.0 <= dropout <= 1.0:
+        raise Invalid(f"smallseq.config dropout = {dropout}: must be in [0, 1]")
+
+    def word64(key):
+        v = d.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 64:
+            raise Invalid(f"smallseq.config {key} = {v}: expected an integer in 0..=18446744073709551615")
+        return v
+
+    seed, offset = word64("dropout_seed"), word64("dropout_offset")
     layout = d.get("layout", "thd")
     if layout not in ("thd", "bshd"):
         raise Invalid(f"smallseq.config layout = {layout}: expected thd or bshd")
     scale = number("scale", 1.0 / math.sqrt(dqk))
-    return Config(dtype, h, hkv, dqk, dv, mask, (w[0], w[1]), scale, bias, dropout, layout)
+    return Config(dtype, h, hkv, dqk, dv, mask, (w[0], w[1]), scale, bias, dropout, layout, seed, offset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,7 +543,7 @@ def visibility(cfg: Config, lq: int, lk: int) -> np.ndarray:
 
 def read_case(path: str) -> Case:
     """Reads and validates a case file (semantics.md §2). Problems are `invalid`; bias and
-    dropout, which §1 does not model, are `unsupported` (§3.5)."""
+    dropout, which this kit's adapters do not compute, are `unsupported` (§3.5)."""
     tensors, meta = read_safetensors(path)
     if meta.get("smallseq.format") != "1":
         raise Invalid(f"{path}: smallseq.format = {meta.get('smallseq.format')}, this kit reads 1")
@@ -581,7 +594,8 @@ def read_case(path: str) -> Case:
     if sq.slots != skv.slots:
         raise Invalid(f"cu_seqlens_kv has {skv.slots + 1} entries, cu_seqlens_q has {sq.slots + 1}")
     if cfg.dropout != 0.0:
-        raise Unsupported(f"dropout = {cfg.dropout} is outside semantics §1")
+        # The mask is defined (semantics.md §1.8), but no adapter passes it to its framework yet.
+        raise Unsupported(f"dropout = {cfg.dropout}: this kit's adapters do not compute dropout")
     if cfg.bias != "none":
         raise Unsupported(f"bias = {cfg.bias} is outside semantics §1")
     return Case(cfg, q, k, v, d_o, sq, skv, dict(meta))
@@ -862,6 +876,7 @@ class Caps:
     arch: Optional[str] = None
     small_seq: bool = False  # whether `arch` has a small-seq kernel (read with `arch`)
     devices: int = 1
+    dropout: bool = False  # computes the Philox dropout of semantics.md §1.8
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -886,6 +901,7 @@ class Caps:
                 f"more than {self.max_tokens} tokens",
             ),
             ((case.sq.padded or case.skv.padded) and not self.padded_offsets, "padded offsets"),
+            (c.dropout != 0.0 and not self.dropout, f"dropout {c.dropout}"),
         ]
         for bad, what in checks:
             if bad:

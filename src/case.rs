@@ -112,6 +112,9 @@ impl std::fmt::Debug for Case {
 /// One query row of a case with the keys it sees (`Case::visible_rows`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VisibleRow {
+    /// The slot, and the row within it (the indices dropout's mask is keyed by).
+    pub slot: usize,
+    pub row: usize,
     /// Query token (row of `q`, `d_o`, `o`, `lse`).
     pub token: usize,
     pub head: usize,
@@ -141,6 +144,15 @@ impl Case {
         (dot64(q, k) * self.config.params.scale - lse).exp()
     }
 
+    /// Dropout's factor of `row` and key token `key` (`docs/semantics.md` §1.8): `1/(1 − p)`
+    /// where kept, 0 where dropped, 1 without dropout.
+    pub fn dropout_factor(&self, row: &VisibleRow, key: usize) -> f64 {
+        let p = &self.config.params;
+        let c = key - self.layout.kv.offset(row.slot);
+        p.dropout
+            .factor(row.slot, p.num_heads, row.head, row.row, c)
+    }
+
     /// Every valid query row of every slot and head, with its visible keys (mask and window of
     /// `docs/semantics.md` §1.5), in slot, head, row order.
     pub fn visible_rows(&self) -> impl Iterator<Item = VisibleRow> + '_ {
@@ -156,6 +168,8 @@ impl Case {
             );
             (0..p.num_heads).flat_map(move |head| {
                 (0..lq).map(move |r| VisibleRow {
+                    slot,
+                    row: r,
                     token: oq + r,
                     head,
                     kv_head: head / g,

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
-use smallseq_reference::{AttnParams, Dtype, Mask, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Mask, Window};
 use std::fmt;
 
 /// Tensor layout family of the call.
@@ -23,7 +23,7 @@ impl LayoutKind {
     }
 }
 
-/// Bias type; only `none` is inside `docs/semantics.md` §1 (§1.8).
+/// Bias type; only `none` is inside `docs/semantics.md` §1 (§1.9).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Bias {
     None,
@@ -46,11 +46,10 @@ pub struct AttnConfig {
     /// Heads (`num_heads`, `num_gqa_groups` = kv heads), head dims, mask, window and scale.
     pub params: AttnParams,
     pub bias: Bias,
-    pub dropout: f64,
     pub layout: LayoutKind,
 }
 
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 13] = [
     "dtype",
     "num_heads",
     "num_gqa_groups",
@@ -60,6 +59,8 @@ const KEYS: [&str; 11] = [
     "window",
     "bias",
     "dropout",
+    "dropout_seed",
+    "dropout_offset",
     "scale",
     "layout",
 ];
@@ -77,24 +78,31 @@ impl AttnConfig {
                 mask,
                 window: Window::NONE,
                 scale: 1.0 / (head_dim as f64).sqrt(),
+                dropout: Dropout::NONE,
             },
             bias: Bias::None,
-            dropout: 0.0,
             layout: LayoutKind::Thd,
         }
     }
 
-    /// Whether the case is inside `docs/semantics.md` §1 (§1.8: no dropout, no bias).
-    pub fn unsupported_reason(&self) -> Option<String> {
-        if self.dropout != 0.0 {
+    /// The dropout probability `p` (0: none).
+    pub fn dropout_p(&self) -> f64 {
+        self.params.dropout.p
+    }
+
+    /// Why an implementation cannot run the case: outside `docs/semantics.md` §1 (§1.9: a
+    /// bias), or a dropout (§1.8) where `computes_dropout` says it does not compute one
+    /// (the CUDA and HIP kernels, and workers that do not declare `caps.dropout`).
+    pub fn unsupported_reason(&self, computes_dropout: bool) -> Option<String> {
+        if self.params.dropout.is_active() && !computes_dropout {
             return Some(format!(
-                "dropout = {} is outside docs/semantics.md §1.8",
-                self.dropout
+                "dropout = {}: this implementation does not compute dropout (docs/semantics.md §1.8)",
+                self.dropout_p()
             ));
         }
         if self.bias != Bias::None {
             return Some(format!(
-                "bias = {} is outside docs/semantics.md §1.8",
+                "bias = {} is outside docs/semantics.md §1.9",
                 self.bias
             ));
         }
@@ -135,12 +143,15 @@ impl AttnConfig {
             Some(Value::String(s)) => Bias::Other(s.clone()),
             Some(v) => return Err(ill_typed("bias", v, "a string")),
         };
-        let dropout = opt_f64(&map, "dropout")?.unwrap_or(0.0);
-        if !(0.0..1.0).contains(&dropout) {
-            return Err(Error::config(format!(
-                "dropout = {dropout}: must be in [0, 1)"
-            )));
+        let p = opt_f64(&map, "dropout")?.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::config(format!("dropout = {p}: must be in [0, 1]")));
         }
+        let dropout = Dropout {
+            p,
+            seed: opt_u64(&map, "dropout_seed")?.unwrap_or(0),
+            offset: opt_u64(&map, "dropout_offset")?.unwrap_or(0),
+        };
         let scale = opt_f64(&map, "scale")?.unwrap_or(1.0 / (head_dim_qk as f64).sqrt());
         let layout = match map.get("layout") {
             None => LayoutKind::Thd,
@@ -158,9 +169,9 @@ impl AttnConfig {
                 mask,
                 window,
                 scale,
+                dropout,
             },
             bias,
-            dropout,
             layout,
         };
         smallseq_reference::check_params(&cfg.params)?;
@@ -178,7 +189,9 @@ impl AttnConfig {
             "mask": self.params.mask.name(),
             "window": [self.params.window.left, self.params.window.right],
             "bias": self.bias.to_string(),
-            "dropout": self.dropout,
+            "dropout": self.params.dropout.p,
+            "dropout_seed": self.params.dropout.seed,
+            "dropout_offset": self.params.dropout.offset,
             "scale": self.params.scale,
             "layout": self.layout.name(),
         })
@@ -219,6 +232,16 @@ fn opt_f64(map: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
     }
 }
 
+fn opt_u64(map: &Map<String, Value>, key: &str) -> Result<Option<u64>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ill_typed(key, v, "an integer in 0..=18446744073709551615")),
+    }
+}
+
 fn parse_window(v: &Value) -> Result<Window> {
     let pair = v
         .as_array()
@@ -240,6 +263,13 @@ mod tests {
         c.params.num_kv_heads = 2;
         c.params.window = Window { left: 3, right: 0 };
         assert_eq!(AttnConfig::from_json(&c.to_json()).unwrap(), c);
+        // Seeds use all 64 bits; p = 1 is allowed (every element dropped).
+        c.params.dropout = Dropout {
+            p: 1.0,
+            seed: u64::MAX,
+            offset: 1 << 40,
+        };
+        assert_eq!(AttnConfig::from_json(&c.to_json()).unwrap(), c);
         let min = r#"{"dtype":"bf16","num_heads":2,"num_gqa_groups":1,"head_dim_qk":64,"head_dim_v":32,"mask":"padding"}"#;
         let d = AttnConfig::from_json(min).unwrap();
         assert_eq!(d.params.window, Window::NONE);
@@ -255,6 +285,9 @@ mod tests {
             (r#","scale":"x"}"#, "key 'scale'"),
             (r#","window":[1]}"#, "key 'window'"),
             (r#","layout":"sbhd"}"#, "key 'layout'"),
+            (r#","dropout":1.5}"#, "dropout = 1.5"),
+            (r#","dropout_seed":-1}"#, "key 'dropout_seed' = -1"),
+            (r#","dropout_offset":0.5}"#, "key 'dropout_offset' = 0.5"),
         ] {
             let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
             assert!(err.to_string().contains(needle), "{err}");

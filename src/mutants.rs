@@ -90,11 +90,15 @@ pub enum Mutant {
     /// `max_segments - 1` (`bincount(ids)[1:max_segments]`): a row's last admitted segment
     /// keeps its start and loses its length.
     SegmentConversionSlip,
+    // Issue 35.
+    /// The fallback's dropout forms the Philox counter with the query row and key column
+    /// swapped: a mask of the right density on the wrong elements.
+    PhiloxIndexSwapped,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 37] = [
+    pub const ALL: [Mutant; 38] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -135,6 +139,7 @@ impl Mutant {
         Mutant::RoundTowardZero,
         // Issue 35.
         Mutant::SegmentConversionSlip,
+        Mutant::PhiloxIndexSwapped,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -204,6 +209,7 @@ impl Mutant {
             Mutant::RoundTowardZero => "round-toward-zero",
             // Issue 35.
             Mutant::SegmentConversionSlip => "segment-conversion-slip",
+            Mutant::PhiloxIndexSwapped => "philox-index-swapped",
         }
     }
 }

@@ -149,7 +149,7 @@ fn prepare(
 ) -> Result<(Option<Path>, Plan, DevBuf)> {
     case.validate()?;
     let decision = decide(backend, case, opts);
-    if let Some(why) = case.config.unsupported_reason() {
+    if let Some(why) = case.config.unsupported_reason(backend.computes_dropout()) {
         return Err(Error::Unsupported(why));
     }
     let path = chosen_path(backend, &decision, opts)?;

@@ -121,10 +121,16 @@ class CaseFiles(unittest.TestCase):
         good = '{"dtype":"bf16","num_heads":4,"num_gqa_groups":2,"head_dim_qk":64,"head_dim_v":32,"mask":"padding"}'
         cfg = kit.parse_config(good)
         self.assertEqual((cfg.window, cfg.scale, cfg.layout, cfg.group), ((-1, -1), 0.125, "thd", 2))
+        # The dropout keys smallseq writes (semantics.md §2.2): p = 1 allowed, 64-bit seeds.
+        drop = kit.parse_config(good.replace("}", ',"dropout":1.0,"dropout_seed":18446744073709551615,"dropout_offset":5}'))
+        self.assertEqual((drop.dropout, drop.dropout_seed, drop.dropout_offset), (1.0, 2**64 - 1, 5))
+        self.assertEqual(kit.parse_config(drop.to_json()), drop)
         for text, needle in [
             (good.replace("}", ',"colour":1}'), "unknown key colour"),
             (good.replace('"num_gqa_groups":2', '"num_gqa_groups":3'), "does not divide"),
             (good.replace("}", ',"window":[1]}'), "window"),
+            (good.replace("}", ',"dropout":1.5}'), "dropout = 1.5"),
+            (good.replace("}", ',"dropout_seed":-1}'), "dropout_seed = -1"),
             (good.replace('"padding"', '"diagonal"'), "mask = diagonal"),
             ("[1]", "JSON object"),
         ]:

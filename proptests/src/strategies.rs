@@ -10,7 +10,7 @@ use smallseq::dispatch::{Arch, EnvView, Profile};
 use smallseq::segments::SegmentIds;
 use smallseq::workspace::Shape;
 use smallseq::Case;
-use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
 
 /// One side's arrays for `b` slots: per-slot (length, gap), then tail slack.
 fn side_from(lens_gaps: &[(usize, usize)], padded: bool, slack: usize) -> Side {
@@ -179,9 +179,13 @@ pub fn config() -> impl Strategy<Value = AttnConfig> {
                     mask,
                     window: window.map_or(Window::NONE, |(left, right)| Window { left, right }),
                     scale: 1.0 / (d as f64).sqrt(),
+                    dropout: Dropout {
+                        p: dropout,
+                        seed: 11,
+                        offset: 3,
+                    },
                 },
                 bias,
-                dropout,
                 layout,
             },
         )
@@ -306,9 +310,9 @@ pub fn tiny_case_grouped(dtype: Dtype, groups: Vec<usize>) -> impl Strategy<Valu
                         mask,
                         window: window.map_or(Window::NONE, |(left, right)| Window { left, right }),
                         scale,
+                        dropout: Dropout::NONE,
                     },
                     bias: Bias::None,
-                    dropout: 0.0,
                     layout: LayoutKind::Thd,
                 };
                 let (tq, tk, h) = (layout.q.tokens, layout.kv.tokens, kv * group);

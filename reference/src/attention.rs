@@ -75,15 +75,18 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
         dv: Array3::zeros((tk, hkv_n, dv_n)),
     });
 
-    let slots: Vec<SlotGeom> = (0..layout.slots())
-        .map(|i| SlotGeom::of(layout, i))
-        .filter(|sg| !sg.is_empty())
+    // The slot's index in the layout, not among the non-empty ones: the dropout mask is keyed
+    // by it (§1.8).
+    let slots: Vec<(usize, SlotGeom)> = (0..layout.slots())
+        .map(|i| (i, SlotGeom::of(layout, i)))
+        .filter(|(_, sg)| !sg.is_empty())
         .collect();
+    let dropout = params.dropout.is_active().then_some(&params.dropout);
     WORKSPACE.with_borrow_mut(|w| {
-        w.fit(params, &slots);
+        w.fit(params, slots.iter().map(|(_, sg)| sg));
         // Every scratch value read below is first written in the same block, so nothing
         // carries over from an earlier call.
-        for &sg in &slots {
+        for &(slot, sg) in &slots {
             let (qr, kr) = (sg.off_q..sg.off_q + sg.lq, sg.off_kv..sg.off_kv + sg.lk);
             for hkv in 0..hkv_n {
                 // The heads of a group share K and V: transpose them once.
@@ -96,6 +99,11 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
                 // Heads in increasing order, so GQA sums accumulate in the same order as ever.
                 for h in hkv * g..(hkv + 1) * g {
                     let b = block(sg, h, hkv, &q, &k, &v, d_o.as_ref());
+                    w.dropped = dropout.is_some();
+                    if let Some(d) = dropout {
+                        let z = mat_mut(&mut w.z, sg.lq, w.ld).slice_move(s![.., ..sg.lk]);
+                        eq::dropout_factors(d, slot, h_n, h, z);
+                    }
                     block_forward(
                         params,
                         &b,
@@ -141,8 +149,13 @@ struct Workspace {
     m: Vec<f64>,
     l: Vec<f64>,
     d: Vec<f64>,
+    /// Dropout's factors `Z` and the dropped `P̃ = P ∘ Z`, sized only for a call with dropout.
+    z: Vec<f64>,
+    p_tilde: Vec<f64>,
     /// Row stride of the current block's `Kᵀ`, `Vᵀ`, `P` and `dS`.
     ld: usize,
+    /// Whether the current block's `Z` is in `z` (a call with dropout).
+    dropped: bool,
 }
 
 impl Workspace {
@@ -152,7 +165,15 @@ impl Workspace {
 
     fn release_if_large(&mut self) {
         let n = [
-            &self.k_t, &self.v_t, &self.p, &self.ds, &self.m, &self.l, &self.d,
+            &self.k_t,
+            &self.v_t,
+            &self.p,
+            &self.ds,
+            &self.m,
+            &self.l,
+            &self.d,
+            &self.z,
+            &self.p_tilde,
         ]
         .iter()
         .map(|v| v.len())
@@ -163,9 +184,9 @@ impl Workspace {
     }
 
     /// Grows the buffers to fit every block of `slots`.
-    fn fit(&mut self, params: &AttnParams, slots: &[SlotGeom]) {
-        let lq = slots.iter().map(|s| s.lq).max().unwrap_or(0);
-        let ld = Workspace::padded(slots.iter().map(|s| s.lk).max().unwrap_or(0));
+    fn fit<'a>(&mut self, params: &AttnParams, slots: impl Iterator<Item = &'a SlotGeom> + Clone) {
+        let lq = slots.clone().map(|s| s.lq).max().unwrap_or(0);
+        let ld = Workspace::padded(slots.map(|s| s.lk).max().unwrap_or(0));
         let grow = |v: &mut Vec<f64>, n: usize| {
             if v.len() < n {
                 v.resize(n, 0.0);
@@ -178,6 +199,10 @@ impl Workspace {
         grow(&mut self.m, lq);
         grow(&mut self.l, lq);
         grow(&mut self.d, lq);
+        if params.dropout.is_active() {
+            grow(&mut self.z, lq * ld);
+            grow(&mut self.p_tilde, lq * ld);
+        }
     }
 
     /// `Lk` rounded up to whole 4-wide vectors, so the score products need no column tail.
@@ -233,7 +258,14 @@ fn block_forward<T: Copy + Into<f64>>(
     );
     eq::softmax(s.view_mut(), m, l);
     eq::lse(m, ArrayView1::from(&w.l[..lq]), lse);
-    eq::output(s.view(), b.v.view(), o);
+    if w.dropped {
+        let z = mat(&w.z, lq, ld).slice_move(s![.., ..lk]);
+        let mut pt = mat_mut(&mut w.p_tilde, lq, ld).slice_move(s![.., ..lk]);
+        eq::apply_dropout(s.view(), z, pt.view_mut());
+        eq::output(pt.view(), b.v.view(), o);
+    } else {
+        eq::output(s.view(), b.v.view(), o);
+    }
 }
 
 /// Where one block's gradients go: `dq` is this head's, `dk` and `dv` are shared by the
@@ -257,9 +289,17 @@ fn block_backward<T: Copy + Into<f64>>(
     let mut ds = mat_mut(&mut w.ds, lq, ld);
     eq::d_p(d_o.view(), mat(&w.v_t, d_o.ncols(), ld), ds.view_mut());
     let mut ds = ds.slice_move(s![.., ..lk]);
+    // With dropout, dV takes the dropped P̃ and dP is masked and rescaled; D = Σ P·dP is then
+    // still rowsum(dO ∘ O), and dS = P·(dP − D) takes the undropped P.
+    let p_v = if w.dropped {
+        eq::mask_d_p(ds.view_mut(), mat(&w.z, lq, ld).slice_move(s![.., ..lk]));
+        mat(&w.p_tilde, lq, ld).slice_move(s![.., ..lk])
+    } else {
+        p
+    };
     eq::d_rowsum(p, ds.view(), ArrayViewMut1::from(&mut w.d[..lq]));
     eq::d_s(p, ds.view_mut(), ArrayView1::from(&w.d[..lq]));
     eq::d_q(ds.view(), b.k.view(), params.scale, out.dq);
     eq::d_k(ds.view(), b.q.view(), params.scale, out.dk);
-    eq::d_v(p, d_o, out.dv);
+    eq::d_v(p_v, d_o, out.dv);
 }

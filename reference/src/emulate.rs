@@ -5,6 +5,10 @@
 //! `d` (the MFMA intra-chunk order is hardware-defined), `1/l` is an exact f32 division (the
 //! device uses an approximate reciprocal), an empty row gives `o = 0` (the contract, not the
 //! device's NaN), and GQA sums dK/dV over the group in f32 before the store.
+//!
+//! Dropout (`docs/semantics.md` §1.8) runs only on the fallback path, as FlashAttention's
+//! kernels apply it: P·V over the kept keys, the f32 factor `fl32(1/(1 − p))` applied to the
+//! accumulated O; backward the same factor on the kept dP and on dV's P.
 
 use crate::problem::Problem;
 use crate::slot::SlotGeom;
@@ -63,7 +67,7 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
             continue;
         }
         for hk in 0..nkv {
-            emulate_group(p, a, sg, hk, dtype, &mut fwd, grads.as_mut());
+            emulate_group(p, a, (i, sg), hk, dtype, &mut fwd, grads.as_mut());
         }
     }
     (fwd, grads)
@@ -112,7 +116,7 @@ fn scores32(a: &AttnParams, q: &Rows, k: &Rows, lq: usize, lk: usize) -> Vec<f32
 fn emulate_group(
     p: &Problem,
     a: &AttnParams,
-    sg: SlotGeom,
+    (slot, sg): (usize, SlotGeom),
     hk: usize,
     dtype: Dtype,
     fwd: &mut EmuForward,
@@ -122,6 +126,17 @@ fn emulate_group(
     let (lq, lk) = (sg.lq, sg.lk);
     let (dqk, dv) = (a.head_dim_qk, a.head_dim_v);
     let scale = a.scale as f32;
+    let rescale = a.dropout.rescale() as f32;
+    // Dropout's factor of (r, c) in head h: 1 without dropout, else the f32 rescale or 0.
+    let z = |h: usize, r: usize, c: usize| -> f32 {
+        if !a.dropout.is_active() {
+            1.0
+        } else if a.dropout.keep(slot, a.num_heads, h, r, c) {
+            rescale
+        } else {
+            0.0
+        }
+    };
     let k = Rows::of(&p.k, sg.off_kv, lk, hk);
     let v = Rows::of(&p.v, sg.off_kv, lk, hk);
     // dK, dV of the group, accumulated in f32 over its heads and rounded once at the store.
@@ -148,9 +163,15 @@ fn emulate_group(
             let pr: Vec<f32> = e.iter().map(|&x| dtype.round(x / l)).collect();
             let mut o = vec![0.0f32; dv];
             for (c, &pc) in pr.iter().enumerate() {
+                if z(h, r, c) == 0.0 {
+                    continue;
+                }
                 for (od, &vd) in o.iter_mut().zip(v.row(c)) {
                     *od += pc * vd;
                 }
+            }
+            if a.dropout.is_active() {
+                o.iter_mut().for_each(|x| *x *= rescale);
             }
             for (d, &od) in o.iter().enumerate() {
                 fwd.o[[sg.off_q + r, h, d]] = dtype.round(od);
@@ -180,7 +201,17 @@ fn emulate_group(
                     }
                 })
                 .collect();
-            let dp: Vec<f32> = (0..lk).map(|c| dot32(d_o.row(r), v.row(c))).collect();
+            let dp: Vec<f32> = (0..lk)
+                .map(|c| {
+                    // A dropped key's dP is exactly 0, not 0 times a product.
+                    let zc = z(h, r, c);
+                    if zc == 0.0 {
+                        0.0
+                    } else {
+                        dot32(d_o.row(r), v.row(c)) * zc
+                    }
+                })
+                .collect();
             let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
             dq.fill(0.0);
             for c in 0..lk {
@@ -189,7 +220,7 @@ fn emulate_group(
                     gr.ds_saturated += 1;
                 }
                 let ds = dtype.round_saturating(raw);
-                let pc = dtype.round(pr[c]);
+                let pc = dtype.round(pr[c]) * z(h, r, c);
                 for (x, &kd) in dq.iter_mut().zip(k.row(c)) {
                     *x += ds * kd;
                 }

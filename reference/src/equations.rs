@@ -7,6 +7,7 @@
 //! `dq`, `dk`, `dv` are written straight into the output arrays. The matrix products are
 //! [`crate::gemm`]'s: one FMA chain per entry, the summation order ndarray's `dot` had.
 
+use crate::dropout::Dropout;
 use crate::gemm::{gemm, Epilogue};
 use crate::types::{visible, Mask, Window};
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Zip};
@@ -75,6 +76,38 @@ pub fn lse(m: ArrayView1<'_, f64>, l: ArrayView1<'_, f64>, lse: ArrayViewMut1<'_
             f64::NEG_INFINITY
         }
     });
+}
+
+/// `Z[r, c]`: the factor dropout multiplies `P[r, c]` by in query head `head` of slot `slot`
+/// (`1/(1 − p)` where kept, 0 where dropped; `docs/semantics.md` §1.8).
+pub fn dropout_factors(
+    d: &Dropout,
+    slot: usize,
+    heads: usize,
+    head: usize,
+    mut z: ArrayViewMut2<'_, f64>,
+) {
+    for ((r, c), x) in z.indexed_iter_mut() {
+        *x = d.factor(slot, heads, head, r, c);
+    }
+}
+
+/// `P̃ = P ∘ Z`: the dropped, rescaled probabilities that multiply V. The row statistics
+/// (`m`, `l`, `lse`) stay those of the undropped P, as in FlashAttention and TE.
+pub fn apply_dropout(
+    p: ArrayView2<'_, f64>,
+    z: ArrayView2<'_, f64>,
+    mut p_tilde: ArrayViewMut2<'_, f64>,
+) {
+    Zip::from(&mut p_tilde)
+        .and(p)
+        .and(z)
+        .for_each(|out, &pc, &zc| *out = pc * zc);
+}
+
+/// `dP ← dP ∘ Z`, in place: the gradient reaching P through the dropout.
+pub fn mask_d_p(mut dp: ArrayViewMut2<'_, f64>, z: ArrayView2<'_, f64>) {
+    dp.zip_mut_with(&z, |x, &zc| *x *= zc);
 }
 
 /// `O = P V`.

@@ -7,9 +7,11 @@
 //! - [`forward`], [`forward_backward`]: the f64 reference, one function per equation
 //!   ([`equations`]) applied to each (slot, head) block sliced out by [`slot`];
 //! - [`naive`]: an independent plain-loop f64 implementation to cross-check it;
-//! - [`emulate`]: the kernels' f32/dtype roundings, the same-precision yardstick.
+//! - [`emulate`]: the kernels' f32/dtype roundings, the same-precision yardstick;
+//! - [`dropout`]: which elements of P drop (Philox 4×32-10), shared by all of the above.
 
 mod attention;
+pub mod dropout;
 pub mod emulate;
 pub mod equations;
 mod gemm;
@@ -20,6 +22,7 @@ pub mod slot;
 pub mod types;
 
 pub use attention::{forward, forward_backward, forward_backward_views, Forward, Gradients};
+pub use dropout::{philox4x32_10, Dropout};
 pub use layout::{Layout, LayoutError, Side};
 pub use problem::{check_params, Problem};
 pub use types::{visible, AttnParams, CausalAlign, Dtype, Mask, Window};

@@ -53,10 +53,16 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
                     .iter()
                     .map(|&(c, s)| (c, (s - m).exp() / l))
                     .collect();
+                // Dropout's factor of each visible key: 1 without dropout.
+                let z: Vec<f64> = probs
+                    .iter()
+                    .map(|&(c, _)| a.dropout.factor(slot, nh, h, r, c))
+                    .collect();
                 for d in 0..dv {
                     o[[tq_, h, d]] = probs
                         .iter()
-                        .map(|&(c, pc)| pc * x(&p.v, ok + c, hk, d))
+                        .zip(&z)
+                        .map(|(&(c, pc), zc)| pc * zc * x(&p.v, ok + c, hk, d))
                         .sum();
                 }
 
@@ -65,10 +71,11 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
                 };
                 let dps: Vec<f64> = probs
                     .iter()
-                    .map(|&(c, _)| {
-                        (0..dv)
+                    .zip(&z)
+                    .map(|(&(c, _), zc)| {
+                        zc * (0..dv)
                             .map(|d| x(d_o, tq_, h, d) * x(&p.v, ok + c, hk, d))
-                            .sum()
+                            .sum::<f64>()
                     })
                     .collect();
                 let big_d: f64 = probs
@@ -76,14 +83,14 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
                     .zip(&dps)
                     .map(|(&(_, pc), &dpc)| pc * dpc)
                     .sum();
-                for (&(c, pc), &dpc) in probs.iter().zip(&dps) {
+                for ((&(c, pc), &dpc), zc) in probs.iter().zip(&dps).zip(&z) {
                     let ds = pc * (dpc - big_d);
                     for d in 0..dqk {
                         gr.dq[[tq_, h, d]] += a.scale * ds * x(&p.k, ok + c, hk, d);
                         gr.dk[[ok + c, hk, d]] += a.scale * ds * x(&p.q, tq_, h, d);
                     }
                     for d in 0..dv {
-                        gr.dv[[ok + c, hk, d]] += pc * x(d_o, tq_, h, d);
+                        gr.dv[[ok + c, hk, d]] += pc * zc * x(d_o, tq_, h, d);
                     }
                 }
             }

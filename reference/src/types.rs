@@ -1,5 +1,6 @@
 //! The vocabulary of `docs/semantics.md` §1: element types, masks and windows.
 
+use crate::dropout::Dropout;
 use half::{bf16, f16};
 use std::fmt;
 use std::str::FromStr;
@@ -250,6 +251,8 @@ pub struct AttnParams {
     pub mask: Mask,
     pub window: Window,
     pub scale: f64,
+    /// Dropout of P (`docs/semantics.md` §1.8); [`Dropout::NONE`] leaves P as it is.
+    pub dropout: Dropout,
 }
 
 impl AttnParams {

@@ -80,7 +80,7 @@ fn overflow_case(
 /// (The harness excuses a non-finite value it shares with a kernel only there: issue 21.)
 #[test]
 fn the_emulation_overflows_where_the_reference_does_with_its_sign() {
-    use smallseq_reference::{AttnParams, Mask, Problem, Window};
+    use smallseq_reference::{AttnParams, Dropout, Mask, Problem, Window};
     let params = AttnParams {
         num_heads: 1,
         num_kv_heads: 1,
@@ -89,6 +89,7 @@ fn the_emulation_overflows_where_the_reference_does_with_its_sign() {
         mask: Mask::Padding,
         window: Window::NONE,
         scale: 1.0,
+        dropout: Dropout::NONE,
     };
     let max = f64::from(Dtype::F16.max_finite());
     // (1) Four queries on one key, dO = 30,000 each: dV = 120,000. (2) Q = 0, so P = 1/2,

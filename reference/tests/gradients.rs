@@ -4,7 +4,7 @@ mod common;
 
 use common::{rel_err, Case, Rng, Spec};
 use ndarray::{Array3, Axis};
-use smallseq_reference::{forward_backward_views, Mask, Window};
+use smallseq_reference::{forward_backward_views, Dropout, Mask, Window};
 
 /// `L = Σ_{valid tq} o ∘ d_o`; don't-care rows of `d_o` hold NaN, so they stay out.
 fn loss(case: &Case, q: &Array3<f64>, k: &Array3<f64>, v: &Array3<f64>, d_o: &Array3<f64>) -> f64 {
@@ -110,5 +110,27 @@ fn fd_random_geometries() {
         let spec = Spec::random(&mut rng, 5, 4);
         let case = Case::build(&spec, &mut rng);
         check(&case, &format!("random case {i}: {spec:?}"));
+    }
+}
+
+/// With a fixed mask dropout is linear in P, so finite differences see its gradients too:
+/// dV from the dropped P, dP masked and rescaled, D = rowsum(dO ∘ O).
+#[test]
+fn fd_with_dropout() {
+    let mut rng = Rng::new(13);
+    for (i, p) in [0.1, 0.5, 0.9, 1.0].into_iter().enumerate() {
+        let mut spec = Spec::packed(&[(3, 5), (0, 2), (4, 3), (5, 5)], 4, 2, 3);
+        spec.dv = 2;
+        spec.mask = Mask::ALL[i];
+        spec.scale = 0.9;
+        spec.dropout = Dropout {
+            p,
+            seed: 0xdead_beef_0000 + i as u64,
+            offset: 7 * i as u64,
+        };
+        let case = Case::build(&spec, &mut rng);
+        let scale = check(&case, &format!("dropout p = {p}"));
+        // p = 1 drops everything: every gradient is exactly 0.
+        assert_eq!(scale == 0.0, p == 1.0, "p = {p}: largest gradient {scale}");
     }
 }

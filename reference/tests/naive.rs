@@ -5,7 +5,7 @@ mod common;
 use common::{rel_err, same_bits, Case, Rng, Spec};
 use ndarray::ShapeBuilder;
 use smallseq_reference::{
-    forward, forward_backward, forward_backward_views, naive, Dtype, Mask, Window,
+    forward, forward_backward, forward_backward_views, naive, Dropout, Dtype, Mask, Window,
 };
 
 fn agree(case: &Case, what: &str) {
@@ -96,6 +96,57 @@ fn input_memory_layout_does_not_change_outputs() {
         let (ga, gb) = (ga.unwrap(), gb.unwrap());
         for (x, y) in [(&ga.dq, &gb.dq), (&ga.dk, &gb.dk), (&ga.dv, &gb.dv)] {
             assert!(same_bits(x.view(), y.view()));
+        }
+    }
+}
+
+#[test]
+fn naive_agrees_with_dropout() {
+    let mut rng = Rng::new(5);
+    for i in 0..120 {
+        let mut spec = Spec::random(&mut rng, 12, 24);
+        spec.dropout = Dropout {
+            p: [0.1, 0.5, 0.9, 1.0][i % 4],
+            seed: rng.range(0, 1 << 30) as u64,
+            offset: rng.range(0, 1 << 20) as u64,
+        };
+        let case = Case::build(&spec, &mut rng);
+        agree(&case, &format!("dropout case {i}: {spec:?}"));
+    }
+}
+
+/// `p = 0` is no dropout whatever the seed and offset, bit for bit; `p = 1` zeroes o and
+/// every gradient and leaves lse alone.
+#[test]
+fn dropout_extremes() {
+    let mut rng = Rng::new(6);
+    for i in 0..40 {
+        let spec = Spec::random(&mut rng, 12, 24);
+        let case = Case::build(&spec, &mut rng);
+        let (f0, g0) = forward_backward(&case.problem());
+        let with = |p: f64| {
+            let mut s = spec.clone();
+            s.dropout = Dropout {
+                p,
+                seed: 99 + i,
+                offset: 5,
+            };
+            let mut c = case.clone();
+            c.params = s.params();
+            forward_backward(&c.problem())
+        };
+        let (f, g) = with(0.0);
+        assert_eq!((&f, &g), (&f0, &g0), "case {i}: p = 0");
+        let (f, g) = with(1.0);
+        assert!(
+            same_bits(f.lse.view(), f0.lse.view()),
+            "case {i}: p = 1 lse"
+        );
+        assert!(f.o.iter().all(|&x| x == 0.0), "case {i}: p = 1 o");
+        if let Some(g) = g {
+            for t in [&g.dq, &g.dk, &g.dv] {
+                assert!(t.iter().all(|&x| x == 0.0), "case {i}: p = 1 gradients");
+            }
         }
     }
 }

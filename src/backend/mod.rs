@@ -184,6 +184,11 @@ pub trait BackendInfo: Send + Sync {
     fn arch(&self) -> Arch;
     /// Whether a small-seq kernel exists for this device.
     fn has_small_seq(&self) -> bool;
+    /// Whether the fallback path computes dropout (`docs/semantics.md` §1.8); a backend that
+    /// does not gets `unsupported` for a case with `p > 0` instead of a wrong answer.
+    fn computes_dropout(&self) -> bool {
+        false
+    }
     /// What identifies the device and the kernel build whose outputs a capsule stores
     /// (device, driver, compiler, a fingerprint of the kernels): written into capsules as
     /// `smallseq.provenance`, and compared by `smallseq repro --backend` with the rerun's, so a

@@ -56,6 +56,12 @@ pub struct NewArgs {
     /// Softmax scale (default: 1/sqrt(head_dim), written into the file).
     #[arg(long)]
     pub scale: Option<f64>,
+    /// Dropout probability p in [0, 1] (docs/semantics.md §1.8).
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// Dropout's Philox seed and offset, SEED,OFFSET (default 0,0).
+    #[arg(long, value_delimiter = ',')]
+    pub dropout_rng: Vec<u64>,
     /// thd (packed) or bshd (every slot the same lengths).
     #[arg(long, default_value = "thd")]
     pub layout: String,
@@ -126,6 +132,22 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
     if let Some(s) = a.scale {
         json["scale"] = serde_json::json!(s);
     }
+    if let Some(p) = a.dropout {
+        json["dropout"] = serde_json::json!(p);
+    }
+    match a.dropout_rng[..] {
+        [] => {}
+        [seed, offset] => {
+            json["dropout_seed"] = serde_json::json!(seed);
+            json["dropout_offset"] = serde_json::json!(offset);
+        }
+        ref other => {
+            return Err(format!(
+                "--dropout-rng: {} values, expected SEED,OFFSET",
+                other.len()
+            ))
+        }
+    }
     let config = AttnConfig::from_json(&json.to_string()).map_err(|e| e.to_string())?;
     let lens: Vec<(usize, usize)> = a.q_lens.iter().copied().zip(kv_lens).collect();
     let g = Geometry {
@@ -148,7 +170,7 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
             .join(",")
     };
     Ok(format!(
-        "wrote {}: {} {}, {} ({} kv), head dims {}/{}, mask {}, window ({}, {}), scale {}{}, \
+        "wrote {}: {} {}, {} ({} kv), head dims {}/{}, mask {}, window ({}, {}), scale {}{}{}, \
          {} (q {}; kv {}), {} data seed {}, {}",
         a.out.display(),
         case.config.layout.name(),
@@ -165,6 +187,14 @@ fn new_case(a: &NewArgs) -> Result<String, String> {
             " (default 1/sqrt(head_dim))"
         } else {
             ""
+        },
+        if p.dropout == smallseq_reference::Dropout::NONE {
+            String::new()
+        } else {
+            format!(
+                ", dropout {} (seed {}, offset {})",
+                p.dropout.p, p.dropout.seed, p.dropout.offset
+            )
         },
         counted(lens.len(), "slot"),
         side(lens.iter().map(|l| l.0).collect()),

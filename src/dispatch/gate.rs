@@ -97,8 +97,11 @@ impl Dispatcher {
                 format!("dtype {} has no small-seq kernel", c.dtype),
             ));
         }
-        if c.dropout != 0.0 {
-            out.push(reason(Code::Dropout, format!("dropout {} > 0", c.dropout)));
+        if c.dropout_p() != 0.0 {
+            out.push(reason(
+                Code::Dropout,
+                format!("dropout {} > 0", c.dropout_p()),
+            ));
         }
         if c.bias != Bias::None {
             out.push(reason(Code::Bias, format!("bias {}", c.bias)));

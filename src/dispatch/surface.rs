@@ -40,8 +40,8 @@ const DROPOUT: Rule = Rule {
     code: Code::Dropout,
     text: "dropout 0",
     check: Check::Static(|f| {
-        fail(f.config.dropout == 0.0, || {
-            format!("dropout = {}", f.config.dropout)
+        fail(f.config.dropout_p() == 0.0, || {
+            format!("dropout = {}", f.config.dropout_p())
         })
     }),
 };

@@ -300,13 +300,20 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .iter()
             .map(|&c| case.probability(&row, c, lse_r))
             .collect();
+        // Dropout's factors: O and dV take P·Z, dP is Z times the product (1 without dropout).
+        let zs: Vec<f64> = row
+            .keys
+            .iter()
+            .map(|&c| case.dropout_factor(&row, c))
+            .collect();
         let w_o = 2.0 * (u + (lk + s_i) * u32);
         let rho = 2.0 * (lk + s_i) * u32;
         let p_noises: Vec<f64> = probs
             .iter()
             .map(|&pr| p_noise(case.config.dtype, pr, rho))
             .collect();
-        for ((&c, &prob), &pn) in row.keys.iter().zip(&probs).zip(&p_noises) {
+        for (((&c, &prob), &pn), &z) in row.keys.iter().zip(&probs).zip(&p_noises).zip(&zs) {
+            let (prob, pn) = (prob * z, pn * z);
             let va_c = row_of(&va, c, hk);
             let noise_r = row_mut(&mut noise_o, t, h);
             for (n, v) in noise_r.iter_mut().zip(va_c) {
@@ -331,7 +338,11 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
         let dpa: Vec<(f64, f64)> = row
             .keys
             .iter()
-            .map(|&c| dot_and_abs(d_o_r, case.v.slice(s![c, hk, ..])))
+            .zip(&zs)
+            .map(|(&c, &z)| {
+                let (dp, a) = dot_and_abs(d_o_r, case.v.slice(s![c, hk, ..]));
+                (z * dp, z * a)
+            })
             .collect();
         let big_a: f64 = probs.iter().zip(&dpa).map(|(pr, (_, a))| pr * a).sum();
         let big_d: f64 = probs.iter().zip(&dpa).map(|(pr, (dp, _))| pr * dp).sum();
@@ -343,7 +354,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .sum();
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_i) * u32);
-        for ((&c, &prob), &(dp, a)) in row.keys.iter().zip(&probs).zip(&dpa) {
+        for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {
             let noise = widen * prob * (a + big_a);
             let ds = prob * (dp - big_d);
             // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
@@ -373,7 +384,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 *odk_x += w_ord * x;
             }
             for (x, y) in row_mut(odv, c, hk).iter_mut().zip(doa_r) {
-                *x += w_dv * prob * y;
+                *x += w_dv * prob * z * y;
             }
         }
     }

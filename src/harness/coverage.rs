@@ -1,5 +1,5 @@
 //! Coverage that says what was not tried: per dimension of the case model (dtype, heads, GQA
-//! group, head dims, mask, window, layout, slot counts, length classes, data, path, and the
+//! group, head dims, mask, window, layout, slot counts, length classes, data, dropout, path, and the
 //! head counts and dims that reached the small-seq path), the values a campaign drew and how
 //! often, and every value the backend's surface admits that it never drew.
 //!
@@ -65,6 +65,21 @@ const SEGMENT_IDS: [&str; 6] = [
     "unused_slots",
     "seq_q_ne_kv",
 ];
+/// Dropout's probabilities as the generator draws them (`gen::DROPOUT_P`); `0` is p = 0 with
+/// a seed or an offset, `none` neither.
+const DROPOUTS: [&str; 6] = ["none", "0", "0.1", "0.5", "0.9", "1"];
+
+fn dropout(d: &smallseq_reference::Dropout) -> String {
+    if d.p == 0.0 && (d.seed, d.offset) == (0, 0) {
+        return "none".into();
+    }
+    let name = d.p.to_string();
+    if DROPOUTS.contains(&name.as_str()) {
+        name
+    } else {
+        "other".into()
+    }
+}
 /// `props::numeric_regimes`' values.
 const REGIMES: [&str; 4] = [
     "in_range",
@@ -167,7 +182,7 @@ impl Coverage {
             Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
         };
         let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
-        let dims: [(&'static str, &[&str]); 20] = [
+        let dims: [(&'static str, &[&str]); 21] = [
             ("dtype", &["bf16", "f16", "f32"]),
             ("heads", &HEAD_BUCKETS),
             ("kv_heads", &HEAD_BUCKETS),
@@ -183,6 +198,7 @@ impl Coverage {
             ("dist", &DISTS),
             ("data_class", &DATA),
             ("backward", &["yes", "no"]),
+            ("dropout", &DROPOUTS),
             ("path", &PATHS),
             ("small_seq_heads", ss_heads),
             ("small_seq_head_dim", ss_dims),
@@ -260,6 +276,7 @@ impl Coverage {
         self.count("dist", &meta("smallseq.dist", "randn"));
         self.count("data_class", &meta("smallseq.data_class", "plain"));
         self.count("backward", if case.d_o.is_some() { "yes" } else { "no" });
+        self.count("dropout", &dropout(&p.dropout));
         self.count("path", path.map_or("none", |p| p.name()));
         if path == Some(Path::SmallSeq) {
             self.count("small_seq_heads", &heads(p.num_heads));
@@ -363,6 +380,8 @@ mod tests {
         assert!(gaps.contains(&("path", "small_seq")));
         assert!(gaps.contains(&("small_seq_head_dim", "256")));
         assert!(!gaps.iter().any(|(d, _)| *d == "dtype"));
+        // Every dropout probability the generator draws, both extremes included.
+        assert!(!gaps.iter().any(|(d, _)| *d == "dropout"), "{gaps:?}");
         let md = c.markdown();
         assert!(md.starts_with("**Not tried**"));
         assert!(md.contains("- path: small_seq, fallback\n"));

@@ -1,6 +1,6 @@
 //! Drawing inside an implementation's capabilities: a geometry the generator drew is moved
 //! to the nearest one the worker computes (a dtype, mask or head dim it lacks is redrawn
-//! from those it has; windows, GQA, `Dv != Dqk`, backward and gaps between sequences are
+//! from those it has; windows, GQA, `Dv != Dqk`, backward, dropout and gaps between sequences are
 //! dropped when it lacks them), so no budget goes to skips. The report lists what was left
 //! out ([`crate::runner::Caps::not_covered`]).
 
@@ -9,7 +9,7 @@ use super::rng::{Draw, Rng};
 use crate::config::LayoutKind;
 use crate::error::{Error, Result};
 use crate::runner::Caps;
-use smallseq_reference::{Layout, Side, Window};
+use smallseq_reference::{Dropout, Layout, Side, Window};
 
 /// Moves `g` inside `caps`, drawing replacements from `rng`.
 ///
@@ -64,6 +64,9 @@ pub fn fit_to_caps(g: &mut Geometry, caps: &Caps, rng: &mut Rng) -> Result<()> {
     if !caps.backward {
         g.backward = false;
     }
+    if !caps.dropout {
+        p.dropout = Dropout::NONE;
+    }
     let unpadded = |s: &Side| Side {
         cu: s.cu.clone(),
         padded: None,
@@ -117,6 +120,7 @@ mod tests {
             assert_eq!(g.config.dtype, Dtype::Bf16);
             assert!(matches!(p.mask, Mask::Padding | Mask::PaddingCausal));
             assert_eq!(p.window, Window::NONE);
+            assert_eq!(p.dropout, Dropout::NONE, "caps.dropout is false");
             assert_eq!(p.num_kv_heads, p.num_heads);
             assert!([64, 128].contains(&p.head_dim_qk) && p.head_dim_v == p.head_dim_qk);
             assert!(!g.backward);
@@ -128,7 +132,7 @@ mod tests {
 
     #[test]
     fn full_caps_change_nothing() {
-        let caps = Caps::in_tree("cpu", true, 1);
+        let caps = Caps::in_tree("cpu", true, 1, true);
         for seed in 0..100 {
             let mut rng = Rng::new(seed);
             let g0 = draw_geometry_for(&mut rng, Profile::Native);

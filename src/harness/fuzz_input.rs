@@ -14,7 +14,7 @@ use crate::dispatch::{Arch, EnvView, Profile};
 use crate::segments::SegmentIds;
 use crate::workspace::Shape;
 use arbitrary::Unstructured;
-use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -259,13 +259,21 @@ pub fn draw_config<D: Draw>(d: &mut D) -> AttnConfig {
             mask: d.pick(&Mask::ALL),
             window,
             scale: d.pick(&[1.0, 0.125, 3.0]),
+            dropout: if d.percent(90) {
+                Dropout::NONE
+            } else {
+                Dropout {
+                    p: d.pick(&[0.1, 0.5, 1.0]),
+                    seed: d.below(1 << 20),
+                    offset: d.below(1 << 20),
+                }
+            },
         },
         bias: if d.percent(90) {
             Bias::None
         } else {
             Bias::Other("post_scale_bias".into())
         },
-        dropout: if d.percent(90) { 0.0 } else { 0.1 },
         layout: if d.percent(85) {
             LayoutKind::Thd
         } else {

@@ -11,7 +11,7 @@ use crate::dispatch::Profile;
 use crate::error::Result;
 use crate::segments::{self, Segmented};
 use ndarray::Array3;
-use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Side, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
 
 /// How input values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +68,13 @@ pub struct Geometry {
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
 const MAX_TOKENS: usize = 1024;
+
+/// Share of [`draw_geometry`]'s cases with a dropout (`docs/semantics.md` §1.8): of those
+/// shaped for the small-seq path few (the gate's `dropout` rule is reached there, and a dropout
+/// sends the case to the fallback), of the rest more. And the probabilities drawn: both
+/// extremes (`0` with a nonzero seed is no dropout, `1` drops every element) and three between.
+pub const DROPOUT_PERCENT: (u64, u64) = (3, 12);
+pub const DROPOUT_P: [f64; 5] = [0.0, 0.1, 0.5, 0.9, 1.0];
 
 /// A slot length; with `edges` (data shaped against the tiles) mostly one of the tile edges.
 fn draw_len<D: Draw>(d: &mut D, edges: bool) -> usize {
@@ -189,7 +196,20 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
     } else {
         Bias::None
     };
-    let dropout = if d.percent(2) { 0.1 } else { 0.0 };
+    let share = if eligible {
+        DROPOUT_PERCENT.0
+    } else {
+        DROPOUT_PERCENT.1
+    };
+    let dropout = if d.percent(share) {
+        Dropout {
+            p: d.pick(&DROPOUT_P),
+            seed: d.below(u64::MAX),
+            offset: d.below(1 << 40),
+        }
+    } else {
+        Dropout::NONE
+    };
     let layout_kind = if d.percent(8) {
         LayoutKind::Bshd
     } else {
@@ -221,9 +241,9 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
             mask,
             window,
             scale,
+            dropout,
         },
         bias,
-        dropout,
         layout: layout_kind,
     };
     with_data(d, config, layout, segments)

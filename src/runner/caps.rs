@@ -56,11 +56,13 @@ pub struct Caps {
     pub small_seq: bool,
     /// Devices the worker could serve.
     pub devices: usize,
+    /// Computes dropout as `docs/semantics.md` §1.8 says (Philox mask, `1/(1−p)`).
+    pub dropout: bool,
 }
 
 impl Caps {
     /// Everything the in-tree backends compute, on `arch`.
-    pub fn in_tree(arch: &str, small_seq: bool, devices: usize) -> Caps {
+    pub fn in_tree(arch: &str, small_seq: bool, devices: usize, dropout: bool) -> Caps {
         Caps {
             dtypes: Dtype::ALL.to_vec(),
             layouts: vec![LayoutKind::Thd, LayoutKind::Bshd],
@@ -81,6 +83,7 @@ impl Caps {
             arch: Some(arch.into()),
             small_seq,
             devices,
+            dropout,
         }
     }
 
@@ -143,6 +146,7 @@ impl Caps {
             arch: w.arch.clone(),
             small_seq: w.small_seq,
             devices: w.devices.unwrap_or(1).max(1),
+            dropout: w.dropout,
         })
     }
 
@@ -168,6 +172,7 @@ impl Caps {
             arch: self.arch.clone(),
             small_seq: self.small_seq,
             devices: Some(self.devices),
+            dropout: self.dropout,
         }
     }
 
@@ -205,6 +210,7 @@ impl Caps {
                 "backward: dq, dk, dv (caps.backward is false)",
             ),
             (self.lse, "the log-sum-exp output (caps.lse is false)"),
+            (self.dropout, "dropout p > 0 (caps.dropout is false)"),
             (
                 self.padded_offsets,
                 "gaps between sequences: padded offsets (caps.padded_offsets is false)",
@@ -270,6 +276,7 @@ pub struct WireCaps {
     pub arch: Option<String>,
     pub small_seq: bool,
     pub devices: Option<usize>,
+    pub dropout: bool,
 }
 
 #[cfg(test)]
@@ -278,12 +285,12 @@ mod tests {
 
     #[test]
     fn wire_round_trip_and_conservative_defaults() {
-        let c = Caps::in_tree("sm_90", true, 2);
+        let c = Caps::in_tree("sm_90", true, 2, true);
         assert_eq!(Caps::from_wire(&c.to_wire()).unwrap(), c);
         assert!(c.not_covered().is_empty());
         let empty: WireCaps = serde_json::from_str("{}").unwrap();
         let e = Caps::from_wire(&empty).unwrap();
-        assert!(!e.backward && !e.reports_path && e.dtypes.is_empty());
+        assert!(!e.backward && !e.reports_path && !e.dropout && e.dtypes.is_empty());
         assert_eq!(e.no_key_row, NoKeyRow::Zero);
         assert!(e.not_covered().iter().any(|l| l.contains("backward")));
     }

@@ -81,7 +81,12 @@ pub struct InProcess<'a> {
 
 impl<'a> InProcess<'a> {
     pub fn new(backend: &'a dyn Backend) -> Self {
-        let caps = Caps::in_tree(backend.arch().name(), backend.has_small_seq(), 1);
+        let caps = Caps::in_tree(
+            backend.arch().name(),
+            backend.has_small_seq(),
+            1,
+            backend.computes_dropout(),
+        );
         InProcess { backend, caps }
     }
 

@@ -165,7 +165,13 @@ pub fn serve(
             crate::build_commit().unwrap_or("unknown commit")
         ),
         provenance,
-        caps: Caps::in_tree(be.arch().name(), be.has_small_seq(), devices).to_wire(),
+        caps: Caps::in_tree(
+            be.arch().name(),
+            be.has_small_seq(),
+            devices,
+            be.computes_dropout(),
+        )
+        .to_wire(),
     };
     send(&mut output, &hs)?;
     let base = RunOptions {

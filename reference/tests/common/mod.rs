@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use ndarray::{s, Array3};
-use smallseq_reference::{AttnParams, Dtype, Layout, Mask, Problem, Side, Window};
+use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Problem, Side, Window};
 
 /// splitmix64: tiny, deterministic, good enough for test inputs.
 #[derive(Clone, Debug)]
@@ -62,6 +62,7 @@ pub struct Spec {
     pub scale: f64,
     pub dtype: Dtype,
     pub grads: bool,
+    pub dropout: Dropout,
 }
 
 impl Spec {
@@ -80,6 +81,7 @@ impl Spec {
             scale: 1.0 / (d as f64).sqrt(),
             dtype: Dtype::Bf16,
             grads: true,
+            dropout: Dropout::NONE,
         }
     }
 
@@ -126,6 +128,7 @@ impl Spec {
             scale: rng.pick(&[0.25, 0.5, 1.0, 0.3, 1.7]),
             dtype: rng.pick(&Dtype::ALL),
             grads: true,
+            dropout: Dropout::NONE,
         }
     }
 
@@ -138,6 +141,7 @@ impl Spec {
             mask: self.mask,
             window: self.window,
             scale: self.scale,
+            dropout: self.dropout,
         }
     }
 

@@ -2,6 +2,10 @@
 //! any lengths, GQA/MQA, every mask and window and every dtype. Backward recomputes P from
 //! the LSE in two passes over the keys (D = Σ P·dP first, then dS), and sums dK/dV over a
 //! GQA group deterministically through per-query-head accumulators in the workspace.
+//!
+//! Dropout (`docs/semantics.md` §1.8) as FlashAttention applies it: the row sum `l` takes
+//! every key, P·V only the kept ones, and `1/(1 − p)` multiplies the finished O; backward
+//! masks and rescales dP and dV's P, and D = Σ P·dP stays rowsum(dO ∘ O).
 
 use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
@@ -21,9 +25,11 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
     let slots: Vec<SlotGeom> = (0..a.layout.slots())
         .map(|i| be.slot(a.layout, i))
         .collect();
+    let rescale = p.dropout.rescale() as f32;
     let results: Vec<SlotFwd> = slots
         .par_iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(slot, g)| {
             let mut r = SlotFwd::new(g, heads, dv);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
@@ -56,6 +62,9 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         for (c, sc) in s {
                             let e = (sc - m_new).exp();
                             l += e;
+                            if be.dropout_factor(p, slot, h, i, c) == 0.0 {
+                                continue;
+                            }
                             let v = be.load(dt, &a.v, g.ok + c, hk);
                             acc.iter_mut().zip(&v).for_each(|(x, vv)| *x += e * vv);
                         }
@@ -69,7 +78,12 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                             1.0
                         };
                         for (j, x) in acc.iter().enumerate() {
-                            r.o[base + j] = be.store(dt, off * x / l);
+                            let o = if p.dropout.is_active() {
+                                x / l * rescale
+                            } else {
+                                x / l
+                            };
+                            r.o[base + j] = be.store(dt, off * o);
                         }
                     } else if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
                         r.o[base..base + dv].fill(f32::NAN);
@@ -104,7 +118,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         .collect();
     let results: Vec<SlotBwd> = slots
         .par_iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(slot, g)| {
             let mut r = SlotBwd::new(g, heads, d, dvd);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
@@ -126,13 +141,14 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let k = be.load(dt, &f.k, g.ok + c, hk);
                         let v = be.load(dt, &f.v, g.ok + c, hk);
                         let pr = (dot(&q, &k) * scale - lse).exp();
-                        let dp = dot(&d_o, &v);
-                        keys.push((c, k, pr, dp));
+                        let z = be.dropout_factor(p, slot, h, i, c);
+                        let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
+                        keys.push((c, k, pr, dp, z));
                     }
-                    let delta: f32 = keys.iter().map(|(_, _, pr, dp)| pr * dp).sum();
+                    let delta: f32 = keys.iter().map(|(_, _, pr, dp, _)| pr * dp).sum();
                     r.delta[i * heads + h] = delta;
                     let mut dq = vec![0f32; d];
-                    for (c, k, pr, dp) in keys {
+                    for (c, k, pr, dp, z) in keys {
                         let ds = pr * (dp - delta);
                         dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
                         let at = (c * heads + h) * d;
@@ -144,7 +160,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         r.dv[at..at + dvd]
                             .iter_mut()
                             .zip(&d_o)
-                            .for_each(|(x, o)| *x += pr * o);
+                            .for_each(|(x, o)| *x += pr * z * o);
                     }
                     let at = (i * heads + h) * d;
                     r.dq[at..at + d]

@@ -197,6 +197,25 @@ impl CpuBackend {
     }
 
     /// Index of `lse[t, h]` as the backward reads it (`Tq` rows, `H` heads).
+    /// Dropout's f32 factor of element `(r, c)` of head `h` in slot `slot` (1 without
+    /// dropout): the Philox index as the fallback kernel forms it.
+    fn dropout_factor(&self, p: &AttnParams, slot: usize, h: usize, r: usize, c: usize) -> f32 {
+        let d = &p.dropout;
+        if !d.is_active() {
+            return 1.0;
+        }
+        let (r, c) = if self.has(Mutant::PhiloxIndexSwapped) {
+            (c, r)
+        } else {
+            (r, c)
+        };
+        if d.keep(slot, p.num_heads, h, r, c) {
+            d.rescale() as f32
+        } else {
+            0.0
+        }
+    }
+
     fn lse_index(&self, t: usize, h: usize, tq: usize, heads: usize) -> usize {
         if self.has(Mutant::LsePermuted) {
             // TE's pad_remap_lse: aux[t·H + h] = W[h·Tq + t], a head-major read of the
@@ -341,6 +360,10 @@ impl BackendInfo for CpuBackend {
     }
 
     fn has_small_seq(&self) -> bool {
+        true
+    }
+
+    fn computes_dropout(&self) -> bool {
         true
     }
 

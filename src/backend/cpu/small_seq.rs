@@ -94,8 +94,21 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
     Tile { s, m, l }
 }
 
+/// The small-seq kernels compute no dropout, as TE's do not (the gate sends such calls to the
+/// fallback); a launch forced onto them is refused rather than answered without the mask.
+fn refuse_dropout(p: &smallseq_reference::AttnParams) -> Result<()> {
+    if p.dropout.is_active() {
+        return Err(crate::error::Error::Unsupported(format!(
+            "dropout = {}: the small-seq kernels do not compute dropout (docs/semantics.md §1.8)",
+            p.dropout.p
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
     let p = &a.config.params;
+    refuse_dropout(p)?;
     let (heads, dv) = (p.num_heads, p.head_dim_v);
     let dt = a.config.dtype;
     let b = a.layout.slots();
@@ -172,6 +185,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
 pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
     let f = &a.fwd;
     let p = &f.config.params;
+    refuse_dropout(p)?;
     let (heads, d, dvd) = (p.num_heads, p.head_dim_qk, p.head_dim_v);
     let dt = f.config.dtype;
     let tq = f.layout.q.tokens;

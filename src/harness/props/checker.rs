@@ -122,18 +122,24 @@ impl<'a> Checker<'a> {
             Prop::Eligibility,
             prop_timed(Prop::Eligibility, || self.eligibility(case)),
         )];
-        if let Some(why) = case.config.unsupported_reason() {
-            let o = match self.runner.run_pair(case, &self.opts) {
-                Err(Error::Unsupported(said)) => skip(format!(
+        if let Some(why) = case.config.unsupported_reason(self.runner.caps().dropout) {
+            // A dropout the runner does not declare is not run at all: an implementation that
+            // computes one without saying so would otherwise fail the case for answering.
+            let undeclared_dropout =
+                case.config.params.dropout.is_active() && !self.runner.caps().dropout;
+            let run = (!undeclared_dropout).then(|| self.runner.run_pair(case, &self.opts));
+            let o = match run {
+                None => skip(unsupported(&why)),
+                Some(Err(Error::Unsupported(said))) => skip(format!(
                     "{}; the implementation: {}",
                     unsupported(&why),
                     said.replace(':', " -")
                 )),
-                Err(e) => fail(
+                Some(Err(e)) => fail(
                     Prop::NumericAgreement,
                     format!("expected an unsupported error, got: {e}"),
                 ),
-                Ok(_) => fail(
+                Some(Ok(_)) => fail(
                     Prop::NumericAgreement,
                     format!("{why}, yet the backend ran it"),
                 ),
@@ -257,24 +263,70 @@ mod tests {
     use crate::config::AttnConfig;
     use smallseq_reference::{Dtype, Layout, Mask};
 
+    /// The skips of every property but eligibility and the worker's crash and hang.
+    fn skips(run: &CaseRun) -> Vec<(Prop, String)> {
+        run.outcomes
+            .iter()
+            .filter(|(p, _)| !matches!(p, Prop::Eligibility | Prop::Crash | Prop::Hang))
+            .map(|(p, o)| match o {
+                Outcome::Skip { reason } => (*p, reason.clone()),
+                other => panic!("{p}: {other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn a_case_outside_the_semantics_is_skipped_under_the_feature_it_uses() {
         let mut cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
-        cfg.dropout = 0.1;
+        cfg.bias = crate::config::Bias::Other("post_scale_bias".into());
         let case = bf16_case(cfg, Layout::packed(&[(3, 4)]), 1);
         let be = CpuBackend::default();
         let run = Checker::isolated(&be).check(&case, 0).unwrap();
-        for (p, o) in &run.outcomes {
-            if matches!(p, Prop::Eligibility | Prop::Crash | Prop::Hang) {
-                continue;
-            }
-            match o {
-                Outcome::Skip { reason } => assert!(
-                    reason.starts_with("unsupported dropout: dropout = 0.1"),
-                    "{p}: {reason}"
+        for (p, reason) in skips(&run) {
+            assert!(
+                reason.starts_with("unsupported bias: bias = post_scale_bias"),
+                "{p}: {reason}"
+            );
+        }
+    }
+
+    /// The CPU backend computes dropout, so its dropout cases are judged; a backend that does
+    /// not declare it has them skipped under `unsupported dropout` without a run.
+    #[test]
+    fn dropout_is_judged_where_the_runner_computes_it_and_skipped_elsewhere() {
+        let mut cfg = AttnConfig::new(Dtype::Bf16, 2, 32, Mask::Padding);
+        cfg.params.dropout = smallseq_reference::Dropout {
+            p: 0.5,
+            seed: 42,
+            offset: 7,
+        };
+        let case = bf16_case(cfg, Layout::packed(&[(3, 4), (5, 5)]), 1);
+        let be = CpuBackend::default();
+        let run = Checker::isolated(&be).check(&case, 0).unwrap();
+        let numeric = run
+            .outcomes
+            .iter()
+            .find(|(p, _)| *p == Prop::NumericAgreement)
+            .map(|(_, o)| o.clone());
+        assert_eq!(numeric, Some(Outcome::Pass));
+        assert!(run
+            .outcomes
+            .iter()
+            .all(|(_, o)| !matches!(o, Outcome::Fail(_))));
+        let hooked = super::super::test_backends::HookedCpu::new();
+        // Run anyway, a backend that does not compute dropout refuses it with a typed error.
+        match crate::runner::run_pair(&hooked, &case, &RunOptions::default()) {
+            Err(Error::Unsupported(why)) => assert!(why.contains("dropout = 0.5"), "{why}"),
+            other => panic!("expected unsupported, got {:?}", other.map(|_| ())),
+        }
+        let run = Checker::isolated(&hooked).check(&case, 0).unwrap();
+        for (p, reason) in skips(&run) {
+            assert!(
+                reason.starts_with(
+                    "unsupported dropout: dropout = 0.5: this implementation does not compute"
                 ),
-                other => panic!("{p}: {other:?}"),
-            }
+                "{p}: {reason}"
+            );
         }
     }
 }

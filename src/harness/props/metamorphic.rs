@@ -2,9 +2,11 @@
 //! a kernel that is wrong the same way the reference cannot tell (a slot's rows leaking into
 //! another's, a head mapping off by a group). Reversing the slots and splitting the batch
 //! must leave each slot's rows unchanged; a GQA case must agree with its MHA equivalent; and
-//! scaling V (and dO) by 2 must scale the outputs exactly (`super::scale`).
+//! scaling V (and dO) by 2 must scale the outputs exactly (`super::scale`); dropout at
+//! `p = 0` must be no dropout (`super::dropout`, which also keeps a split's mask).
 
 use super::checker::{CaseContext, Checker};
+use super::dropout::{keep_mask, mask_follows_slots, zero_p_with_seed};
 use super::relation::{bitwise_diff, mask_dont_care, scatter_rows, within_tolerance};
 use super::verdict::{fail, skip, Outcome, Prop};
 use crate::case::{Case, Outputs};
@@ -22,12 +24,21 @@ pub const METAMORPHIC_PER_CASE: usize = 1;
 
 /// The metamorphic relations a case of `slots` slots (with GQA or not) runs under `salt`:
 /// [`METAMORPHIC_PER_CASE`] of the applicable ones, rotating from the one the salt draws.
-fn chosen_relations(slots: usize, gqa: bool, salt: u64) -> Vec<&'static str> {
+/// `dropout`: the case's mask follows its slot order (no "permute"), or it is `p = 0` with a
+/// seed (the "dropout_zero" relation applies).
+fn chosen_relations(
+    slots: usize,
+    gqa: bool,
+    dropout: (bool, bool),
+    salt: u64,
+) -> Vec<&'static str> {
+    let (follows_slots, zero_p) = dropout;
     let relations: Vec<&str> = [
-        (slots >= 2).then_some("permute"),
+        (slots >= 2 && !follows_slots).then_some("permute"),
         (slots >= 2).then_some("split"),
         gqa.then_some("gqa"),
         Some("scale"),
+        zero_p.then_some("dropout_zero"),
     ]
     .into_iter()
     .flatten()
@@ -45,7 +56,8 @@ impl Checker<'_> {
         let b = case.layout.slots();
         let gqa = case.config.params.num_heads != case.config.params.num_kv_heads;
         // The first failure is the verdict; a skip only where every relation run skipped.
-        let run = chosen_relations(b, gqa, cx.salt);
+        let dropout = (mask_follows_slots(case), zero_p_with_seed(case));
+        let run = chosen_relations(b, gqa, dropout, cx.salt);
         let relation_count = run.len();
         let mut skipped = Vec::new();
         for rel in run {
@@ -62,6 +74,7 @@ impl Checker<'_> {
                     self.slot_relation(cx, &parts, what)
                 }
                 "gqa" => self.gqa_relation(cx),
+                "dropout_zero" => self.dropout_zero_relation(cx),
                 _ => self.scale_relation(cx),
             };
             match outcome {
@@ -95,6 +108,9 @@ impl Checker<'_> {
         let actual = declared.as_ref().unwrap_or(cx.actual);
         for order in parts {
             let (sub, rows_q, rows_k) = select_slots(case, order, true);
+            let Some(sub) = keep_mask(case, order, sub) else {
+                return skip(format!("{what}: the dropout mask follows the slot order"));
+            };
             let p = match self.runner.run_pair(&sub, &self.opts) {
                 Ok(p) => p,
                 Err(e) => {
@@ -384,15 +400,24 @@ mod tests {
 
     #[test]
     fn the_rotation_runs_every_relation_over_n_salts() {
-        for (slots, gqa, n) in [(3, true, 4), (2, false, 3), (1, true, 2), (1, false, 1)] {
+        let none = (false, false);
+        for (slots, gqa, dropout, n) in [
+            (3, true, none, 4),
+            (2, false, none, 3),
+            (1, true, none, 2),
+            (1, false, none, 1),
+            // A mask that follows the slots: no reversal; p = 0 with a seed: one more.
+            (3, true, (true, false), 3),
+            (2, false, (false, true), 4),
+        ] {
             let mut seen: Vec<&str> = (0..n as u64)
-                .flat_map(|salt| chosen_relations(slots, gqa, salt))
+                .flat_map(|salt| chosen_relations(slots, gqa, dropout, salt))
                 .collect();
             seen.sort_unstable();
             seen.dedup();
             assert_eq!(seen.len(), n, "{slots} slots, gqa {gqa}: {seen:?}");
             assert_eq!(
-                chosen_relations(slots, gqa, 7).len(),
+                chosen_relations(slots, gqa, dropout, 7).len(),
                 METAMORPHIC_PER_CASE.min(n)
             );
         }

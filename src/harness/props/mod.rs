@@ -13,7 +13,7 @@
 //! | `dont_care` | `dont_care.rs` |
 //! | `determinism` | `determinism.rs` |
 //! | `fallback_equivalence` | `fallback.rs` |
-//! | `metamorphic` (slot order, batch split, GQA; the scale relation in `scale.rs`) | `metamorphic.rs` |
+//! | `metamorphic` (slot order, batch split, GQA; the scale relation in `scale.rs`, dropout's in `dropout.rs`) | `metamorphic.rs` |
 //! | `crash`, `hang` | `fault.rs` |
 //!
 //! Shared: `verdict.rs` (what a property returns and a case's run records), `yardstick.rs`
@@ -28,6 +28,7 @@ mod checker;
 pub mod conformance;
 mod determinism;
 mod dont_care;
+mod dropout;
 mod eligibility;
 mod fallback;
 mod fault;
