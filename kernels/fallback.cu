@@ -763,21 +763,20 @@ PT_INLINE void ftb_scale_acc(float (*acc)[8][4], float by) {
 
 // dS of a warp's 16 x BN tile (accumulator layout) brought into E's range before it is packed
 // as a 16-bit operand, as the small-seq kernels do it (ss_ds_scale, reference/src/ds_scale.rs):
-// each 16 x 16 block kk whose largest finite |dS| is past E's largest finite value is
-// multiplied by the least power of two that brings it under, and inv[kk] undoes it on the f32
-// products (ftb_rows_mma). The tiles of both kernels start at multiples of 16 rows and keys of
-// the slot, so the blocks are the emulation's. One max over the tile first: a tile in range
-// computes exactly what the unscaled design did.
+// false, and nothing done, when no |dS| of the tile lies past E's range (one vote: the tile
+// computes exactly what the unscaled design did); else each 16 x 16 block kk whose largest
+// finite |dS| is past E's largest finite value is multiplied by the least power of two that
+// brings it under, inv[kk] undoes it on the f32 products (ftb_rows_mma), and true. The tiles of
+// both kernels start at multiples of 16 rows and keys of the slot, so the blocks are the
+// emulation's.
 template <class E, int BN>
-PT_INLINE void ftb_ds_scale(float (*x)[4], float (&inv)[BN / 16]) {
-  float m = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) inv[kk] = 1.f;
+PT_INLINE bool ftb_ds_scale(float (*x)[4], float (&inv)[BN / 16]) {
+  bool past = false;
 #pragma unroll
   for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) m = pt_fmax(m, pt_finite_abs(x[nt][e]));
-  if (pt_lwarp_max(m) <= E::MAXF) return;  // warp-uniform
+    for (int e = 0; e < 4; ++e) past |= pt_past_range<E>(x[nt][e]);
+  if (!pt_lwarp_any(past)) return false;  // warp-uniform
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     float mb = 0.f;
@@ -786,30 +785,30 @@ PT_INLINE void ftb_ds_scale(float (*x)[4], float (&inv)[BN / 16]) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) mb = pt_fmax(mb, pt_finite_abs(x[nt][e]));
     const float sc = pt_range_scale<E>(pt_lwarp_max(mb));
-    if (sc != 1.f) {
+    inv[kk] = 1.f / sc;
 #pragma unroll
-      for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt)
+    for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x[nt][e] *= sc;
-      inv[kk] = 1.f / sc;
-    }
+      for (int e = 0; e < 4; ++e) x[nt][e] *= sc;
   }
+  return true;
 }
 
 // acc[c][j] += A · y over BN rows of y (shared memory, FtbShape's layout), A given as packed fragments of
 // a 16 x BN matrix (pa[kk]: columns kk*16..kk*16+15); output dims permuted as in the forward's
 // P·V (n-tile j, column 2t+e of chunk c is dim c*64 + (2t+e)*8 + j).
-// inv (or null): each 16 x 16 block's inverse range scale (ftb_ds_scale); the accumulator joins
-// a scaled block's scale for its products and leaves it after, both exact (powers of two).
-template <class E, int D, int BN>
+// SCALED: inv holds each 16 x 16 block's inverse range scale (ftb_ds_scale); the accumulator
+// joins a scaled block's scale for its products and leaves it after, both exact (powers of
+// two). A separate instantiation, so the unscaled path is the code it always was.
+template <class E, int D, int BN, bool SCALED = false>
 PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typename E::T* y,
                             const float* inv = nullptr) {
   typedef FtbShape<D> S;
   const int l = pt_llane(), g = l >> 2, t = l & 3;
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
-    const float bi = inv ? inv[kk] : 1.f;
-    if (bi != 1.f) ftb_scale_acc<D>(acc, 1.f / bi);
+    const float bi = SCALED ? inv[kk] : 1.f;
+    if (SCALED && bi != 1.f) ftb_scale_acc<D>(acc, 1.f / bi);
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
       const int r = kk * 16 + 2 * t, ck = c * 8 + g;
@@ -820,7 +819,7 @@ PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typ
         pt_mma<E>(acc[c][j], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], pt_bsel(v0, v1, j),
                   pt_bsel(v8, v9, j));
     }
-    if (bi != 1.f) ftb_scale_acc<D>(acc, bi);
+    if (SCALED && bi != 1.f) ftb_scale_acc<D>(acc, bi);
   }
 }
 
@@ -947,9 +946,12 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       if (pass == 1) {
         pt_u32 pa[S::BN / 16][4];
         float inv[S::BN / 16];
-        ftb_ds_scale<E, S::BN>(s, inv);
+        const bool scaled = ftb_ds_scale<E, S::BN>(s, inv);
         ftb_pack<E, S::BN>(pa, s, FtbSat<E>());
-        ftb_rows_mma<E, D, S::BN>(acc, pa, ks, inv);
+        if (scaled)
+          ftb_rows_mma<E, D, S::BN, true>(acc, pa, ks, inv);
+        else
+          ftb_rows_mma<E, D, S::BN>(acc, pa, ks);
       }
     }
     if (pass == 0) {
@@ -1072,9 +1074,12 @@ PT_INLINE void ftb_bwd_kv_part(const FtItem& it, const typename E::T* q, const t
       }
       if constexpr ((PART & FTB_DK) != 0) {
         float inv[S::BN / 16];
-        ftb_ds_scale<E, S::BN>(dp, inv);
+        const bool scaled = ftb_ds_scale<E, S::BN>(dp, inv);
         ftb_pack<E, S::BN>(pa, dp, FtbSat<E>());
-        ftb_rows_mma<E, D, S::BN>(ak, pa, qs, inv);
+        if (scaled)
+          ftb_rows_mma<E, D, S::BN, true>(ak, pa, qs, inv);
+        else
+          ftb_rows_mma<E, D, S::BN>(ak, pa, qs);
       }
     }
   }

@@ -158,6 +158,15 @@ PT_INLINE float pt_lwarp_max(float v) {
   for (int m = PT_LWARP_THREADS / 2; m > 0; m >>= 1) v = pt_fmax(v, pt_shfl_xor(v, m));
   return v;
 }
+// Whether p holds on any lane of this thread's logical warp: one vote on CUDA; on HIP the
+// logical warp's shuffles (a wavefront-wide ballot would mix in the other logical warp).
+PT_INLINE bool pt_lwarp_any(bool p) {
+#ifdef PT_HIP
+  return pt_lwarp_max(p ? 1.f : 0.f) > 0.f;
+#else
+  return __any_sync(0xffffffffu, p) != 0;
+#endif
+}
 // Reductions over the 4 lanes of a quad (the lanes sharing a fragment row).
 PT_INLINE float pt_quad_max(float x) {
   x = pt_fmax(x, pt_shfl_xor(x, 1));
@@ -248,6 +257,11 @@ PT_INLINE float pt_range_scale(float m) {
 PT_INLINE float pt_finite_abs(float x) {
   const float a = x < 0.f ? -x : x;
   return a < pt_inf() ? a : 0.f;
+}
+// Whether x lies past E's range (+-inf included; NaN not: saturation keeps it).
+template <class E>
+PT_INLINE bool pt_past_range(float x) {
+  return (x < 0.f ? -x : x) > E::MAXF;
 }
 
 struct F32 {

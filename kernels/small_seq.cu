@@ -175,55 +175,42 @@ PT_INLINE bool ss_in_row_max(int nt) {
 }
 
 // dS of an item brought into E's range before it is rounded to E as a matrix operand
-// (reference/src/ds_scale.rs, issue 33): each 16 x 16 block (row tile mt, keys 16kt..16kt+15,
-// that is nt = 2kt and 2kt + 1) whose largest finite |dS| lies past E's largest finite value is
-// multiplied by the least power of two that brings it under, and inv[mt][kt] (its inverse)
-// scales the block's f32 products back, exactly. One max over the item first, so an item in
-// range (nearly all of them) computes exactly what the unscaled design did. Saturated after
-// that, for an infinite dS: one key's +inf with another's -inf made the row's dQ NaN (fuzz seed
-// 2027, case 1923). Saturated alone, an f16 dS of 91,248 lost the cancellation of dQ = dS·K
-// and stored +inf for -0.045 (H200 seed 2102, case 37242). Planted bug (issue 18): for f16
-// neither, so a |dS| past 65,504 rounds to +-inf.
+// (reference/src/ds_scale.rs, issue 33), once the item's vote says some dS lies past it (the
+// rare path; an item in range computes exactly what the unscaled design did): each 16 x 16
+// block (row tile mt, keys 16kt..16kt+15, that is nt = 2kt and 2kt + 1) whose largest finite
+// |dS| lies past E's largest finite value is multiplied by the least power of two that brings
+// it under, and inv[mt][kt] (its inverse) scales the block's f32 products back, exactly. Then
+// saturated, for an infinite dS: one key's +inf with another's -inf made the row's dQ NaN
+// (fuzz seed 2027, case 1923). Saturated alone, an f16 dS of 91,248 lost the cancellation of
+// dQ = dS·K and stored +inf for -0.045 (H200 seed 2102, case 37242).
 template <class E>
 PT_INLINE void ss_ds_scale(float (&ds)[2][3][4], float (&inv)[2][2]) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) inv[mt][0] = inv[mt][1] = 1.f;
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      float mb = 0.f;
+#pragma unroll
+      for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mb = pt_fmax(mb, pt_finite_abs(ds[mt][nt][e]));
+      const float sc = pt_range_scale<E>(pt_lwarp_max(mb));
+      inv[mt][kt] = 1.f / sc;
+#pragma unroll
+      for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[mt][nt][e] = pt_sat<E>(ds[mt][nt][e] * sc);
+    }
+}
+
+// Whether dS past E's range must go through ss_ds_scale: a |dS| past 65,504 or +-inf. Planted
+// bug (issue 18): for f16 never, so such a dS rounds to +-inf.
+template <class E>
+PT_INLINE bool ss_ds_past_range(float ds) {
 #ifdef SMALLSEQ_MUTANT_F16_DS_UNCLAMPED
-  if (E::KIND == 1) return;
+  if (E::KIND == 1) return false;
 #endif
-  float m = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) m = pt_fmax(m, pt_finite_abs(ds[mt][nt][e]));
-  if (pt_lwarp_max(m) > E::MAXF) {  // warp-uniform
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int kt = 0; kt < 2; ++kt) {
-        float mb = 0.f;
-#pragma unroll
-        for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mb = pt_fmax(mb, pt_finite_abs(ds[mt][nt][e]));
-        const float sc = pt_range_scale<E>(pt_lwarp_max(mb));
-        if (sc != 1.f) {
-#pragma unroll
-          for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) ds[mt][nt][e] *= sc;
-          inv[mt][kt] = 1.f / sc;
-        }
-      }
-  }
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[mt][nt][e] = pt_sat<E>(ds[mt][nt][e]);
+  return pt_past_range<E>(ds);
 }
 
 // An output value about to be stored: unchanged (the store rounds it to nearest-even), or
@@ -350,7 +337,9 @@ PT_INLINE void ss_afrag(pt_u32 (&a)[2][2][4], const float (&p)[2][3][4]) {
 // output rows < nout. The output tiles run one after the other: tile 1 holds only row 16 of a
 // 17-token side, and holding both accumulators at once cost 32 registers per lane (occupancy)
 // for that one row; tile 1 re-reads Y from cache instead.
-template <class E, class O, int D>
+// SCALED: f holds dS blocks scaled into E's range, inv[ot][rt] their inverse scales
+// (ss_ds_scale); a separate instantiation, so the unscaled path is the code it always was.
+template <class E, class O, int D, bool SCALED = false>
 PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long long rs, int ny,
                      int nout, typename O::T* out, float mul, const float (&inv)[2][2]) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
@@ -375,8 +364,8 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
         pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
         // A block scaled into E's range (ss_ds_scale): the accumulator joins its scale for
         // the block's products and leaves it after; powers of two, so both steps are exact.
-        const float bi = inv[ot][rt];
-        if (bi != 1.f) {
+        const float bi = SCALED ? inv[ot][rt] : 1.f;
+        if (SCALED && bi != 1.f) {
 #pragma unroll
           for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -386,7 +375,7 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
         for (int j = 0; j < 8; ++j)
           pt_mma<E>(acc[j], f[ot][rt][0], f[ot][rt][1], f[ot][rt][2], f[ot][rt][3],
                     pt_bsel(v0, v1, j), pt_bsel(v8, v9, j));
-        if (bi != 1.f) {
+        if (SCALED && bi != 1.f) {
 #pragma unroll
           for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -416,8 +405,9 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
 }
 
 // out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments.
-// inv[mt][kk]: the blocks' inverse scales as ss_ds_scale gives them (A's layout).
-template <class E, class O, int D>
+// inv[mt][kk]: the blocks' inverse scales as ss_ds_scale gives them (A's layout), read where
+// SCALED (ss_fy).
+template <class E, class O, int D, bool SCALED = false>
 PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
                       int nkeys, typename O::T* out, float mul, const float (&inv)[2][2]) {
   pt_u32 at[2][2][4];
@@ -431,7 +421,7 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
       at[kk][mt][2] = pt_trans8(a[mt][kk][1]);
       at[kk][mt][3] = pt_trans8(a[mt][kk][3]);
     }
-  ss_fy<E, O, D>(at, y, rs, ny, nkeys, out, mul, invt);
+  ss_fy<E, O, D, SCALED>(at, y, rs, ny, nkeys, out, mul, invt);
 }
 
 
@@ -541,7 +531,7 @@ PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, lon
 // is what the tiled path's 16-row products give when 15 rows are zero (the leading 0 + keeps a
 // zero's sign as theirs: +0); dQ = Σ_j dS_j·K_j·scale adds the exact products in f32 in key
 // order, as ss_pv_one does.
-template <class E, class O, int D>
+template <class E, class O, int D, bool SCALED = false>
 PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
                           const float (&inv)[2], const typename E::T* qrow, const typename E::T* dorow,
                           const typename E::T* kr, long long rs, int lk, typename O::T* dq,
@@ -556,7 +546,8 @@ PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
   ss_each_key_row<D>((const pt_u16*)kr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
     // dS as its block's operand is worth (ss_ds_scale): the 16-bit value times a power of
     // two, exact in f32, and so is its product with a 16-bit K or Q value.
-    const float p = ss_row0_key<E>(s, j), g = ss_row0_key<E>(ds, j) * inv[j / 16];
+    const float p = ss_row0_key<E>(s, j);
+    const float g = SCALED ? ss_row0_key<E>(ds, j) * inv[j / 16] : ss_row0_key<E>(ds, j);
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
       acc[i] += pt_mul_rn(g, ss_word_val<E>(w, i));
@@ -685,6 +676,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   ss_xyt<E, D>(dp, d_o + hq, v + hkr, rs, it.lq, it.lk);
   const bool one = (SS_ONE_QUERY & 2) && D <= 128 && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
+  bool past = false;  // a dS of this lane past E's range (ss_ds_past_range)
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -711,20 +703,32 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
         for (int e = 0; e < 2; ++e) {
           if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, nt)) continue;
           float p = s[mt][nt][hh * 2 + e];
-          dp[mt][nt][hh * 2 + e] = p * (dp[mt][nt][hh * 2 + e] - dsum);
+          const float ds = p * (dp[mt][nt][hh * 2 + e] - dsum);
+          past |= ss_ds_past_range<E>(ds);
+          dp[mt][nt][hh * 2 + e] = ds;
         }
     }
-  float inv[2][2];
-  ss_ds_scale<E>(dp, inv);
+  float inv[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
+  const bool scaled = pt_lwarp_any(past);  // warp-uniform
+  if (scaled) ss_ds_scale<E>(dp, inv);
   if (one) {
-    ss_bwd_one<E, O, D>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk,
-                        dv + hk, scale);
+    if (scaled)
+      ss_bwd_one<E, O, D, true>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq,
+                                dk + hk, dv + hk, scale);
+    else
+      ss_bwd_one<E, O, D>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk,
+                          dv + hk, scale);
   } else {
     pt_u32 pa[2][2][4], da[2][2][4];
     ss_afrag<E>(pa, s);
     ss_afrag<E>(da, dp);
-    ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
-    ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
+    if (scaled) {
+      ss_fy<E, O, D, true>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
+      ss_aty<E, O, D, true>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
+    } else {
+      ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
+      ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
+    }
     const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
     ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f, unscaled);
   }
