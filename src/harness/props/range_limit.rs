@@ -5,20 +5,17 @@
 //! implementation. Re-judged with those elements set to the reference, the outputs pass; the
 //! failure is then kept, characterised (which tensor, how many elements, which intermediate
 //! overflows, from what input magnitude), and counted apart: the campaign's exit status counts
-//! defects, and `--fail-on-range-limit` makes range limits fail too.
+//! defects, and `--fail-on-range-limit` makes range limits fail too. The relations compare
+//! runs with these elements excused the same way (`relation::relation_verdict`).
 
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
+use crate::harness::tolerance::same_stored;
 use ndarray::{Array3, Zip};
 
 /// Whether `x` lies past the range of a dtype whose largest finite value is `max`.
 fn past_range(x: f64, max: f64) -> bool {
     !x.is_finite() || x.abs() >= max
-}
-
-/// The same stored value: equal bits, or both NaN.
-fn same_value(x: f64, e: f64) -> bool {
-    x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan())
 }
 
 /// Elements of one output past the range where the reference is finite and inside it and the
@@ -34,7 +31,7 @@ fn excuse(
         .and(reference)
         .and(emulated)
         .for_each(|a, &r, &e| {
-            if past_range(*a, max) && r.is_finite() && r.abs() < max && same_value(*a, e) {
+            if past_range(*a, max) && r.is_finite() && r.abs() < max && same_stored(*a, e) {
                 *a = r;
                 n += 1;
             }
@@ -42,11 +39,24 @@ fn excuse(
     n
 }
 
+/// One run's range limit: its outputs with the elements the design's range takes set to the
+/// reference, and what overflows from what inputs.
+pub(super) struct RangeLimit {
+    pub excused: Outputs,
+    pub what: String,
+}
+
 /// The characterisation of a range limit, when every failing tensor of `actual` is one: the
 /// outputs, with the shared out-of-range elements set to the reference, pass the same judge.
 /// None for any other failure (a value the emulation does not share is a defect, whatever its
 /// size).
 pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<String> {
+    excused(case, actual, y).map(|l| l.what)
+}
+
+/// [`range_limit`] with the excused outputs, which the relations compare in place of the run's
+/// own (`relation::relation_verdict`).
+pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<RangeLimit> {
     let max = f64::from(case.config.dtype.max_finite());
     let mut excused = actual.clone();
     let mut counts = Vec::new();
@@ -80,7 +90,7 @@ pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Strin
     } else {
         format!("a {} intermediate or store passes {max}", case.config.dtype)
     };
-    Some(format!(
+    let what = format!(
         "range limit of a 16-bit design, not a defect: {} past the {} range where the f64 \
          reference is finite, and smallseq's emulation of a design that rounds P and dS to {} \
          holds the same values ({intermediate}); inputs up to {}",
@@ -88,5 +98,6 @@ pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Strin
         case.config.dtype,
         case.config.dtype,
         inputs.join(", ")
-    ))
+    );
+    Some(RangeLimit { excused, what })
 }
