@@ -168,6 +168,7 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
     let case = read_case(Path::new(cap)).unwrap();
     let detail = f["detail"].as_str().unwrap();
     let mut sig = Signature {
+        implementation: "cpu".into(),
         property: f["property"].as_str().unwrap().into(),
         tensor: smallseq::harness::triage::tensor_of(detail),
         class: smallseq::harness::triage::class_of(&case),

@@ -3,7 +3,7 @@
 //! with its evidence (`harness::triage*`). Opening the recorded backend or worker to replay
 //! and shrink is done here, as `repro` does it.
 
-use super::target::{self, TargetArgs};
+use super::target::{self, Target, TargetArgs};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use smallseq::backend;
@@ -18,7 +18,6 @@ use smallseq::harness::triage::{self, Group};
 use smallseq::harness::triage_report::{Triage, Triaged};
 use smallseq::harness::triage_script;
 use smallseq::harness::triage_verdict::{judge, Finding, Replay, Verdict};
-use smallseq::runner::InProcess;
 use smallseq::wrapper::RunOptions;
 use smallseq::Case;
 use std::path::{Path, PathBuf};
@@ -70,6 +69,7 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             .expect("a fixed template"),
     );
     let mut triaged = Vec::new();
+    let mut backends = Backends::default();
     for (i, g) in groups.iter().enumerate() {
         bar.set_message(format!("{} {}", g.signature.property, g.signature.tensor));
         if !bar.is_hidden() {
@@ -84,7 +84,7 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
                 g.items.len()
             );
         }
-        triaged.push(one_group(args, &work, i + 1, g, &stop));
+        triaged.push(one_group(args, &mut backends, (&work, i + 1), g, &stop));
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -101,12 +101,13 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     };
     for (i, g) in t.groups.iter().enumerate() {
         println!(
-            "{}. {} x {} {} [{}]: {}",
+            "{}. {} x {} {} [{}] on {}: {}",
             i + 1,
             g.count,
             g.signature.property,
             g.signature.tensor,
             g.signature.class,
+            g.signature.implementation,
             g.finding.verdict.label()
         );
     }
@@ -117,7 +118,13 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
 }
 
 /// The triage of one group, whatever goes wrong on the way (each failure becomes evidence).
-fn one_group(args: &TriageArgs, work: &Path, n: usize, g: &Group, stop: &AtomicBool) -> Triaged {
+fn one_group(
+    args: &TriageArgs,
+    backends: &mut Backends,
+    (work, n): (&Path, usize),
+    g: &Group,
+    stop: &AtomicBool,
+) -> Triaged {
     let cases = g
         .items
         .iter()
@@ -165,7 +172,7 @@ fn one_group(args: &TriageArgs, work: &Path, n: usize, g: &Group, stop: &AtomicB
     } else {
         recorded_detail(&case, &g.signature.property).unwrap_or_else(|| item.entry.detail.clone())
     };
-    with_replay(args, &case.clone(), &repro_backend, |replay, why| {
+    backends.with_replay(args, &case.clone(), &repro_backend, |replay, why| {
         let mut salt_replay = replay;
         let prop = Prop::ALL
             .into_iter()
@@ -212,46 +219,92 @@ fn recorded_detail(case: &Case, prop: &str) -> Option<String> {
     f.get("detail")?.as_str().map(str::to_string)
 }
 
-/// Calls `f` with a replay of `case` on its recorded backend or worker, or with none and why.
-fn with_replay(args: &TriageArgs, case: &Case, name: &str, f: impl FnOnce(Option<Replay>, &str)) {
-    if args.no_replay {
-        return f(None, "--no-replay");
-    }
-    let recorded = match Recorded::of(case, "the representative") {
-        Ok(r) => r,
-        Err(e) => return f(None, &format!("its replay record is unreadable: {e}")),
-    };
-    let profile = recorded.profile.unwrap_or(Profile::Native);
-    let (env, salt) = match &recorded.replay {
-        Some(r) => {
-            if r.kernel_defines.is_empty() {
-                std::env::remove_var(KERNEL_DEFINES_ENV);
-            } else {
-                std::env::set_var(KERNEL_DEFINES_ENV, r.kernel_defines.join(" "));
-            }
-            (EnvView::from_pairs(r.env.clone()), r.salt)
+/// The backends and workers representatives replay on, opened once each: a worker that
+/// imports a framework takes seconds to start, and a campaign has many groups.
+#[derive(Default)]
+struct Backends {
+    open: std::collections::HashMap<String, Result<Target, String>>,
+}
+
+impl Backends {
+    /// Calls `f` with a replay of `case` on its recorded backend or worker, or with none and
+    /// why.
+    fn with_replay(
+        &mut self,
+        args: &TriageArgs,
+        case: &Case,
+        name: &str,
+        f: impl FnOnce(Option<Replay>, &str),
+    ) {
+        if args.no_replay {
+            return f(None, "--no-replay");
         }
-        None => (EnvView::from_pairs(Vec::new()), 0),
-    };
-    let opts = RunOptions {
-        profile,
-        env,
-        ..RunOptions::default()
-    };
-    let planted: Vec<&str> = recorded.planted.iter().map(|m| m.name()).collect();
-    let through = if planted.is_empty() {
-        format!("the {name} backend")
-    } else {
-        format!("the {name} backend with {} planted", planted.join(","))
-    };
-    if name == "exec" || target::is_gpu(name) {
+        let recorded = match Recorded::of(case, "the representative") {
+            Ok(r) => r,
+            Err(e) => return f(None, &format!("its replay record is unreadable: {e}")),
+        };
+        let profile = recorded.profile.unwrap_or(Profile::Native);
+        let (env, salt, defines) = match &recorded.replay {
+            Some(r) => (
+                EnvView::from_pairs(r.env.clone()),
+                r.salt,
+                r.kernel_defines.join(" "),
+            ),
+            None => (EnvView::from_pairs(Vec::new()), 0, String::new()),
+        };
+        let planted: Vec<&str> = recorded.planted.iter().map(|m| m.name()).collect();
         let worker = (name == "exec")
             .then(|| super::repro::recorded_worker(case))
             .flatten();
-        let through = match &worker {
-            Some(w) => format!("the worker '{w}'"),
-            None => through,
+        let through = match (&worker, planted.is_empty()) {
+            (Some(w), _) => format!("the worker '{w}'"),
+            (None, true) => format!("the {name} backend"),
+            (None, false) => format!("the {name} backend with {} planted", planted.join(",")),
         };
+        let key = format!(
+            "{name}\n{}\n{}\n{}\n{defines}",
+            worker.as_deref().unwrap_or(""),
+            profile.name(),
+            planted.join(",")
+        );
+        let opened = self.open.entry(key).or_insert_with(|| {
+            // The CUDA backend reads its defines when it opens, and workers inherit them.
+            if defines.is_empty() {
+                std::env::remove_var(KERNEL_DEFINES_ENV);
+            } else {
+                std::env::set_var(KERNEL_DEFINES_ENV, &defines);
+            }
+            open_target(name, worker, profile, &recorded.planted)
+        });
+        let t = match opened {
+            Ok(t) => t,
+            Err(e) => return f(None, &format!("{through} cannot be opened here: {e}")),
+        };
+        let opts = RunOptions {
+            profile,
+            env,
+            ..RunOptions::default()
+        };
+        let checker = Checker::new(t.runner(), opts);
+        f(
+            Some(Replay {
+                checker: &checker,
+                salt,
+                through,
+            }),
+            "",
+        )
+    }
+}
+
+/// The backend `name` (planted bugs in this process), or a worker for `exec` and the GPUs.
+fn open_target(
+    name: &str,
+    worker: Option<String>,
+    profile: Profile,
+    planted: &[smallseq::mutants::Mutant],
+) -> Result<Target, String> {
+    if name == "exec" || target::is_gpu(name) {
         let targs = TargetArgs {
             backend: name.to_string(),
             worker,
@@ -260,29 +313,9 @@ fn with_replay(args: &TriageArgs, case: &Case, name: &str, f: impl FnOnce(Option
             case_timeout: None,
             start_timeout: Duration::from_secs(600),
         };
-        let t = match target::open_with_env(&targs, profile, Some(1), Vec::new()) {
-            Ok((t, _)) => t,
-            Err(e) => return f(None, &format!("{through} cannot be opened here: {e}")),
-        };
-        let checker = Checker::new(t.runner(), opts);
-        let replay = Replay {
-            checker: &checker,
-            salt,
-            through,
-        };
-        return f(Some(replay), "");
+        return target::open_with_env(&targs, profile, Some(1), Vec::new()).map(|(t, _)| t);
     }
-    let be = match backend::open_planted(name, &recorded.planted) {
-        Ok(b) => b,
-        Err(e) => return f(None, &format!("{through} cannot be opened here: {e}")),
-    };
-    let checker = Checker::new(Box::new(InProcess::new(be.as_ref())), opts);
-    f(
-        Some(Replay {
-            checker: &checker,
-            salt,
-            through,
-        }),
-        "",
-    )
+    backend::open_planted(name, planted)
+        .map(Target::InProcess)
+        .map_err(|e| e.to_string())
 }

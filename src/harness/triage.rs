@@ -38,6 +38,9 @@ const TENSORS: [&str; 5] = ["o", "lse", "dq", "dk", "dv"];
 /// What makes failures the same finding.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Signature {
+    /// What ran: the worker command of an outside implementation, else the backend. One
+    /// implementation's verdict says nothing of another's.
+    pub implementation: String,
     pub property: String,
     /// The first output tensor the detail names, or `-`.
     pub tensor: String,
@@ -126,8 +129,9 @@ pub fn pattern(detail: &str) -> String {
 /// Whether `s` ends inside a word, so a digit there is part of a name (`sm_90`, `f16`).
 fn ends_word(s: &str) -> bool {
     s.chars()
-        .last()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        .rev()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .any(|c| c.is_ascii_alphabetic() || c == '_')
 }
 
 /// `[#, #, #]` as `[#]`.
@@ -211,6 +215,7 @@ pub fn load(dirs: &[PathBuf]) -> Result<Vec<Item>, TriageError> {
                 .and_then(|c| read_case(c).ok())
                 .map_or_else(|| "-".to_string(), |c| class_of(&c));
             let signature = Signature {
+                implementation: rep.worker.clone().unwrap_or_else(|| rep.backend.clone()),
                 property: entry.property.clone(),
                 tensor: tensor_of(&entry.detail),
                 class,

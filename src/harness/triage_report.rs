@@ -73,7 +73,9 @@ impl Triage {
                 g.count
             );
             s += &format!(
-                "- signature: property `{}`, tensor `{}`, class `{}`{}, pattern `{}`\n",
+                "- signature: implementation `{}`, property `{}`, tensor `{}`, class `{}`{}, \
+                 pattern `{}`\n",
+                sig.implementation,
                 sig.property,
                 sig.tensor,
                 sig.class,
