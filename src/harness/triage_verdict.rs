@@ -281,3 +281,34 @@ pub fn judge(
     let c = clause(&sig.property, &sig.tensor, detail, case);
     finding(Verdict::Defect, Some(c), ev)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AttnConfig;
+    use ndarray::Array3;
+    use smallseq_reference::{Dtype, Layout, Mask};
+
+    #[test]
+    fn each_property_and_tensor_names_its_clause() {
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 8, Mask::CausalBottomRight);
+        let t = || Array3::zeros((2, 1, 8));
+        let case = Case::new(cfg, Layout::packed(&[(2, 2)]), t(), t(), t(), None).unwrap();
+        let c = |p: &str, t: &str, d: &str| clause(p, t, d, &case);
+        assert_eq!(
+            c("numeric_agreement", "o", ""),
+            "docs/semantics.md §1.2 Forward, under the mask causal_bottom_right of §1.5"
+        );
+        assert!(c("numeric_agreement", "lse", "").contains("§1.4 The LSE convention"));
+        assert!(c("numeric_agreement", "dk", "").contains("§1.7 Backward"));
+        assert!(c("fallback_equivalence", "dq", "").contains("§3.3 Both profiles"));
+        assert_eq!(
+            c("dont_care", "o", ""),
+            "docs/semantics.md §1.6 Don't-care tokens"
+        );
+        assert!(c("metamorphic", "o", "splitting the batch").contains("§1.1"));
+        assert!(c("metamorphic", "dk", "GQA vs MHA").contains("group of query heads"));
+        assert!(c("eligibility", "-", "").contains("§3.1 Profile native"));
+        assert!(c("hang", "-", "").starts_with("docs/worker-protocol.md"));
+    }
+}
