@@ -127,6 +127,15 @@ fn a_campaign_without_failures_triages_to_nothing_and_exits_0() {
     campaign(&dir, &["--cases", "3"]);
     let report = read_json(&dir.join("report.json"));
     assert!(report["failures"].as_array().unwrap().is_empty());
+    // A report writes an infinite margin as null (a TE #625 model campaign's lse of inf):
+    // triage reads the failures, not the margins.
+    let mut nulls = report.clone();
+    for (_, p) in nulls["margins"].as_object_mut().unwrap().iter_mut() {
+        for (_, v) in p.as_object_mut().unwrap().iter_mut() {
+            *v = serde_json::Value::Null;
+        }
+    }
+    std::fs::write(dir.join("report.json"), nulls.to_string()).unwrap();
     let out = tmp("clean-out");
     let o = run(bin().arg("triage").arg(&dir).arg("--out").arg(&out));
     assert_eq!(o.status.code(), Some(0));

@@ -4,10 +4,10 @@
 //! reads the campaigns and groups; `triage_verdict` judges a group, `triage_script` writes its
 //! script, and the CLI opens the backends that replay and shrink.
 
-use super::campaign::{FailureEntry, Report};
+use super::campaign::FailureEntry;
 use crate::case::Case;
 use crate::case_file::read_case;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -179,6 +179,20 @@ pub fn class_of(case: &Case) -> String {
     )
 }
 
+/// What triage reads of a `report.json`: not the whole [`super::campaign::Report`], whose
+/// margins a report writes as null where they are infinite and which does not read them back.
+#[derive(Deserialize)]
+struct Listed {
+    backend: String,
+    #[serde(default)]
+    profile: String,
+    #[serde(default)]
+    worker: Option<String>,
+    failures: Vec<FailureEntry>,
+    #[serde(default)]
+    range_limits: Vec<FailureEntry>,
+}
+
 /// Finds `recorded` on disk: as recorded (a campaign run from another directory recorded it
 /// relative to that one), else by its file name in `dir/capsules`.
 fn locate(dir: &Path, recorded: &str) -> Option<PathBuf> {
@@ -203,7 +217,7 @@ pub fn load(dirs: &[PathBuf]) -> Result<Vec<Item>, TriageError> {
             path: path.clone(),
             source,
         })?;
-        let rep: Report =
+        let rep: Listed =
             serde_json::from_str(&text).map_err(|source| TriageError::Parse { path, source })?;
         let listed = (rep.failures.iter().map(|f| (f, false)))
             .chain(rep.range_limits.iter().map(|f| (f, true)));
