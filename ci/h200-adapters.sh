@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the external adapters' campaigns side by side on one GPU host, with the
 # long CUDA campaign started in its own session beside them (collected by a later call with
-# `ci/h200-adapters.sh BIN OUT collect`).
+# `ci/h200-adapters.sh BIN OUT collect`). Ends with `smallseq triage` over the adapter
+# campaigns that wrote a report: OUT_DIR/triage/triage.md, triage.json and the scripts.
 #   ci/h200-adapters.sh BIN OUT_DIR [ADAPTER_TIME] [CUDA_TIME]
 set -u
 bin=$1 out=$2

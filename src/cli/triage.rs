@@ -42,8 +42,8 @@ pub struct TriageArgs {
     /// Judge from the capsules alone: do not rerun representatives on their backend or worker.
     #[arg(long)]
     pub no_replay: bool,
-    /// The folder holding adapters/standalone.py (default: SMALLSEQ_ADAPTERS, else the source
-    /// tree this binary was built from, else ./adapters).
+    /// The adapters folder, which holds standalone.py (default: SMALLSEQ_ADAPTERS, else the
+    /// source tree's adapters/ this binary was built from, else ./adapters).
     #[arg(long)]
     pub adapters: Option<PathBuf>,
 }

@@ -43,10 +43,9 @@ pub(super) fn relation_verdict(
         return Outcome::Fail(failure);
     }
     let what = match (la, lb) {
-        (Some(l), None) | (None, Some(l)) => l.what,
-        (Some(l), Some(m)) if l.what == m.what => l.what,
-        (Some(l), Some(m)) => format!("{}; the other run: {}", l.what, m.what),
-        (None, None) => unreachable!("returned above"),
+        (Some(l), Some(m)) if l.what != m.what => format!("{}; the other run: {}", l.what, m.what),
+        (Some(l), _) | (None, Some(l)) => l.what,
+        (None, None) => return Outcome::Fail(failure),
     };
     Outcome::Fail(Failure {
         range_limit: Some(what),
