@@ -232,6 +232,47 @@ def main(adapter: kit.Adapter, case: kit.Case, verdict: dict) -> int:
     return 1 if hit else 0
 
 
+def main_recorded(case: kit.Case, outs: dict, verdict: dict, backend: str) -> int:
+    """The standalone check of a capsule from smallseq's own backends (`cpu`, `cuda`,
+    `hip`), where no framework exists to call: the outputs the backend stored are compared
+    with the float64 reference. A relation property reran the backend, which this script
+    cannot; it says so and checks the stored outputs only."""
+    prop = verdict.get("property") or "numeric_agreement"
+    detail = verdict.get("detail") or ""
+    print(f"outputs recorded by smallseq's {backend} backend (no framework to call: the script checks them)")
+    print(f"reported: {prop}: {detail}")
+    c = case.config
+    print(f"case: {c.dtype}, {c.num_heads}/{c.num_kv_heads} heads, d {c.head_dim_qk}/{c.head_dim_v}, {c.mask}, "
+          f"window {list(c.window)}, scale {c.scale!r}; q lens {case.sq.lens.tolist()}, kv lens {case.skv.lens.tolist()}")
+    ref = numpy_reference.attention64(case, frozenset(outs))
+    reported = thresholds(detail)
+    print("largest discrepancy to the float64 reference (valid elements):")
+    hit = False
+    for name in kit.OUTPUTS:
+        if name not in outs or name not in ref:
+            continue
+        err = max_error(outs[name], ref[name], valid_rows(case, name))
+        line = f"  {name:4}  {err:.4e}"
+        if name in reported:
+            over = err > reported[name]
+            hit |= over
+            line += f"  {'>' if over else '<='} threshold {reported[name]:.4e} reported by the harness"
+        print(line)
+    if prop == "dont_care":
+        for name in sorted(outs):
+            dc = ~valid_rows(case, name)
+            fill = -np.inf if name == "lse" else 0.0
+            bad = np.argwhere(dc.reshape((-1,) + (1,) * (outs[name].ndim - 1)) & (outs[name] != fill))
+            if len(bad):
+                hit = True
+                i = tuple(int(x) for x in bad[0])
+                print(f"  don't-care {name}{list(i)} = {float(outs[name][i])!r}, expected {fill}")
+    elif prop != "numeric_agreement":
+        print(f"({prop} compares reruns of the backend, which this script cannot make: the stored outputs above are all it checks)")
+    print("REPRODUCED" if hit else "not reproduced")
+    return 1 if hit else 0
+
+
 def case_from(config: str, tensors: dict, cu: dict, tokens: dict) -> kit.Case:
     """A case from the embedded data: `tensors` name -> (shape, f32 little-endian hex),
     `cu` name -> list (cu_seqlens_q/kv and, where present, the padded offsets)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the external adapters' campaigns side by side on one GPU host, with the
 # long CUDA campaign started in its own session beside them (collected by a later call with
-# `ci/h200-adapters.sh BIN OUT collect`).
+# `ci/h200-adapters.sh BIN OUT collect`). Ends with `smallseq triage` over the adapter
+# campaigns that wrote a report: OUT_DIR/triage/triage.md, triage.json and the scripts.
 #   ci/h200-adapters.sh BIN OUT_DIR [ADAPTER_TIME] [CUDA_TIME]
 set -u
 bin=$1 out=$2
@@ -56,6 +57,19 @@ for f in /tmp/ad/*.log; do
   grep -E '^  [a-z_]+ +pass' "$f" | tee -a "$log"
   grep '^FAIL' "$f" | cut -c1-300 | head -6 | tee -a "$log"
 done
+# Triage of every campaign that wrote a report (groups, verdicts, standalone scripts), in
+# one page: docs/local-loop.md, "Triage".
+ran=()
+for d in /tmp/ad/*/; do [ -e "$d/report.json" ] && ran+=("$d"); done
+if [ "${#ran[@]}" -gt 0 ]; then
+  mkdir -p "$out/triage"
+  timeout -k 10 300 "$bin" triage "${ran[@]}" --out "$out/triage" --shrink-time 5s \
+    > "$out/triage/triage.log" 2>&1
+  say "triage: exit $? ($(tail -2 "$out/triage/triage.log" | head -1))"
+  grep -E '^[0-9]+\. ' "$out/triage/triage.log" | head -30 | tee -a "$log"
+else
+  say "triage: no campaign wrote a report"
+fi
 # Not a bare `wait`: the long campaign is this shell's child too (setsid did not fork).
 wait "$smoke"
 cp /tmp/smoke.log "$out/smoke.log"

@@ -5,9 +5,9 @@
 #     SPEED_JOBS (default 12) jobs: cases/s against the issue's 50 cases/s;
 # (b) the protocol overhead per request, from each report.json (`protocol_overhead_us`: round
 #     trip minus the worker's own elapsed_us, median and p90);
-# (c) every adapter side by side with shrinking on until the time is nearly up, then for each
-#     distinct failure kind (ci/triage.py kinds) a standalone script (adapters/standalone.py)
-#     written from its smallest shrunk capsule and run.
+# (c) every adapter side by side with shrinking on until the time is nearly up, then
+#     `smallseq triage` of each campaign (groups, verdicts, a standalone script per group from
+#     adapters/standalone.py), and each group's script run.
 # OUT gets at most 8 files, each under 16 MB: triage.log (every status line, as it happens),
 # speed.tar.gz, and one tar per campaign group holding report.json, summary.md, the log, the
 # shrunk capsules only, the standalone scripts and their output. Every step runs under
@@ -128,29 +128,29 @@ done
 for g in sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn varlen-flash; do tar_group "$out/$g.tar.gz" "$g"; done
 tar_group "$out/jax.tar.gz" jax-xla jax-cudnn
 
-# Standalone scripts: one per distinct failure kind (four per adapter at most), the first
-# kind of every adapter before the second of any, so a short call still covers each.
-todo=$work/kinds.tsv
+# Triage, then the standalone scripts: four groups per adapter at most, the first group of
+# every adapter before the second of any, so a short call still covers each.
+todo=$work/groups.tsv
 : > "$todo"
 for spec in "${specs[@]}"; do
-  name=${spec%%|*} script=${spec#*|}
-  timeout "$(cap 20)" python3 ci/triage.py kinds "$work/$name/report.json" 4 \
-    | awk -F'\t' -v n="$name" -v s="$script" '{ print NR "\t" n "\t" s "\t" $0 }' >> "$todo"
-done
-sort -s -n -k1,1 "$todo" | while IFS=$'\t' read -r i name script kind count cap; do
-  [ "$(left)" -gt 25 ] || { say "standalone: out of time"; break; }
-  read -r adapter_py flags <<< "$script"
+  name=${spec%%|*}
+  [ -e "$work/$name/report.json" ] || continue
+  [ "$(left)" -gt 30 ] || { say "triage: out of time"; break; }
   mkdir -p "$work/$name/standalone"
-  repro=$work/$name/standalone/repro-$i.py
-  # shellcheck disable=SC2086 # the adapter's flags are words
-  timeout "$(cap 20)" python3 adapters/standalone.py "$cap" --adapter "$adapter_py" $flags -o "$repro" \
-    > "$repro.gen.log" 2>&1 || { say "$name kind $i: could not write the script"; continue; }
+  timeout -k 5 "$(cap 60)" "$bin" triage "$work/$name" --out "$work/$name/standalone" --shrink-time 0s \
+    > "$work/$name/standalone/triage.log" 2>&1
+  say "$name: triage exit $?: $(tail -2 "$work/$name/standalone/triage.log" | head -1)"
+  timeout 20 python3 ci/triage.py scripts "$work/$name/standalone/triage.json" 4 \
+    | awk -F'\t' -v n="$name" '{ print $1 "\t" n "\t" $0 }' >> "$todo"
+done
+sort -s -n -k1,1 "$todo" | while IFS=$'\t' read -r i name _ count verdict repro kind; do
+  [ "$repro" != - ] || { say "$name group $i ($count failures, $verdict): no script: $kind"; continue; }
   budget=$(( $(left) - 5 )); [ "$budget" -gt 45 ] && budget=45
   [ "$budget" -ge 5 ] || { say "standalone: out of time"; break; }
   timeout -k 5 "$budget" python3 "$repro" > "$repro.out" 2>&1
   rc=$?
-  verdict=$(case $rc in 1) echo reproduced;; 0) echo "not reproduced";; 2) echo refused;; 3) echo "script failed";; *) echo "exit $rc";; esac)
-  say "$name kind $i ($count failures, $(basename "$cap")): $verdict: $kind"
+  result=$(case $rc in 1) echo reproduced;; 0) echo "not reproduced";; 2) echo refused;; 3) echo "script failed";; *) echo "exit $rc";; esac)
+  say "$name group $i ($count failures, $verdict): $result: $kind"
   grep -E '^  (o|lse|dq|dk|dv) |^  slots|no-key LSE declared|Error' "$repro.out" | head -8 | sed 's/^/    /' | tee -a "$log"
 done
 for g in sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn varlen-flash; do

@@ -1,18 +1,17 @@
 #!/usr/bin/env python3
 """Helpers of ci/h200-triage.sh, on a campaign's report.json (stdlib only).
 
-    python3 ci/triage.py line NAME REPORT_JSON     one status line of a (partial) campaign
-    python3 ci/triage.py kinds REPORT_JSON [MAX]   distinct failure kinds with a shrunk capsule:
-                                                   "kind<TAB>count<TAB>smallest shrunk capsule"
+    python3 ci/triage.py line NAME REPORT_JSON      one status line of a (partial) campaign
+    python3 ci/triage.py scripts TRIAGE_JSON [MAX]  the groups `smallseq triage` wrote, largest
+                                                    first: "id<TAB>count<TAB>verdict<TAB>script
+                                                    <TAB>signature" (script "-" where none)
 
-A failure's kind is its property and its detail with the numbers and indices taken out
-("numeric_agreement: o: max error # > threshold # (emulation error #)"), so the many cases
-of one defect become one standalone script.
+Grouping failures by kind (property, tensor, case class and the detail with its numbers taken
+out), shrinking a representative, writing its standalone script and giving it a verdict is
+`smallseq triage`'s (src/harness/triage.rs); this file only reads what it wrote.
 """
 
 import json
-import os
-import re
 import sys
 
 
@@ -22,12 +21,6 @@ def load(path):
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def kind(failure) -> str:
-    detail = re.sub(r"-?\d+(\.\d+)?(e[+-]?\d+)?", "#", failure.get("detail", ""))
-    detail = re.sub(r"\[[#, ]+\]", "[#]", detail)
-    return f"{failure.get('property')}: {detail[:160]}"
 
 
 def line(name, path) -> str:
@@ -44,25 +37,23 @@ def line(name, path) -> str:
             f"failures {json.dumps(fails) if fails else 'none'}, {shrunk} shrunk")
 
 
-def kinds(path, most=8):
-    r = load(path) or {}
-    groups = {}
-    for f in r.get("failures", []):
-        cap = f.get("shrunk_capsule")
-        if not cap or not os.path.exists(cap):
-            continue
-        groups.setdefault(kind(f), []).append(cap)
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))[:most]
-    return [(k, len(caps), min(caps, key=os.path.getsize)) for k, caps in ranked]
+def scripts(path, most=8):
+    t = load(path) or {}
+    rows = []
+    for i, g in enumerate(t.get("groups", [])[:most], 1):
+        sig = g.get("signature", {})
+        what = f"{sig.get('property')} {sig.get('tensor')} [{sig.get('class')}]: {sig.get('pattern')}"
+        rows.append((i, g.get("count", 0), g.get("finding", {}).get("verdict", "?"), g.get("script") or "-", what))
+    return rows
 
 
 def main(argv) -> int:
     if len(argv) >= 3 and argv[0] == "line":
         print(line(argv[1], argv[2]))
         return 0
-    if len(argv) >= 2 and argv[0] == "kinds":
-        for k, n, cap in kinds(argv[1], int(argv[2]) if len(argv) > 2 else 8):
-            print(f"{k}\t{n}\t{cap}")
+    if len(argv) >= 2 and argv[0] == "scripts":
+        for row in scripts(argv[1], int(argv[2]) if len(argv) > 2 else 8):
+            print("\t".join(str(x) for x in row))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -44,6 +44,8 @@ enum Command {
     Merge(cli::merge::MergeArgs),
     /// Render one HTML page over several runs' reports (trends, then each run).
     Report(cli::report::ReportArgs),
+    /// Group campaigns' failures by signature; shrink, script and give each group a verdict.
+    Triage(cli::triage::TriageArgs),
 }
 
 /// Keeps freed heap memory in the process instead of giving it back to the kernel.
@@ -98,6 +100,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Fuzz(a) => cli::fuzz::run(a, stop),
         Command::Repro(a) => cli::repro::run(a),
+        Command::Triage(a) => cli::triage::run(a, stop.clone()),
         Command::Run(a) => cli::run::run(a),
         Command::Explain(a) => cli::explain::run(a),
         Command::Case(a) => cli::case::run(a),

@@ -309,3 +309,104 @@ fn a_value_past_the_range_the_emulation_does_not_share_is_a_defect() {
     *dq.iter_mut().nth(finite).unwrap() *= -1.0;
     assert_eq!(limit(&off), None);
 }
+
+/// Issue 31: the relations are range-limit aware. On the CPU the small-seq path of the H200's
+/// dS-saturation case stores what the emulation holds, and the forced fallback stays finite:
+/// the two paths then differ only by a range limit, which `fallback_equivalence` once failed as
+/// a defect. (Whether the CPU's small-seq path overflows here is the kernel design's business,
+/// issue 33; either way no property may call it a defect.)
+#[test]
+fn the_ds_saturation_case_on_the_cpu_has_no_defect() {
+    use smallseq::backend::cpu::CpuBackend;
+    use smallseq::harness::props::Checker;
+    let case = capsule("h200-f16-ds-saturation-dq-inf.safetensors");
+    let be = CpuBackend::default();
+    let run = Checker::isolated(&be).check(&case, 0).unwrap();
+    let defects: Vec<_> = run
+        .failures()
+        .into_iter()
+        .filter(|f| f.is_defect())
+        .collect();
+    assert!(defects.is_empty(), "{defects:?}");
+}
+
+/// A range limit constructed on the capsule's case, independent of what the kernels do with
+/// it: the small-seq run holds the emulation's values but -inf at one dQ element where the
+/// reference is finite, the emulation (edited to model a design that overflows there) holds
+/// that -inf too, and the fallback run holds the emulation's finite values. The paths'
+/// comparison is a range limit, characterised as `numeric_agreement` characterises it; the
+/// same comparison with a fallback wrong elsewhere, or an emulation that stays finite, fails as
+/// a defect.
+#[test]
+fn a_path_comparison_broken_only_by_a_constructed_range_limit_is_a_range_limit() {
+    use smallseq::harness::props::{numeric, paths_agree, Outcome};
+    let case = capsule("h200-f16-ds-saturation-dq-inf.safetensors");
+    let mut y = oracle(&case).unwrap();
+    // The emulation's own non-finite values set to the reference, so that the only range
+    // limit is the one planted below.
+    let reference = y.reference.clone();
+    let emulated = &mut y.emulated;
+    for (t, r) in [
+        (&mut emulated.dq, &reference.dq),
+        (&mut emulated.dk, &reference.dk),
+        (&mut emulated.dv, &reference.dv),
+        (&mut emulated.o, &reference.o),
+    ] {
+        if let (Some(t), Some(r)) = (t.as_mut(), r.as_ref()) {
+            ndarray::Zip::from(t).and(r).for_each(|x, &r| {
+                if !x.is_finite() {
+                    *x = r;
+                }
+            });
+        }
+    }
+    let fallback = y.emulated.clone();
+    let at = (3, 0, 5);
+    assert!(reference.dq.as_ref().unwrap()[at].abs() < 1e3);
+    let mut small_seq = fallback.clone();
+    small_seq.dq.as_mut().unwrap()[at] = f64::NEG_INFINITY;
+    let verdict = |y: &smallseq::harness::props::Yardstick, ss: &smallseq::Outputs, fb| {
+        let (_, ss_js) = numeric(&case, ss, y);
+        let (_, fb_js) = numeric(&case, fb, y);
+        paths_agree(&case, y, (ss, &ss_js), (fb, &fb_js))
+    };
+    // The emulation finite there: the -inf is the run's own.
+    match verdict(&y, &small_seq, &fallback) {
+        Outcome::Fail(f) => assert!(f.is_defect(), "{f:?}"),
+        other => panic!("an infinity the design does not hold must fail: {other:?}"),
+    }
+    y.emulated.dq.as_mut().unwrap()[at] = f64::NEG_INFINITY;
+    let (num, _) = numeric(&case, &small_seq, &y);
+    let Outcome::Fail(num) = num else {
+        panic!("the planted -inf fails numeric_agreement: {num:?}");
+    };
+    let what = num.range_limit.expect("numeric_agreement's range limit");
+    assert!(
+        what.contains("dq at 1 element(s) past the f16 range"),
+        "{what}"
+    );
+    match verdict(&y, &small_seq, &fallback) {
+        Outcome::Fail(f) => {
+            assert_eq!(f.range_limit.as_deref(), Some(what.as_str()));
+            assert!(
+                f.detail.starts_with("dq: small-seq and fallback differ by"),
+                "{}",
+                f.detail
+            );
+        }
+        other => panic!("the paths differ at the range limit: {other:?}"),
+    }
+    // A tampered fallback: its largest dK element sign-flipped, far past any threshold.
+    let mut tampered = fallback.clone();
+    let dk = tampered.dk.as_mut().unwrap();
+    let big = dk
+        .indexed_iter()
+        .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+        .map(|(i, _)| i)
+        .unwrap();
+    dk[big] = -dk[big];
+    match verdict(&y, &small_seq, &tampered) {
+        Outcome::Fail(f) => assert!(f.is_defect(), "{f:?}"),
+        other => panic!("a wrong fallback must fail: {other:?}"),
+    }
+}

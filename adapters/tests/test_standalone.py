@@ -58,6 +58,31 @@ class Standalone(unittest.TestCase):
 
     NUMERIC = "o: max error 5.000e-2 > threshold 2.000e-2 (emulation error 1.0e-3)"
 
+    def test_recorded_outputs_are_checked_with_numpy_alone(self):
+        """--recorded (smallseq's own backends, no framework to call): the outputs the capsule
+        stores are checked against the reference; right ones are no repro, an O off is one."""
+        cap = self.capsule("numeric_agreement", self.NUMERIC)
+        out = os.path.join(self.d, "recorded.py")
+
+        def run(path):
+            self.assertEqual(standalone.main([path, "--recorded", "-o", out]), 0)
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            r = subprocess.run([sys.executable, "-I", out], cwd=self.d, env=env, capture_output=True, text=True, timeout=120)
+            return r.returncode, r.stdout + r.stderr
+
+        rc, text = run(cap)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("not reproduced", text)
+        case = kit.read_case(cap)
+        outs = {k: v[1] for k, v in kit.read_safetensors(cap)[0].items() if k in kit.OUTPUTS}
+        outs["o"] = outs["o"] + 0.5
+        bad = os.path.join(self.d, "bad-shrunk.safetensors")
+        kit.write_case(bad, case, outs)
+        rc, text = run(bad)
+        self.assertEqual(rc, 1, text)
+        self.assertIn("REPRODUCED", text)
+        self.assertIn("recorded by smallseq's test backend", text)
+
     def test_the_reference_adapter_does_not_reproduce_and_a_planted_off_by_one_does(self):
         cap = self.capsule("numeric_agreement", self.NUMERIC)
         rc, text = self.repro(cap, "numpy_reference")

@@ -13,6 +13,7 @@ pub mod report;
 pub mod repro;
 pub mod run;
 pub mod target;
+pub mod triage;
 pub mod worker;
 
 use std::time::Duration;

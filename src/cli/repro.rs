@@ -214,7 +214,7 @@ fn recorded_backend(case: &smallseq::Case) -> Option<String> {
 
 /// The worker command a capsule records ([`WORKER`], or a fault's worker), as one line for
 /// `--worker`.
-fn recorded_worker(case: &smallseq::Case) -> Option<String> {
+pub(super) fn recorded_worker(case: &smallseq::Case) -> Option<String> {
     let words = match case.meta.get(WORKER) {
         Some(w) => serde_json::from_str::<serde_json::Value>(w).ok()?,
         None => {

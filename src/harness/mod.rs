@@ -28,6 +28,10 @@ pub mod te625;
 pub mod text;
 pub mod tolerance;
 pub mod transform;
+pub mod triage;
+pub mod triage_report;
+pub mod triage_script;
+pub mod triage_verdict;
 
 /// The two properties that had their own files here before every property moved into
 /// `props/`: their paths stay, for the callers and the documentation that name them.

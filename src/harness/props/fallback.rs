@@ -6,14 +6,11 @@
 
 use super::checker::{CaseContext, Checker};
 use super::numeric::numeric;
-use super::relation::near_limit_agreed;
-use super::verdict::{fail, skip, Failure, Outcome, Prop};
+use super::relation::paths_agree;
+use super::verdict::{fail, skip, Outcome, Prop};
 use crate::case::Outputs;
 use crate::dispatch::Path;
-use crate::harness::conditioning::GradAllowance;
-use crate::harness::tolerance::judge_all;
 use crate::wrapper::RunOptions;
-use std::collections::BTreeMap;
 
 impl Checker<'_> {
     pub(super) fn fallback_equivalence(&self, cx: &CaseContext<'_>) -> Outcome {
@@ -47,44 +44,10 @@ impl Checker<'_> {
             f.detail = format!("forced fallback against the reference: {}", f.detail);
             return Outcome::Fail(f);
         }
-        // Distances between the two paths, one per tensor, in the same order as the judgements.
-        // Where the reference lies within a path's threshold of the dtype's limit, each path
-        // was judged against it (overflow rules included: there an overflow is excused); one
-        // path overflowing there while the other, rounding dS with saturation like its
-        // emulation, stays finite is no disagreement.
-        let limit = f64::from(case.config.dtype.max_finite());
-        let headroom: BTreeMap<&str, f64> = judgements
-            .iter()
-            .zip(&fb_js)
-            .map(|(a, b)| (a.tensor.as_str(), a.threshold.max(b.threshold)))
-            .collect();
-        let headroom = |t: &str| headroom.get(t).copied().unwrap_or(0.0);
-        let (ss_cmp, fb_cmp) = near_limit_agreed(actual, &fb_out, &y.reference, limit, headroom);
-        let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
-        let between_js = judge_all(
-            &ss_cmp,
-            &fb_cmp,
-            &y.emulated,
-            case,
-            y.lse_magnitude,
-            between.as_ref(),
-            None,
-        );
-        for ((a, b), between) in judgements.iter().zip(&fb_js).zip(&between_js) {
-            let between = between.err;
-            let limit = a.threshold + b.threshold;
-            if between > limit {
-                return Outcome::Fail(Failure {
-                    prop: Prop::FallbackEquivalence,
-                    detail: format!(
-                        "{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}",
-                        a.tensor
-                    ),
-                    worst: None,
-                    margin: between / limit,
-                    range_limit: None,
-                });
-            }
+        if let fail @ Outcome::Fail(_) =
+            paths_agree(case, y, (actual, judgements), (&fb_out, &fb_js))
+        {
+            return fail;
         }
         // Forward and backward on different paths must still agree: backward on the
         // fallback from the small-seq forward's LSE.

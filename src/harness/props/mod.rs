@@ -47,6 +47,7 @@ pub use checker::{CaseContext, Checker};
 pub use dont_care::dont_care_outputs;
 pub use metamorphic::METAMORPHIC_PER_CASE;
 pub use numeric::numeric;
+pub use relation::paths_agree;
 pub use verdict::{CaseRun, Failure, Outcome, Prop};
 pub use yardstick::{numeric_regimes, oracle, oracle_for, Yardstick};
 

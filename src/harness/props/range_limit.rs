@@ -5,10 +5,12 @@
 //! implementation. Re-judged with those elements set to the reference, the outputs pass; the
 //! failure is then kept, characterised (which tensor, how many elements, which intermediate
 //! overflows, from what input magnitude), and counted apart: the campaign's exit status counts
-//! defects, and `--fail-on-range-limit` makes range limits fail too.
+//! defects, and `--fail-on-range-limit` makes range limits fail too. The relations compare
+//! runs with these elements excused the same way (`relation::relation_verdict`).
 
 use super::yardstick::{emulated_outputs, Yardstick};
 use crate::case::{Case, Outputs};
+use crate::harness::tolerance::same_stored;
 use ndarray::{Array3, Zip};
 use smallseq_reference::ds_scale::DsOperand;
 use smallseq_reference::emulate;
@@ -16,11 +18,6 @@ use smallseq_reference::emulate;
 /// Whether `x` lies past the range of a dtype whose largest finite value is `max`.
 fn past_range(x: f64, max: f64) -> bool {
     !x.is_finite() || x.abs() >= max
-}
-
-/// The same stored value: equal bits, or both NaN.
-fn same_value(x: f64, e: f64) -> bool {
-    x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan())
 }
 
 /// Elements of one output past the range where the reference is finite and inside it and the
@@ -36,12 +33,19 @@ fn excuse(
         .and(reference)
         .and(emulated)
         .for_each(|a, &r, &e| {
-            if past_range(*a, max) && r.is_finite() && r.abs() < max && same_value(*a, e) {
+            if past_range(*a, max) && r.is_finite() && r.abs() < max && same_stored(*a, e) {
                 *a = r;
                 n += 1;
             }
         });
     n
+}
+
+/// One run's range limit: its outputs with the elements the design's range takes set to the
+/// reference, and what overflows from what inputs.
+pub(super) struct RangeLimit {
+    pub excused: Outputs,
+    pub what: String,
 }
 
 /// The characterisation of a range limit, when every failing tensor of `actual` is one: the
@@ -51,11 +55,18 @@ fn excuse(
 /// plainly: `ds_scale::DsOperand`). None for any other failure (a value no design shares is a
 /// defect, whatever its size).
 pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<String> {
+    excused(case, actual, y).map(|l| l.what)
+}
+
+/// [`range_limit`] with the excused outputs, which the relations compare in place of the run's
+/// own (`relation::relation_verdict`).
+pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<RangeLimit> {
     let dt = case.config.dtype;
     let max = f64::from(dt.max_finite());
-    if let Some(what) = excused_by(case, actual, y, &y.emulated) {
+    if let Some((excused, what)) = excused_by(case, actual, y, &y.emulated) {
         let intermediate = format!("a {dt} intermediate or store passes {max}");
-        return Some(describe(case, &what, "smallseq's design", &intermediate));
+        let what = describe(case, &what, "smallseq's design", &intermediate);
+        return Some(RangeLimit { excused, what });
     }
     let problem = case.problem().ok()?;
     for (design, intermediate) in [
@@ -70,17 +81,23 @@ pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Strin
     ] {
         let (ef, eg) = emulate::forward_backward_with(&problem, dt, design);
         let emulated = emulated_outputs(&ef, eg.as_ref());
-        if let Some(what) = excused_by(case, actual, y, &emulated) {
+        if let Some((excused, what)) = excused_by(case, actual, y, &emulated) {
             let name = format!("a design that rounds P and dS to {dt}");
-            return Some(describe(case, &what, &name, &intermediate));
+            let what = describe(case, &what, &name, &intermediate);
+            return Some(RangeLimit { excused, what });
         }
     }
     None
 }
 
-/// The tensors and counts of `actual`'s out-of-range elements that `emulated` holds too, when
-/// with them set to the reference the outputs pass; None otherwise.
-fn excused_by(case: &Case, actual: &Outputs, y: &Yardstick, emulated: &Outputs) -> Option<String> {
+/// `actual` with its out-of-range elements that `emulated` holds too set to the reference, and
+/// their tensors and counts, when so excused the outputs pass; None otherwise.
+fn excused_by(
+    case: &Case,
+    actual: &Outputs,
+    y: &Yardstick,
+    emulated: &Outputs,
+) -> Option<(Outputs, String)> {
     let max = f64::from(case.config.dtype.max_finite());
     let mut excused = actual.clone();
     let mut counts = Vec::new();
@@ -100,7 +117,7 @@ fn excused_by(case: &Case, actual: &Outputs, y: &Yardstick, emulated: &Outputs) 
     if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
         return None;
     }
-    Some(counts.join(", "))
+    Some((excused, counts.join(", ")))
 }
 
 /// The verdict's sentence: what lies past the range, which design's emulation holds it, what

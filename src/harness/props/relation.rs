@@ -3,13 +3,110 @@
 //! `numeric_agreement`'s thresholds with the dtype's overflow limit read the way the
 //! tolerance rule reads it. Kept in one place so that `dont_care`, `determinism`,
 //! `fallback_equivalence` and the metamorphic relations cannot drift apart on what "the same
-//! output" means.
+//! output" means, or on when a disagreement is a range limit of the design (issue 31): the
+//! comparisons to tolerance go through [`relation_verdict`]. The exact ones need not: a run
+//! repeated bitwise repeats its overflows, and the scale relation skips cases whose outputs
+//! could pass a quarter of the range.
 
+use super::range_limit::excused;
 use super::verdict::{Failure, Outcome, Prop};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::GradAllowance;
 use crate::harness::tolerance::{judge_all, Judgement};
+use std::collections::BTreeMap;
+
+/// A relation's verdict on runs `a` and `b` of `case` (both in its frame), whose first
+/// disagreement `differ` finds. Where one differs from the other only because a run's values
+/// past the dtype's range are a characterised range limit of the design (`range_limit.rs`:
+/// the emulation holds them, the reference is finite, and the run with them set to the
+/// reference passes `numeric_agreement`), the failure carries that characterisation and is
+/// counted as a range limit. Those elements are set to the reference and `differ` asked again:
+/// a disagreement left is a defect, and the first failure stands as it was.
+pub(super) fn relation_verdict(
+    case: &Case,
+    y: &Yardstick,
+    a: &Outputs,
+    b: &Outputs,
+    differ: impl Fn(&Outputs, &Outputs) -> Option<Failure>,
+) -> Outcome {
+    let Some(failure) = differ(a, b) else {
+        return Outcome::Pass;
+    };
+    let (la, lb) = (excused(case, a, y), excused(case, b, y));
+    if la.is_none() && lb.is_none() {
+        return Outcome::Fail(failure);
+    }
+    let xa = la.as_ref().map_or(a, |l| &l.excused);
+    let xb = lb.as_ref().map_or(b, |l| &l.excused);
+    if differ(xa, xb).is_some() {
+        return Outcome::Fail(failure);
+    }
+    let what = match (la, lb) {
+        (Some(l), Some(m)) if l.what != m.what => format!("{}; the other run: {}", l.what, m.what),
+        (Some(l), _) | (None, Some(l)) => l.what,
+        (None, None) => return Outcome::Fail(failure),
+    };
+    Outcome::Fail(Failure {
+        range_limit: Some(what),
+        ..failure
+    })
+}
+
+/// `fallback_equivalence`'s comparison of a small-seq run `ss` with a fallback run `fb`, each
+/// with its `numeric_agreement` judgements: the two agree to the sum of their thresholds,
+/// tensor by tensor, with near-limit overflows read as [`near_limit_agreed`] reads them and
+/// range limits as [`relation_verdict`] does. Public so that stored outputs can be compared as
+/// the property compares fresh ones.
+pub fn paths_agree(
+    case: &Case,
+    y: &Yardstick,
+    (ss, ss_js): (&Outputs, &[Judgement]),
+    (fb, fb_js): (&Outputs, &[Judgement]),
+) -> Outcome {
+    // Where the reference lies within a path's threshold of the dtype's limit, each path was
+    // judged against it (overflow rules included: there an overflow is excused); one path
+    // overflowing there while the other, rounding dS with saturation like its emulation,
+    // stays finite is no disagreement.
+    let limit = f64::from(case.config.dtype.max_finite());
+    let headroom: BTreeMap<&str, f64> = ss_js
+        .iter()
+        .zip(fb_js)
+        .map(|(a, b)| (a.tensor.as_str(), a.threshold.max(b.threshold)))
+        .collect();
+    let headroom = |t: &str| headroom.get(t).copied().unwrap_or(0.0);
+    let between = y.grads.as_ref().map(GradAllowance::between_two_outputs);
+    let differ = |ss: &Outputs, fb: &Outputs| {
+        let (ss_cmp, fb_cmp) = near_limit_agreed(ss, fb, &y.reference, limit, headroom);
+        let between_js = judge_all(
+            &ss_cmp,
+            &fb_cmp,
+            &y.emulated,
+            case,
+            y.lse_magnitude,
+            between.as_ref(),
+            None,
+        );
+        ss_js
+            .iter()
+            .zip(fb_js)
+            .zip(&between_js)
+            .find_map(|((a, b), between)| {
+                let (between, limit) = (between.err, a.threshold + b.threshold);
+                (between > limit).then(|| Failure {
+                    prop: Prop::FallbackEquivalence,
+                    detail: format!(
+                        "{}: small-seq and fallback differ by {between:.3e} > {limit:.3e}",
+                        a.tensor
+                    ),
+                    worst: None,
+                    margin: between / limit,
+                    range_limit: None,
+                })
+            })
+    };
+    relation_verdict(case, y, ss, fb, differ)
+}
 
 /// First element where two output sets differ bitwise, restricted to `rows` pairs.
 pub(super) fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
@@ -111,6 +208,21 @@ pub(super) fn within_tolerance(
     factor: impl Fn(&str) -> f64,
     detail: impl Fn(&str, f64, f64) -> String,
 ) -> Outcome {
+    relation_verdict(case, y, actual, other, |a, b| {
+        first_difference(case, a, b, js, y, &factor, &detail)
+    })
+}
+
+/// [`within_tolerance`]'s comparison: its first failure, if any.
+fn first_difference(
+    case: &Case,
+    actual: &Outputs,
+    other: &Outputs,
+    js: &[Judgement],
+    y: &Yardstick,
+    factor: &impl Fn(&str) -> f64,
+    detail: &impl Fn(&str, f64, f64) -> String,
+) -> Option<Failure> {
     // Where the reference lies within the allowed distance of the dtype's limit, one launch
     // overflowing there while the other, on another path that rounds dS with saturation, stays
     // finite is no disagreement (CPU fuzz seed 2061, case 4612: f16 dQ -inf on the fallback,
@@ -157,7 +269,7 @@ pub(super) fn within_tolerance(
         };
         let limit = factor(&d.tensor) * j.threshold;
         if d.err > limit {
-            return Outcome::Fail(Failure {
+            return Some(Failure {
                 prop: Prop::Metamorphic,
                 detail: detail(&d.tensor, d.err, limit),
                 worst: d.worst.clone(),
@@ -166,7 +278,7 @@ pub(super) fn within_tolerance(
             });
         }
     }
-    Outcome::Pass
+    None
 }
 
 /// Both paths' outputs with the reference in place of each element where that path says what
@@ -241,6 +353,67 @@ mod tests {
     use super::*;
     use ndarray::Array3;
     use smallseq_reference::Dtype;
+
+    /// A synthetic range limit: a forward-only bf16 case whose run `a` holds the emulation's
+    /// values but +inf at one element where the reference is finite, and an emulation that
+    /// holds that +inf too (the design overflows there); `b` holds the emulation's finite
+    /// values. The relation is a range limit, with `numeric_agreement`'s characterisation; a
+    /// second run also wrong elsewhere, or an emulation that stays finite, is a defect.
+    #[test]
+    fn a_relation_broken_only_by_a_characterised_range_limit_is_one() {
+        use super::super::test_backends::bf16_case;
+        use crate::config::AttnConfig;
+        use smallseq_reference::{Layout, Mask};
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 16, Mask::Padding);
+        let case = bf16_case(cfg, Layout::packed(&[(3, 3)]), 5);
+        let mut y = super::super::yardstick::oracle(&case).unwrap();
+        let b = y.emulated.clone();
+        let js = y.judge(&case, &b, true);
+        let mut a = b.clone();
+        a.o.as_mut().unwrap()[(1, 0, 2)] = f64::INFINITY;
+        let verdict = |y: &Yardstick, a: &Outputs, b: &Outputs| {
+            within_tolerance(
+                &case,
+                a,
+                b,
+                &js,
+                y,
+                |_| 2.0,
+                |t, e, l| format!("{t} differs by {e:.3e} > {l:.3e}"),
+            )
+        };
+        // The emulation finite there: the infinity is the run's own, a defect.
+        let Outcome::Fail(f) = verdict(&y, &a, &b) else {
+            panic!("an infinity against a finite run must fail");
+        };
+        assert!(f.is_defect(), "{f:?}");
+        y.emulated.o.as_mut().unwrap()[(1, 0, 2)] = f64::INFINITY;
+        let Outcome::Fail(f) = verdict(&y, &a, &b) else {
+            panic!("the relation still differs: a range limit, not a pass");
+        };
+        let what = super::super::range_limit::range_limit(&case, &a, &y).unwrap();
+        assert_eq!(f.range_limit.as_deref(), Some(what.as_str()));
+        assert!(
+            what.contains("o at 1 element(s) past the bf16 range"),
+            "{what}"
+        );
+        assert!(f.detail.starts_with("o differs by"), "{}", f.detail);
+        // Either side may hold it.
+        let Outcome::Fail(f) = verdict(&y, &b, &a) else {
+            panic!("the relation still differs");
+        };
+        assert!(!f.is_defect());
+        // A real disagreement beside the range limit: the other run off by 50 % elsewhere.
+        let mut off = b.clone();
+        off.o.as_mut().unwrap()[(0, 0, 0)] *= 1.5;
+        off.o.as_mut().unwrap()[(0, 0, 0)] += 1.0;
+        let Outcome::Fail(f) = verdict(&y, &a, &off) else {
+            panic!("a wrong value must fail");
+        };
+        assert!(f.is_defect(), "{f:?}");
+        // Both runs the same: no failure to excuse.
+        assert_eq!(verdict(&y, &b, &b), Outcome::Pass);
+    }
 
     #[test]
     fn near_limit_overflows_drop_out_of_a_path_comparison_and_wrong_values_do_not() {

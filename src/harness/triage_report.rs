@@ -1,0 +1,149 @@
+//! What `smallseq triage` writes: `triage.json` (for scripts) and `triage.md` (for people),
+//! one section per group, largest first.
+
+use super::triage::{Signature, TriageError};
+use super::triage_verdict::{Finding, Verdict};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// One triaged group.
+#[derive(Clone, Debug, Serialize)]
+pub struct Triaged {
+    pub count: usize,
+    pub signature: Signature,
+    /// The capsule the verdict was given on (a shrunk one where there is one).
+    pub representative: Option<String>,
+    /// Whether triage shrank it (the campaign had left no shrunk capsule).
+    pub shrunk_here: bool,
+    pub repro: Option<String>,
+    /// The standalone script, or why there is none.
+    pub script: Option<String>,
+    pub script_note: Option<String>,
+    pub finding: Finding,
+    /// `DIR: case N` of every member.
+    pub cases: Vec<String>,
+}
+
+/// The whole triage.
+#[derive(Clone, Debug, Serialize)]
+pub struct Triage {
+    pub dirs: Vec<String>,
+    pub groups: Vec<Triaged>,
+}
+
+impl Triage {
+    /// How many groups have `v`.
+    pub fn count(&self, v: Verdict) -> usize {
+        self.groups
+            .iter()
+            .filter(|g| g.finding.verdict == v)
+            .count()
+    }
+
+    /// One line: groups and failures per verdict.
+    pub fn summary(&self) -> String {
+        let failures: usize = self.groups.iter().map(|g| g.count).sum();
+        format!(
+            "{} group(s) of {failures} failure(s): {} defect(s), {} design or range limit(s), {} \
+             harness error(s)",
+            self.groups.len(),
+            self.count(Verdict::Defect),
+            self.count(Verdict::DesignOrRangeLimit),
+            self.count(Verdict::HarnessError)
+        )
+    }
+
+    /// `triage.md`.
+    pub fn markdown(&self) -> String {
+        let mut s = format!(
+            "# Triage of {}\n\n{}.\n",
+            self.dirs.join(", "),
+            self.summary()
+        );
+        if self.groups.is_empty() {
+            s += "\nNo failures and no range limits: nothing to triage.\n";
+        }
+        for (i, g) in self.groups.iter().enumerate() {
+            let sig = &g.signature;
+            s += &format!(
+                "\n## {}. {}: {} ({} case(s))\n\n",
+                i + 1,
+                sig.property,
+                g.finding.verdict.label(),
+                g.count
+            );
+            s += &format!(
+                "- signature: implementation `{}`, property `{}`, tensor `{}`, class `{}`{}, \
+                 pattern `{}`\n",
+                sig.implementation,
+                sig.property,
+                sig.tensor,
+                sig.class,
+                if sig.range_limit {
+                    ", listed as a range limit"
+                } else {
+                    ""
+                },
+                sig.pattern
+            );
+            let none = "none".to_string();
+            s += &format!(
+                "- representative: {}{}\n",
+                g.representative.as_ref().unwrap_or(&none),
+                if g.shrunk_here {
+                    " (shrunk by triage)"
+                } else {
+                    ""
+                }
+            );
+            if let Some(r) = &g.repro {
+                s += &format!("- repro: `{r}`\n");
+            }
+            match (&g.script, &g.script_note) {
+                (Some(p), _) => s += &format!("- standalone script: {p}\n"),
+                (None, Some(why)) => s += &format!("- standalone script: none ({why})\n"),
+                (None, None) => {}
+            }
+            s += &format!("- verdict: **{}**\n", g.finding.verdict.label());
+            if let Some(c) = &g.finding.clause {
+                s += &format!("- breaks: {c}\n");
+            }
+            s += "- evidence:\n";
+            for e in &g.finding.evidence {
+                s += &format!("  - {e}\n");
+            }
+            let shown: Vec<&str> = g.cases.iter().take(12).map(String::as_str).collect();
+            let more = g.cases.len().saturating_sub(shown.len());
+            s += &format!(
+                "- cases: {}{}\n",
+                shown.join("; "),
+                if more > 0 {
+                    format!("; and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        s
+    }
+
+    /// Writes `triage.json` and `triage.md` into `out`; returns their paths.
+    ///
+    /// # Errors
+    /// [`TriageError::Write`] naming the file.
+    pub fn write(&self, out: &Path) -> Result<(PathBuf, PathBuf), TriageError> {
+        let put = |name: &str, text: String| {
+            let path = out.join(name);
+            std::fs::write(&path, text).map_err(|source| TriageError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        };
+        let json = serde_json::to_string_pretty(self).expect("plain data serialises");
+        Ok((
+            put("triage.json", json + "\n")?,
+            put("triage.md", self.markdown())?,
+        ))
+    }
+}

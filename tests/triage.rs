@@ -1,0 +1,278 @@
+//! `smallseq triage` end to end: campaigns with planted bugs (in the CPU backend, and in a
+//! Python adapter run as a worker) triaged into groups with verdicts, clauses and standalone
+//! scripts that run; a campaign without failures triaged empty; and the verdicts a replay
+//! decides (an irreproducible failure is the harness's, a range limit the design's).
+
+use smallseq::case_file::read_case;
+use smallseq::harness::props::Checker;
+use smallseq::harness::triage::Signature;
+use smallseq::harness::triage_verdict::{judge, Replay, Verdict};
+use smallseq::mutants::Mutant;
+use smallseq::runner::InProcess;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_smallseq"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smallseq-triage-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    eprintln!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Whether python3 with numpy and safetensors is here (the adapter kit's requirements).
+fn python_kit() -> bool {
+    Command::new("python3")
+        .args(["-c", "import numpy, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn campaign(out: &Path, extra: &[&str]) {
+    let mut cmd = bin();
+    cmd.args(["fuzz", "--seed", "1", "--jobs", "1", "--out"])
+        .arg(out)
+        .args(extra);
+    let o = run(&mut cmd);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "fuzz: {o:?}");
+}
+
+/// Runs a group's standalone script, which must reproduce the failure (exit 1).
+fn script_reproduces(script: &str) {
+    if !python_kit() {
+        println!("SKIP: running {script}: python3 with numpy and safetensors is not here");
+        return;
+    }
+    let o = run(Command::new("python3").arg(script));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{script}: {text}");
+    assert!(text.contains("REPRODUCED"), "{text}");
+}
+
+#[test]
+fn a_planted_bug_triages_as_defects_with_their_clause_and_scripts() {
+    let dir = tmp("planted");
+    // No shrinking in the campaign: triage shrinks the representatives itself.
+    campaign(
+        &dir,
+        &[
+            "--plant",
+            "scale-twice",
+            "--cases",
+            "8",
+            "--shrink-time",
+            "0s",
+        ],
+    );
+    let report = read_json(&dir.join("report.json"));
+    let failures = report["failures"].as_array().unwrap().len();
+    assert!(failures > 0, "the planted bug must fail some case");
+    let o = run(bin().args(["triage", "--shrink-time", "3s"]).arg(&dir));
+    assert_eq!(o.status.code(), Some(1), "defects found: exit 1");
+    let t = read_json(&dir.join("triage.json"));
+    let groups = t["groups"].as_array().unwrap();
+    assert!(!groups.is_empty());
+    let counted: u64 = groups.iter().map(|g| g["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted as usize, failures, "every failure in one group");
+    for g in groups {
+        assert_eq!(g["finding"]["verdict"], "defect", "{g}");
+        let clause = g["finding"]["clause"].as_str().unwrap();
+        assert!(clause.starts_with("docs/semantics.md §1."), "{clause}");
+        if g["signature"]["tensor"] == "lse" {
+            assert!(clause.contains("§1.4 The LSE convention"), "{clause}");
+        }
+        let evidence = g["finding"]["evidence"].to_string();
+        assert!(
+            evidence.contains("with scale-twice planted") && evidence.contains("fails again"),
+            "{evidence}"
+        );
+        assert!(Path::new(g["representative"].as_str().unwrap()).is_file());
+        assert!(g["repro"].as_str().unwrap().contains(" repro "), "{g}");
+    }
+    assert!(
+        groups.iter().any(|g| g["shrunk_here"] == true),
+        "an unshrunk representative is shrunk by triage"
+    );
+    let md = std::fs::read_to_string(dir.join("triage.md")).unwrap();
+    assert!(md.contains("- verdict: **defect**") && md.contains("- breaks: docs/semantics.md"));
+    // The scripts need numpy alone.
+    let script = groups[0]["script"].as_str().unwrap_or_else(|| {
+        panic!("no script: {}", groups[0]["script_note"]);
+    });
+    assert!(Path::new(script).is_file());
+    script_reproduces(script);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_campaign_without_failures_triages_to_nothing_and_exits_0() {
+    let dir = tmp("clean");
+    campaign(&dir, &["--cases", "3"]);
+    let report = read_json(&dir.join("report.json"));
+    assert!(report["failures"].as_array().unwrap().is_empty());
+    // A report writes an infinite margin as null (a TE #625 model campaign's lse of inf):
+    // triage reads the failures, not the margins.
+    let mut nulls = report.clone();
+    for (_, p) in nulls["margins"].as_object_mut().unwrap().iter_mut() {
+        for (_, v) in p.as_object_mut().unwrap().iter_mut() {
+            *v = serde_json::Value::Null;
+        }
+    }
+    std::fs::write(dir.join("report.json"), nulls.to_string()).unwrap();
+    let out = tmp("clean-out");
+    let o = run(bin().arg("triage").arg(&dir).arg("--out").arg(&out));
+    assert_eq!(o.status.code(), Some(0));
+    let t = read_json(&out.join("triage.json"));
+    assert!(t["groups"].as_array().unwrap().is_empty());
+    let md = std::fs::read_to_string(out.join("triage.md")).unwrap();
+    assert!(md.contains("nothing to triage"), "{md}");
+    // A folder without a report: a usage error naming the file.
+    let o = run(bin().arg("triage").arg(tmp("none")));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("report.json"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The replay decides: the same capsule rerun on the CPU backend without its planted bug
+/// passes, an irreproducible failure and so a harness error; with the bug it is a defect; and
+/// a group listed among the range limits is a design or range limit.
+#[test]
+fn the_replay_and_the_range_limit_list_decide_the_verdict() {
+    let dir = tmp("replay");
+    campaign(
+        &dir,
+        &[
+            "--plant",
+            "scale-twice",
+            "--cases",
+            "3",
+            "--shrink-time",
+            "1s",
+        ],
+    );
+    let report = read_json(&dir.join("report.json"));
+    let f = &report["failures"][0];
+    let cap = f["shrunk_capsule"]
+        .as_str()
+        .or(f["capsule"].as_str())
+        .unwrap();
+    let case = read_case(Path::new(cap)).unwrap();
+    let detail = f["detail"].as_str().unwrap();
+    let mut sig = Signature {
+        implementation: "cpu".into(),
+        property: f["property"].as_str().unwrap().into(),
+        tensor: smallseq::harness::triage::tensor_of(detail),
+        class: smallseq::harness::triage::class_of(&case),
+        pattern: smallseq::harness::triage::pattern(detail),
+        range_limit: false,
+    };
+    let salt = if cap.ends_with("-shrunk.safetensors") {
+        0
+    } else {
+        smallseq::harness::repro::Recorded::of(&case, cap)
+            .unwrap()
+            .replay
+            .unwrap()
+            .salt
+    };
+    let verdict = |planted: &[Mutant], sig: &Signature| {
+        let be = smallseq::backend::open_planted("cpu", planted).unwrap();
+        let checker = Checker::new(Box::new(InProcess::new(be.as_ref())), Default::default());
+        let replay = Replay {
+            checker: &checker,
+            salt,
+            through: "the cpu backend".into(),
+        };
+        judge(sig, detail, &case, Some(&replay), "")
+    };
+    let clean = verdict(&[], &sig);
+    assert_eq!(clean.verdict, Verdict::HarnessError, "{clean:?}");
+    assert!(
+        clean.evidence.iter().any(|e| e.contains("irreproducible")),
+        "{clean:?}"
+    );
+    let planted = verdict(&[Mutant::ScaleTwice], &sig);
+    assert_eq!(planted.verdict, Verdict::Defect, "{planted:?}");
+    sig.range_limit = true;
+    assert_eq!(
+        verdict(&[], &sig).verdict,
+        Verdict::DesignOrRangeLimit,
+        "a listed range limit"
+    );
+    // No replay at hand: the stored outputs, re-judged here, still fail: a defect.
+    sig.range_limit = false;
+    let stored = judge(&sig, detail, &case, None, "no backend");
+    assert_eq!(stored.verdict, Verdict::Defect, "{stored:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An outside implementation (the adapter kit's numpy reference with a planted off-by-one in
+/// the key length, run as a worker): replayed through the recorded worker, and its script
+/// embeds the adapter and reproduces the failure with numpy alone.
+#[test]
+fn an_exec_campaign_triages_through_its_worker_and_scripts_its_adapter() {
+    if !python_kit() {
+        println!("SKIP: python3 with numpy and safetensors is not here");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let planted = root.join("adapters/tests/planted.py");
+    let worker = format!("python3 {} --plant last-key", planted.display());
+    let dir = tmp("exec");
+    campaign(
+        &dir,
+        &[
+            "--backend",
+            "exec",
+            "--worker",
+            &worker,
+            "--cases",
+            "6",
+            "--shrink-time",
+            "2s",
+        ],
+    );
+    let o = run(bin().arg("triage").arg(&dir).arg("--shrink-time").arg("2s"));
+    assert_eq!(o.status.code(), Some(1));
+    let t = read_json(&dir.join("triage.json"));
+    let groups = t["groups"].as_array().unwrap();
+    assert!(!groups.is_empty());
+    let g = &groups[0];
+    assert_eq!(g["finding"]["verdict"], "defect", "{g}");
+    assert!(
+        g["finding"]["evidence"]
+            .to_string()
+            .contains("replayed through the worker"),
+        "{g}"
+    );
+    assert!(
+        g["repro"].as_str().unwrap().ends_with("--backend exec"),
+        "{g}"
+    );
+    let script = g["script"].as_str().unwrap();
+    let text = std::fs::read_to_string(script).unwrap();
+    assert!(
+        text.contains("SOURCES['planted']"),
+        "the adapter is embedded"
+    );
+    script_reproduces(script);
+    let _ = std::fs::remove_dir_all(&dir);
+}
