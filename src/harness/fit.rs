@@ -6,7 +6,7 @@
 
 use super::gen::Geometry;
 use super::rng::{Draw, Rng};
-use crate::config::LayoutKind;
+use crate::config::{Bias, LayoutKind};
 use crate::error::{Error, Result};
 use crate::runner::Caps;
 use smallseq_reference::{Dropout, Layout, Side, Window};
@@ -66,6 +66,10 @@ pub fn fit_to_caps(g: &mut Geometry, caps: &Caps, rng: &mut Rng) -> Result<()> {
     }
     if !caps.dropout {
         p.dropout = Dropout::NONE;
+    }
+    // Only the types §1.9 defines need the capability; another stays, to be refused.
+    if !caps.bias && matches!(c.bias, Bias::PostScale(_) | Bias::Alibi) {
+        c.bias = Bias::None;
     }
     let unpadded = |s: &Side| Side {
         cu: s.cu.clone(),

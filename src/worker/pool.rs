@@ -469,6 +469,8 @@ impl Pool {
             dq: f32_3(got.dq, name, "dq")?,
             dk: f32_3(got.dk, name, "dk")?,
             dv: f32_3(got.dv, name, "dv")?,
+            // Not carried by the worker protocol yet (docs/worker-protocol.md).
+            dbias: None,
             path: self.path(reply.path.as_ref().and_then(|p| p.bwd.as_deref()))?,
             workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
         })

@@ -169,7 +169,7 @@ pub fn serve(
             be.arch().name(),
             be.has_small_seq(),
             devices,
-            be.computes_dropout(),
+            (be.computes_dropout(), be.computes_bias()),
         )
         .to_wire(),
     };

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllowance, PNoise};
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use crate::stages::{timed, Stage};
-use smallseq_reference::{emulate, forward_backward, Dtype};
+use smallseq_reference::{emulate, emulate_dbias, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
 pub struct Yardstick {
@@ -63,6 +63,7 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         lse: Some(f.lse),
         dq: g.as_ref().map(|g| g.dq.clone()),
         dk: g.as_ref().map(|g| g.dk.clone()),
+        dbias: g.as_ref().and_then(|g| g.dbias.clone()),
         dv: g.map(|g| g.dv),
     };
     let (ef, eg) = timed(Stage::Emulation, || {
@@ -79,6 +80,10 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         dq: eg.as_ref().map(|g| g.dq.mapv(f64::from)),
         dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
         dv: eg.as_ref().map(|g| g.dv.mapv(f64::from)),
+        dbias: timed(Stage::Emulation, || {
+            emulate_dbias::dbias(&problem, case.config.dtype)
+        })
+        .map(|d| d.mapv(f64::from)),
     };
     Ok(Yardstick {
         reference,
