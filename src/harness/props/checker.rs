@@ -281,13 +281,13 @@ mod tests {
     #[test]
     fn a_case_outside_the_semantics_is_skipped_under_the_feature_it_uses() {
         let mut cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
-        cfg.bias = crate::config::Bias::Other("post_scale_bias".into());
+        cfg.bias = crate::config::Bias::Other("pre_scale_bias".into());
         let case = bf16_case(cfg, Layout::packed(&[(3, 4)]), 1);
         let be = CpuBackend::default();
         let run = Checker::isolated(&be).check(&case, 0).unwrap();
         for (p, reason) in skips(&run) {
             assert!(
-                reason.starts_with("unsupported bias: bias = post_scale_bias"),
+                reason.starts_with("unsupported bias: bias = pre_scale_bias is outside"),
                 "{p}: {reason}"
             );
         }
