@@ -298,6 +298,7 @@ fn outputs(c: &Case, f32s: &[f32], at: &mut usize) -> Outputs {
         dq: Some(dq),
         dk: Some(dk),
         dv: Some(dv),
+        dbias: None,
     }
 }
 

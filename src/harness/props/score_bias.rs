@@ -70,22 +70,22 @@ impl Checker<'_> {
             force: cx.base.fwd.path,
             ..self.opts.clone()
         };
-        let run = |c: &Case, what: &str| {
-            self.runner
-                .run_pair(c, &opts)
-                .map(|p| {
-                    let mut o = p.outputs();
-                    o.dbias = None;
-                    o
-                })
-                .map_err(|e| self.run_failed(Prop::Metamorphic, what, &e))
+        let run = |c: &Case| {
+            self.runner.run_pair(c, &opts).map(|p| {
+                let mut o = p.outputs();
+                o.dbias = None;
+                o
+            })
         };
-        let (z, n) = match (
-            run(&zero, "the run with a zero bias failed"),
-            run(&plain, "the run without bias failed"),
-        ) {
-            (Ok(z), Ok(n)) => (z, n),
-            (Err(o), _) | (_, Err(o)) => return o,
+        let z = match run(&zero) {
+            Ok(z) => z,
+            Err(e) => {
+                return self.run_failed(Prop::Metamorphic, "the run with a zero bias failed", &e)
+            }
+        };
+        let n = match run(&plain) {
+            Ok(n) => n,
+            Err(e) => return self.run_failed(Prop::Metamorphic, "the run without bias failed", &e),
         };
         match bitwise_diff(&n, &z) {
             None => Outcome::Pass,
@@ -111,18 +111,20 @@ impl Checker<'_> {
             *x += shift_of(b, h, r);
         }
         let (c1, c2) = (with_tensor(cx.case, pattern), with_tensor(cx.case, shifted));
-        let run = |c: &Case, what: &str| {
-            self.runner
-                .run_pair(c, &self.opts)
-                .map(|p| p.outputs())
-                .map_err(|e| self.run_failed(Prop::Metamorphic, what, &e))
+        let run = |c: &Case| self.runner.run_pair(c, &self.opts).map(|p| p.outputs());
+        let a = match run(&c1) {
+            Ok(a) => a,
+            Err(e) => {
+                let what = "the run of the bias's -inf pattern failed";
+                return self.run_failed(Prop::Metamorphic, what, &e);
+            }
         };
-        let (a, mut b) = match (
-            run(&c1, "the run of the bias's -inf pattern failed"),
-            run(&c2, "the run of the shifted bias failed"),
-        ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(o), _) | (_, Err(o)) => return o,
+        let mut b = match run(&c2) {
+            Ok(b) => b,
+            Err(e) => {
+                let what = "the run of the shifted bias failed";
+                return self.run_failed(Prop::Metamorphic, what, &e);
+            }
         };
         let y = match oracle_for(&c1, cx.y.design) {
             Ok(y) => y,
