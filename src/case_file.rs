@@ -527,6 +527,8 @@ pub struct Outputs32 {
     pub dq: Option<Array3<f32>>,
     pub dk: Option<Array3<f32>>,
     pub dv: Option<Array3<f32>>,
+    /// dBias `[Bb, Hb, Sq, Sk]`, where the reply carries one (an in-tree worker's).
+    pub dbias: Option<ndarray::Array4<f32>>,
 }
 
 /// As [`parse_outputs`], to f32 (each element as `x as f32` of what [`parse_outputs`]
@@ -556,6 +558,12 @@ pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Output
         dq: dim3(r.output32("dq", &[tq, p.num_heads, p.head_dim_qk])?),
         dk: dim3(r.output32("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
         dv: dim3(r.output32("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
+        dbias: match p.bias.grad_shape() {
+            Some(shape) => r
+                .output32("dbias", &shape)?
+                .map(|a| a.into_dimensionality().expect("shape checked")),
+            None => r.refuse("dbias", "the case has no post-scale bias")?,
+        },
     })
 }
 

@@ -482,8 +482,8 @@ impl Pool {
             dq: f32_3(got.dq, name, "dq")?,
             dk: f32_3(got.dk, name, "dk")?,
             dv: f32_3(got.dv, name, "dv")?,
-            // Not carried by the worker protocol yet (docs/worker-protocol.md).
-            dbias: None,
+            // In-tree workers write it; the kit's adapters return none.
+            dbias: got.dbias,
             path: self.path(reply.path.as_ref().and_then(|p| p.bwd.as_deref()))?,
             workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
         })
