@@ -599,8 +599,9 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 // Query side, one block per (64-row query tile, head), each warp owning 16 rows as in the
 // forward, Q and dO as fragments (held up to D = 128, re-read at 256: FtbFrags). Pass 1 over the key tiles: S = Q·Kᵀ and dP = dO·Vᵀ, then
 // Z = Σ exp(s - lse) and Σ exp(s - lse)·dP (f64, the reason is fb_bwd_q's); D = that sum / Z.
-// Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, rounded with saturation to
-// the input type (the small-seq kernels and the emulation round it so), dQ += dS·K. D and Z go to
+// Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, scaled into the input
+// type's range per 16 x 16 block and rounded to it (ftb_ds_scale: as the small-seq kernels and
+// the emulation do), dQ += dS·K. D and Z go to
 // the workspace for the key side.
 // Key side, one block per (64-key tile, kv head), each warp owning 16 keys: over the group's
 // query heads and the query tiles that can see the block's keys, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, P
@@ -750,15 +751,65 @@ struct FtbFrags<D, false> {
   }
 };
 
+template <int D>
+PT_INLINE void ftb_scale_acc(float (*acc)[8][4], float by) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][j][e] *= by;
+}
+
+// dS of a warp's 16 x BN tile (accumulator layout) brought into E's range before it is packed
+// as a 16-bit operand, as the small-seq kernels do it (ss_ds_scale, reference/src/ds_scale.rs):
+// each 16 x 16 block kk whose largest finite |dS| is past E's largest finite value is
+// multiplied by the least power of two that brings it under, and inv[kk] undoes it on the f32
+// products (ftb_rows_mma). The tiles of both kernels start at multiples of 16 rows and keys of
+// the slot, so the blocks are the emulation's. One max over the tile first: a tile in range
+// computes exactly what the unscaled design did.
+template <class E, int BN>
+PT_INLINE void ftb_ds_scale(float (*x)[4], float (&inv)[BN / 16]) {
+  float m = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) inv[kk] = 1.f;
+#pragma unroll
+  for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) m = pt_fmax(m, pt_finite_abs(x[nt][e]));
+  if (pt_lwarp_max(m) <= E::MAXF) return;  // warp-uniform
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    float mb = 0.f;
+#pragma unroll
+    for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mb = pt_fmax(mb, pt_finite_abs(x[nt][e]));
+    const float sc = pt_range_scale<E>(pt_lwarp_max(mb));
+    if (sc != 1.f) {
+#pragma unroll
+      for (int nt = 2 * kk; nt < 2 * kk + 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[nt][e] *= sc;
+      inv[kk] = 1.f / sc;
+    }
+  }
+}
+
 // acc[c][j] += A · y over BN rows of y (shared memory, FtbShape's layout), A given as packed fragments of
 // a 16 x BN matrix (pa[kk]: columns kk*16..kk*16+15); output dims permuted as in the forward's
 // P·V (n-tile j, column 2t+e of chunk c is dim c*64 + (2t+e)*8 + j).
+// inv (or null): each 16 x 16 block's inverse range scale (ftb_ds_scale); the accumulator joins
+// a scaled block's scale for its products and leaves it after, both exact (powers of two).
 template <class E, int D, int BN>
-PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typename E::T* y) {
+PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typename E::T* y,
+                            const float* inv = nullptr) {
   typedef FtbShape<D> S;
   const int l = pt_llane(), g = l >> 2, t = l & 3;
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk)
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    const float bi = inv ? inv[kk] : 1.f;
+    if (bi != 1.f) ftb_scale_acc<D>(acc, 1.f / bi);
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
       const int r = kk * 16 + 2 * t, ck = c * 8 + g;
@@ -769,6 +820,8 @@ PT_INLINE void ftb_rows_mma(float (*acc)[8][4], const pt_u32 (*pa)[4], const typ
         pt_mma<E>(acc[c][j], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], pt_bsel(v0, v1, j),
                   pt_bsel(v8, v9, j));
     }
+    if (bi != 1.f) ftb_scale_acc<D>(acc, bi);
+  }
 }
 
 // A fragments of the 16 x BN matrix x (accumulator layout), each value passed through f first.
@@ -893,8 +946,10 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
           }
       if (pass == 1) {
         pt_u32 pa[S::BN / 16][4];
+        float inv[S::BN / 16];
+        ftb_ds_scale<E, S::BN>(s, inv);
         ftb_pack<E, S::BN>(pa, s, FtbSat<E>());
-        ftb_rows_mma<E, D, S::BN>(acc, pa, ks);
+        ftb_rows_mma<E, D, S::BN>(acc, pa, ks, inv);
       }
     }
     if (pass == 0) {
@@ -1016,8 +1071,10 @@ PT_INLINE void ftb_bwd_kv_part(const FtItem& it, const typename E::T* q, const t
         ftb_rows_mma<E, D, S::BN>(av, pa, os);
       }
       if constexpr ((PART & FTB_DK) != 0) {
+        float inv[S::BN / 16];
+        ftb_ds_scale<E, S::BN>(dp, inv);
         ftb_pack<E, S::BN>(pa, dp, FtbSat<E>());
-        ftb_rows_mma<E, D, S::BN>(ak, pa, qs);
+        ftb_rows_mma<E, D, S::BN>(ak, pa, qs, inv);
       }
     }
   }

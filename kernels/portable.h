@@ -153,6 +153,11 @@ PT_INLINE float pt_warp_max(float v) {
   for (int m = PT_WARP / 2; m > 0; m >>= 1) v = pt_fmax(v, pt_shfl_xor(v, m));
   return v;
 }
+// The largest value over this thread's logical warp (its 32 lanes; on HIP half a wavefront).
+PT_INLINE float pt_lwarp_max(float v) {
+  for (int m = PT_LWARP_THREADS / 2; m > 0; m >>= 1) v = pt_fmax(v, pt_shfl_xor(v, m));
+  return v;
+}
 // Reductions over the 4 lanes of a quad (the lanes sharing a fragment row).
 PT_INLINE float pt_quad_max(float x) {
   x = pt_fmax(x, pt_shfl_xor(x, 1));
@@ -227,6 +232,22 @@ struct F16 {
 template <class E>
 PT_INLINE float pt_sat(float x) {
   return x != x ? x : pt_fmin(pt_fmax(x, -E::MAXF), E::MAXF);
+}
+
+// The least power of two 2^-k (k >= 0) that brings a finite m to at most E's largest finite
+// value; 1 when m already is or is not finite (reference/src/ds_scale.rs: range_scale). The
+// product m * s is exact, so the loop agrees with the emulation's bit for bit.
+template <class E>
+PT_INLINE float pt_range_scale(float m) {
+  float s = 1.f;
+  if (m < pt_inf())
+    while (m * s > E::MAXF) s *= 0.5f;
+  return s;
+}
+// |x| where finite, else 0: what a block's range scale is taken over.
+PT_INLINE float pt_finite_abs(float x) {
+  const float a = x < 0.f ? -x : x;
+  return a < pt_inf() ? a : 0.f;
 }
 
 struct F32 {

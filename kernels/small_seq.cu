@@ -174,14 +174,56 @@ PT_INLINE bool ss_in_row_max(int nt) {
 #endif
 }
 
-// dS before it is rounded to E as a matrix operand: saturated at E's largest finite value, or
-// (planted bug, issue 18) for f16 not, so a |dS| past 65,504 rounds to ±inf.
+// dS of an item brought into E's range before it is rounded to E as a matrix operand
+// (reference/src/ds_scale.rs, issue 33): each 16 x 16 block (row tile mt, keys 16kt..16kt+15,
+// that is nt = 2kt and 2kt + 1) whose largest finite |dS| lies past E's largest finite value is
+// multiplied by the least power of two that brings it under, and inv[mt][kt] (its inverse)
+// scales the block's f32 products back, exactly. One max over the item first, so an item in
+// range (nearly all of them) computes exactly what the unscaled design did. Saturated after
+// that, for an infinite dS: one key's +inf with another's -inf made the row's dQ NaN (fuzz seed
+// 2027, case 1923). Saturated alone, an f16 dS of 91,248 lost the cancellation of dQ = dS·K
+// and stored +inf for -0.045 (H200 seed 2102, case 37242). Planted bug (issue 18): for f16
+// neither, so a |dS| past 65,504 rounds to +-inf.
 template <class E>
-PT_INLINE float ss_ds_in_range(float ds) {
+PT_INLINE void ss_ds_scale(float (&ds)[2][3][4], float (&inv)[2][2]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) inv[mt][0] = inv[mt][1] = 1.f;
 #ifdef SMALLSEQ_MUTANT_F16_DS_UNCLAMPED
-  if (E::KIND == 1) return ds;
+  if (E::KIND == 1) return;
 #endif
-  return pt_sat<E>(ds);
+  float m = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = pt_fmax(m, pt_finite_abs(ds[mt][nt][e]));
+  if (pt_lwarp_max(m) > E::MAXF) {  // warp-uniform
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        float mb = 0.f;
+#pragma unroll
+        for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mb = pt_fmax(mb, pt_finite_abs(ds[mt][nt][e]));
+        const float sc = pt_range_scale<E>(pt_lwarp_max(mb));
+        if (sc != 1.f) {
+#pragma unroll
+          for (int nt = 2 * kt; nt < 3 && nt < 2 * kt + 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[mt][nt][e] *= sc;
+          inv[mt][kt] = 1.f / sc;
+        }
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[mt][nt][e] = pt_sat<E>(ds[mt][nt][e]);
 }
 
 // An output value about to be stored: unchanged (the store rounds it to nearest-even), or
@@ -310,7 +352,7 @@ PT_INLINE void ss_afrag(pt_u32 (&a)[2][2][4], const float (&p)[2][3][4]) {
 // for that one row; tile 1 re-reads Y from cache instead.
 template <class E, class O, int D>
 PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long long rs, int ny,
-                     int nout, typename O::T* out, float mul) {
+                     int nout, typename O::T* out, float mul, const float (&inv)[2][2]) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
 #pragma unroll 1
   for (int c64 = 0; c64 < D / 64; ++c64)
@@ -331,10 +373,25 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
         pt_v4 v1 = r0 + 1 < ny ? pt_ld16(yb + (r0 + 1) * rs) : pt_zero4();
         pt_v4 v8 = r0 + 8 < ny ? pt_ld16(yb + (r0 + 8) * rs) : pt_zero4();
         pt_v4 v9 = r0 + 9 < ny ? pt_ld16(yb + (r0 + 9) * rs) : pt_zero4();
+        // A block scaled into E's range (ss_ds_scale): the accumulator joins its scale for
+        // the block's products and leaves it after; powers of two, so both steps are exact.
+        const float bi = inv[ot][rt];
+        if (bi != 1.f) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] *= 1.f / bi;
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           pt_mma<E>(acc[j], f[ot][rt][0], f[ot][rt][1], f[ot][rt][2], f[ot][rt][3],
                     pt_bsel(v0, v1, j), pt_bsel(v8, v9, j));
+        if (bi != 1.f) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] *= bi;
+        }
       }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -359,10 +416,12 @@ PT_INLINE void ss_fy(const pt_u32 (&f)[2][2][4], const typename E::T* y, long lo
 }
 
 // out[keys][D] = Aᵀ[keys][rows] · Y[rows][D], where a holds A (rows x keys) as A fragments.
+// inv[mt][kk]: the blocks' inverse scales as ss_ds_scale gives them (A's layout).
 template <class E, class O, int D>
 PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long long rs, int ny,
-                      int nkeys, typename O::T* out, float mul) {
+                      int nkeys, typename O::T* out, float mul, const float (&inv)[2][2]) {
   pt_u32 at[2][2][4];
+  const float invt[2][2] = {{inv[0][0], inv[1][0]}, {inv[0][1], inv[1][1]}};
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
@@ -372,7 +431,7 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
       at[kk][mt][2] = pt_trans8(a[mt][kk][1]);
       at[kk][mt][3] = pt_trans8(a[mt][kk][3]);
     }
-  ss_fy<E, O, D>(at, y, rs, ny, nkeys, out, mul);
+  ss_fy<E, O, D>(at, y, rs, ny, nkeys, out, mul, invt);
 }
 
 
@@ -484,7 +543,7 @@ PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, lon
 // order, as ss_pv_one does.
 template <class E, class O, int D>
 PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
-                          const typename E::T* qrow, const typename E::T* dorow,
+                          const float (&inv)[2], const typename E::T* qrow, const typename E::T* dorow,
                           const typename E::T* kr, long long rs, int lk, typename O::T* dq,
                           typename O::T* dk, typename O::T* dv, float scale) {
   const int d0 = pt_llane() * (D / 32);
@@ -495,7 +554,9 @@ PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
 #pragma unroll
   for (int i = 0; i < D / 32; ++i) acc[i] = 0.f;
   ss_each_key_row<D>((const pt_u16*)kr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
-    const float p = ss_row0_key<E>(s, j), g = ss_row0_key<E>(ds, j);
+    // dS as its block's operand is worth (ss_ds_scale): the 16-bit value times a power of
+    // two, exact in f32, and so is its product with a 16-bit K or Q value.
+    const float p = ss_row0_key<E>(s, j), g = ss_row0_key<E>(ds, j) * inv[j / 16];
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
       acc[i] += pt_mul_rn(g, ss_word_val<E>(w, i));
@@ -584,7 +645,8 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   }
   pt_u32 pa[2][2][4];
   ss_afrag<E>(pa, s);
-  ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f);
+  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
+  ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f, unscaled);
 }
 
 template <class E, class O, int D>
@@ -649,22 +711,22 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
         for (int e = 0; e < 2; ++e) {
           if (SS_DEAD_IN(SS_SKIP_DEAD_BWD, it, mt, nt)) continue;
           float p = s[mt][nt][hh * 2 + e];
-          // Saturated: dS rounded to E is a tensor-core operand, and an infinite dS of one
-          // key with the opposite infinity of another made the row's dQ NaN (fuzz seed 2027,
-          // case 1923: f16, reference dQ -28,506).
-          dp[mt][nt][hh * 2 + e] = ss_ds_in_range<E>(p * (dp[mt][nt][hh * 2 + e] - dsum));
+          dp[mt][nt][hh * 2 + e] = p * (dp[mt][nt][hh * 2 + e] - dsum);
         }
     }
+  float inv[2][2];
+  ss_ds_scale<E>(dp, inv);
   if (one) {
-    ss_bwd_one<E, O, D>(s, dp, q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk, dv + hk,
-                        scale);
+    ss_bwd_one<E, O, D>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk,
+                        dv + hk, scale);
   } else {
     pt_u32 pa[2][2][4], da[2][2][4];
     ss_afrag<E>(pa, s);
     ss_afrag<E>(da, dp);
-    ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale));
-    ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale);
-    ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f);
+    ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
+    ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
+    const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
+    ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f, unscaled);
   }
 #ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW
   // Planted bug (issue 21): dK of the slot's last key left zero in the last head.

@@ -10,6 +10,7 @@
 //! kernels apply it: P·V over the kept keys, the f32 factor `fl32(1/(1 − p))` applied to the
 //! accumulated O; backward the same factor on the kept dP and on dV's P.
 
+use crate::ds_scale::{self, DsOperand};
 use crate::problem::Problem;
 use crate::slot::SlotGeom;
 use crate::types::{visible, AttnParams, Dtype};
@@ -39,13 +40,23 @@ pub struct EmuGradients {
     /// `dv` before its rounding to the dtype (as [`EmuForward::o_acc`]).
     pub dv_acc: Array3<f32>,
     /// How many dS values lay past the dtype's largest finite value before their rounding
-    /// (saturated there, so the cancellation they carried into dQ and dK is lost).
-    pub ds_saturated: usize,
+    /// (their block scaled by a power of two, `ds_scale.rs`; saturated if infinite).
+    pub ds_past_range: usize,
 }
 
 /// Forward pass, and the gradients when `p.d_o` is present, with the kernels' roundings for
 /// inputs of type `dtype`.
 pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGradients>) {
+    forward_backward_with(p, dtype, DsOperand::BlockScaled)
+}
+
+/// [`forward_backward`] of a design that carries dS as `ds` says (the other designs a range
+/// limit may be of).
+pub fn forward_backward_with(
+    p: &Problem,
+    dtype: Dtype,
+    ds: DsOperand,
+) -> (EmuForward, Option<EmuGradients>) {
     let a = p.params;
     let (nh, nkv, dqk, dv) = (a.num_heads, a.num_kv_heads, a.head_dim_qk, a.head_dim_v);
     let (tq, tk) = (p.layout.q.tokens, p.layout.kv.tokens);
@@ -59,7 +70,7 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
         dk: Array3::zeros((tk, nkv, dqk)),
         dv: Array3::zeros((tk, nkv, dv)),
         dv_acc: Array3::zeros((tk, nkv, dv)),
-        ds_saturated: 0,
+        ds_past_range: 0,
     });
     for i in 0..p.layout.slots() {
         let sg = SlotGeom::of(p.layout, i);
@@ -67,7 +78,7 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
             continue;
         }
         for hk in 0..nkv {
-            emulate_group(p, a, (i, sg), hk, dtype, &mut fwd, grads.as_mut());
+            emulate_group(p, a, (i, sg), hk, (dtype, ds), &mut fwd, grads.as_mut());
         }
     }
     (fwd, grads)
@@ -127,7 +138,7 @@ fn emulate_group(
     a: &AttnParams,
     (slot, sg): (usize, SlotGeom),
     hk: usize,
-    dtype: Dtype,
+    (dtype, ds_design): (Dtype, DsOperand),
     fwd: &mut EmuForward,
     grads: Option<&mut EmuGradients>,
 ) {
@@ -196,20 +207,22 @@ fn emulate_group(
         let mut dq = vec![0.0f32; dqk];
         let mut dk_h = vec![0.0f32; lk * dqk];
         let mut dv_h = vec![0.0f32; lk * dv];
+        // P and dS of every row first: dS's 16 × 16 blocks are scaled into the type's range
+        // by a power of two each (ds_scale.rs), so a block's rows must all be known.
+        let mut pr = vec![0.0f32; lq * lk];
+        let mut raw = vec![0.0f32; lq * lk];
         for r in 0..lq {
             if lse[r] == f32::NEG_INFINITY {
                 continue;
             }
-            let pr: Vec<f32> = (0..lk)
-                .map(|c| {
-                    let x = s[r * lk + c];
-                    if x == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        (x - lse[r]).exp()
-                    }
-                })
-                .collect();
+            for c in 0..lk {
+                let x = s[r * lk + c];
+                pr[r * lk + c] = if x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (x - lse[r]).exp()
+                };
+            }
             let dp: Vec<f32> = (0..lk)
                 .map(|c| {
                     // A dropped key's dP is exactly 0, not 0 times a product.
@@ -221,15 +234,25 @@ fn emulate_group(
                     }
                 })
                 .collect();
-            let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+            let prr = &pr[r * lk..(r + 1) * lk];
+            let big_d = prr
+                .iter()
+                .zip(&dp)
+                .fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+            for c in 0..lk {
+                raw[r * lk + c] = prr[c] * (dp[c] - big_d);
+            }
+        }
+        gr.ds_past_range += ds_scale::past_range(dtype, &raw);
+        let ds_op = ds_design.operands(dtype, &raw, lq, lk);
+        for r in 0..lq {
+            if lse[r] == f32::NEG_INFINITY {
+                continue;
+            }
             dq.fill(0.0);
             for c in 0..lk {
-                let raw = pr[c] * (dp[c] - big_d);
-                if raw.is_nan() || raw.abs() > dtype.max_finite() {
-                    gr.ds_saturated += 1;
-                }
-                let ds = dtype.round_saturating(raw);
-                let pc = dtype.round(pr[c]) * z(h, r, c);
+                let ds = ds_op[r * lk + c];
+                let pc = dtype.round(pr[r * lk + c]) * z(h, r, c);
                 for (x, &kd) in dq.iter_mut().zip(k.row(c)) {
                     *x += ds * kd;
                 }

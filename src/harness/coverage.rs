@@ -145,7 +145,7 @@ const REGIMES: [&str; 4] = [
     "in_range",
     "output_past_limit",
     "output_subnormal",
-    "ds_saturated",
+    "ds_past_range",
 ];
 
 fn heads(n: usize) -> String {
@@ -499,12 +499,12 @@ mod tests {
         let case = build(&draw_geometry_for(&mut Rng::new(3), Profile::Native), 3).unwrap();
         let y = crate::harness::props::oracle(&case).unwrap();
         c.add_regimes(&y.regimes);
-        c.add_regimes(&["output_past_limit", "ds_saturated"]);
+        c.add_regimes(&["output_past_limit", "ds_past_range"]);
         c.add_regimes(&[]);
         let d = &c.0["numeric_regime"];
         assert_eq!(d.hit.values().sum::<u64>(), y.regimes.len() as u64 + 2);
-        assert_eq!(d.hit["ds_saturated"], 1);
-        assert!(!c.gaps().contains(&("numeric_regime", "ds_saturated")));
+        assert_eq!(d.hit["ds_past_range"], 1);
+        assert!(!c.gaps().contains(&("numeric_regime", "ds_past_range")));
     }
 
     #[test]

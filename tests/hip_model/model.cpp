@@ -344,9 +344,6 @@ struct Geometry {
   std::vector<int> cu_q{0}, cu_kv{0}, off_q{0}, off_kv{0};
   long long tq = 0, tk = 0;
   float scale = 0;
-  // |dS| limit of the reference: the small-seq kernels saturate dS at E's largest finite value
-  // before rounding it to E (a matrix operand); a case that drives dS past it sets this.
-  double ds_max = INFINITY;
 };
 
 // full: slots 0 and 1 have max_len queries, slots 0 and 2 max_len keys, whatever the draws.
@@ -425,7 +422,7 @@ static Reference reference(const Geometry& g, const std::vector<double>& q,
         }
         for (int c = 0; c < lk; ++c) {
           const long long kr = (g.off_kv[i] + c) * Hkv + hk;
-          const double ds = std::clamp(p[c] * (dp[c] - dsum), -g.ds_max, g.ds_max);
+          const double ds = p[c] * (dp[c] - dsum);
           for (int d = 0; d < Dv; ++d) {
             r.o[(t * H + h) * Dv + d] += p[c] * v[kr * Dv + d];
             r.dv[kr * Dv + d] += p[c] * d_o[(t * H + h) * Dv + d];
@@ -727,10 +724,11 @@ static void test_reach(std::mt19937& rng) {
   }
   {
     // f16 dS past 65,504: two equal keys (P = 1/2 each) with opposite V along dO, so that
-    // dP = +-64^3 and dS = +-2^17. The kernels saturate dS at 65,504, the reference too (ds_max);
-    // rounded unsaturated it is +-inf, and dQ = inf - inf.
+    // dP = +-64^3 and dS = +-2^17. The kernels scale that 16 x 16 block of dS by 2^-2 into
+    // f16's range and the products back (reference/src/ds_scale.rs), so they hold the f64
+    // reference's value; saturated at 65,504 the cancellation would be lost, and rounded
+    // plainly dS is +-inf and dQ = inf - inf (the planted f16-ds-unclamped).
     Geometry g = make_geometry(rng, 1, 1, 1, 64, 64, 0, -1, -1, 2, 2);
-    g.ds_max = 65504.0;
     Buffers<F16, F16> bu(rng, g);
     std::vector<int> sgn(64);
     for (int& x : sgn) x = coin(rng) ? 1 : -1;

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::mutants::Mutant;
 use crate::workspace::names;
 use rayon::prelude::*;
-use smallseq_reference::Dtype;
+use smallseq_reference::{ds_scale, Dtype};
 
 /// Rows (and columns) per tile.
 const TILE: usize = 16;
@@ -228,33 +228,41 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                 let d_o: Vec<Vec<f32>> = (0..g.lq)
                     .map(|i| be.load(dt, &a.d_o, g.oq + i, h))
                     .collect();
-                for i in 0..g.lq {
+                // P, dP and dS of every row first: the kernel scales each 16 x 16 block of dS
+                // into the type's range by a power of two (ds_scale.rs).
+                let (lq, lk) = (g.lq, g.lk);
+                let mut pr = vec![0f32; lq * lk];
+                let mut raw = vec![0f32; lq * lk];
+                for i in 0..lq {
                     let lse = lse_flat[be.lse_index(g.oq + i, h, tq, heads)];
-                    let pr: Vec<f32> = (0..g.lk)
-                        .map(|c| {
-                            let vis =
-                                be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk);
-                            if !vis || lse == f32::NEG_INFINITY {
-                                return 0.0;
-                            }
-                            (dot(&q[i], &k[c]) * scale - lse).exp()
-                        })
-                        .collect();
-                    let dp: Vec<f32> = (0..g.lk).map(|c| dot(&d_o[i], &v[c])).collect();
-                    let delta = pr.iter().zip(&dp).map(|(x, y)| x * y).sum::<f32>();
+                    for c in 0..lk {
+                        let vis = be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, lq, lk);
+                        if vis && lse != f32::NEG_INFINITY {
+                            pr[i * lk + c] = (dot(&q[i], &k[c]) * scale - lse).exp();
+                        }
+                    }
+                    let pi = &pr[i * lk..(i + 1) * lk];
+                    let dp: Vec<f32> = (0..lk).map(|c| dot(&d_o[i], &v[c])).collect();
+                    let delta = pi.iter().zip(&dp).map(|(x, y)| x * y).sum::<f32>();
                     r.delta[i * heads + h] = delta;
+                    for c in 0..lk {
+                        raw[i * lk + c] = pi[c] * (dp[c] - delta);
+                    }
+                }
+                let ds_op = if be.has(Mutant::F16DsUnclamped) && dt == Dtype::F16 {
+                    raw.iter().map(|&x| dt.round(x)).collect()
+                } else {
+                    ds_scale::operands(dt, &raw, lq, lk)
+                };
+                for i in 0..lq {
                     let qscale = if be.has(Mutant::DqScaleMissing) {
                         1.0
                     } else {
                         scale
                     };
                     let mut dq = vec![0f32; d];
-                    for c in 0..g.lk {
-                        let ds = if be.has(Mutant::F16DsUnclamped) && dt == Dtype::F16 {
-                            dt.round(pr[c] * (dp[c] - delta))
-                        } else {
-                            dt.round_saturating(pr[c] * (dp[c] - delta))
-                        };
+                    for c in 0..lk {
+                        let ds = ds_op[i * lk + c];
                         if be.has(Mutant::DqHalfAccumulation) {
                             dq.iter_mut()
                                 .zip(&k[c])
@@ -265,7 +273,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
                         dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
                         if c < P_STORE_COLS {
-                            let pv = dt.round(pr[c]);
+                            let pv = dt.round(pr[i * lk + c]);
                             let dv = &mut r.dv[(c * heads + h) * dvd..(c * heads + h + 1) * dvd];
                             dv.iter_mut()
                                 .zip(&d_o[i])

@@ -7,9 +7,11 @@
 //! overflows, from what input magnitude), and counted apart: the campaign's exit status counts
 //! defects, and `--fail-on-range-limit` makes range limits fail too.
 
-use super::yardstick::Yardstick;
+use super::yardstick::{emulated_outputs, Yardstick};
 use crate::case::{Case, Outputs};
 use ndarray::{Array3, Zip};
+use smallseq_reference::ds_scale::DsOperand;
+use smallseq_reference::emulate;
 
 /// Whether `x` lies past the range of a dtype whose largest finite value is `max`.
 fn past_range(x: f64, max: f64) -> bool {
@@ -43,18 +45,50 @@ fn excuse(
 }
 
 /// The characterisation of a range limit, when every failing tensor of `actual` is one: the
-/// outputs, with the shared out-of-range elements set to the reference, pass the same judge.
-/// None for any other failure (a value the emulation does not share is a defect, whatever its
-/// size).
+/// outputs, with the out-of-range elements that an emulation of one design holds too set to the
+/// reference, pass the same judge. The designs tried are smallseq's own (the yardstick's
+/// emulation) and the common ones that carry dS to 16 bits otherwise (saturated, or rounded
+/// plainly: `ds_scale::DsOperand`). None for any other failure (a value no design shares is a
+/// defect, whatever its size).
 pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<String> {
+    let dt = case.config.dtype;
+    let max = f64::from(dt.max_finite());
+    if let Some(what) = excused_by(case, actual, y, &y.emulated) {
+        let intermediate = format!("a {dt} intermediate or store passes {max}");
+        return Some(describe(case, &what, "smallseq's design", &intermediate));
+    }
+    let problem = case.problem().ok()?;
+    for (design, intermediate) in [
+        (
+            DsOperand::Saturated,
+            format!("dS rounded to {dt} saturates at {max}"),
+        ),
+        (
+            DsOperand::Rounded,
+            format!("dS rounded to {dt} overflows past {max}"),
+        ),
+    ] {
+        let (ef, eg) = emulate::forward_backward_with(&problem, dt, design);
+        let emulated = emulated_outputs(&ef, eg.as_ref());
+        if let Some(what) = excused_by(case, actual, y, &emulated) {
+            let name = format!("a design that rounds P and dS to {dt}");
+            return Some(describe(case, &what, &name, &intermediate));
+        }
+    }
+    None
+}
+
+/// The tensors and counts of `actual`'s out-of-range elements that `emulated` holds too, when
+/// with them set to the reference the outputs pass; None otherwise.
+fn excused_by(case: &Case, actual: &Outputs, y: &Yardstick, emulated: &Outputs) -> Option<String> {
     let max = f64::from(case.config.dtype.max_finite());
     let mut excused = actual.clone();
     let mut counts = Vec::new();
     for (name, a, r, e) in [
-        ("o", excused.o.as_mut(), &y.reference.o, &y.emulated.o),
-        ("dq", excused.dq.as_mut(), &y.reference.dq, &y.emulated.dq),
-        ("dk", excused.dk.as_mut(), &y.reference.dk, &y.emulated.dk),
-        ("dv", excused.dv.as_mut(), &y.reference.dv, &y.emulated.dv),
+        ("o", excused.o.as_mut(), &y.reference.o, &emulated.o),
+        ("dq", excused.dq.as_mut(), &y.reference.dq, &emulated.dq),
+        ("dk", excused.dk.as_mut(), &y.reference.dk, &emulated.dk),
+        ("dv", excused.dv.as_mut(), &y.reference.dv, &emulated.dv),
     ] {
         if let (Some(a), Some(r), Some(e)) = (a, r, e) {
             let n = excuse(a, r, e, max);
@@ -66,6 +100,12 @@ pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Strin
     if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
         return None;
     }
+    Some(counts.join(", "))
+}
+
+/// The verdict's sentence: what lies past the range, which design's emulation holds it, what
+/// overflows there, and the input magnitudes that took it there.
+fn describe(case: &Case, what: &str, design: &str, intermediate: &str) -> String {
     let largest = |x: &Array3<f32>| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let mut inputs = vec![
         format!("|q| {}", largest(&case.q)),
@@ -75,18 +115,11 @@ pub fn range_limit(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Strin
     if let Some(d_o) = &case.d_o {
         inputs.push(format!("|dO| {}", largest(d_o)));
     }
-    let intermediate = if y.regimes.contains(&"ds_saturated") {
-        format!("dS rounded to {} saturates at {max}", case.config.dtype)
-    } else {
-        format!("a {} intermediate or store passes {max}", case.config.dtype)
-    };
-    Some(format!(
-        "range limit of a 16-bit design, not a defect: {} past the {} range where the f64 \
-         reference is finite, and smallseq's emulation of a design that rounds P and dS to {} \
-         holds the same values ({intermediate}); inputs up to {}",
-        counts.join(", "),
-        case.config.dtype,
-        case.config.dtype,
+    let dt = case.config.dtype;
+    format!(
+        "range limit of a 16-bit design, not a defect: {what} past the {dt} range where the \
+         f64 reference is finite, and smallseq's emulation of {design} holds the same values \
+         ({intermediate}); inputs up to {}",
         inputs.join(", ")
-    ))
+    )
 }

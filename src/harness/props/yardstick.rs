@@ -7,7 +7,8 @@ use crate::error::Result;
 use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllowance, PNoise};
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use crate::stages::{timed, Stage};
-use smallseq_reference::{emulate, emulate_dbias, forward_backward, Dtype};
+use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
+use smallseq_reference::{emulate_dbias, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
 pub struct Yardstick {
@@ -72,19 +73,13 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
     let regimes = numeric_regimes(
         case.config.dtype,
         &reference,
-        eg.as_ref().map_or(0, |g| g.ds_saturated),
+        eg.as_ref().map_or(0, |g| g.ds_past_range),
     );
-    let emulated = Outputs {
-        o: Some(ef.o.mapv(f64::from)),
-        lse: Some(ef.lse.mapv(f64::from)),
-        dq: eg.as_ref().map(|g| g.dq.mapv(f64::from)),
-        dk: eg.as_ref().map(|g| g.dk.mapv(f64::from)),
-        dv: eg.as_ref().map(|g| g.dv.mapv(f64::from)),
-        dbias: timed(Stage::Emulation, || {
-            emulate_dbias::dbias(&problem, case.config.dtype)
-        })
-        .map(|d| d.mapv(f64::from)),
-    };
+    let mut emulated = emulated_outputs(&ef, eg.as_ref());
+    emulated.dbias = timed(Stage::Emulation, || {
+        emulate_dbias::dbias(&problem, case.config.dtype)
+    })
+    .map(|d| d.mapv(f64::from));
     Ok(Yardstick {
         reference,
         emulated,
@@ -101,15 +96,29 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
     })
 }
 
+/// An emulation's outputs as the judge reads them.
+pub(super) fn emulated_outputs(ef: &EmuForward, eg: Option<&EmuGradients>) -> Outputs {
+    Outputs {
+        o: Some(ef.o.mapv(f64::from)),
+        lse: Some(ef.lse.mapv(f64::from)),
+        dq: eg.map(|g| g.dq.mapv(f64::from)),
+        dk: eg.map(|g| g.dk.mapv(f64::from)),
+        dv: eg.map(|g| g.dv.mapv(f64::from)),
+        // The emulation's dBias is apart (emulate_dbias), added by the oracle.
+        dbias: None,
+    }
+}
+
 /// The numeric regimes a case reaches, each a value of coverage's `numeric_regime`: a
 /// reference output (o, dQ, dK, dV) at or past the dtype's largest finite value
 /// (`output_past_limit`), a nonzero one below its smallest normal (`output_subnormal`), a dS
-/// past the range that the kernels' design saturates before dQ = dS·K and dK = dSᵀ·Q
-/// (`ds_saturated`, from the emulation), or none of these (`in_range`).
+/// past the type's range, which the kernels' design scales by a power of two per 16 × 16 block
+/// before dQ = dS·K and dK = dSᵀ·Q (`ds_past_range`, from the emulation), or none of these
+/// (`in_range`).
 pub fn numeric_regimes(
     dtype: Dtype,
     reference: &Outputs,
-    ds_saturated: usize,
+    ds_past_range: usize,
 ) -> Vec<&'static str> {
     let max = f64::from(dtype.max_finite());
     let smallest_normal = dtype.smallest_normal();
@@ -126,8 +135,8 @@ pub fn numeric_regimes(
     if values().any(|x| x != 0.0 && x.abs() < smallest_normal) {
         regimes.push("output_subnormal");
     }
-    if ds_saturated > 0 {
-        regimes.push("ds_saturated");
+    if ds_past_range > 0 {
+        regimes.push("ds_past_range");
     }
     if regimes.is_empty() {
         regimes.push("in_range");
@@ -150,7 +159,7 @@ mod tests {
         assert_eq!(numeric_regimes(Dtype::F16, &out(0.0), 0), ["in_range"]);
         assert_eq!(
             numeric_regimes(Dtype::F16, &out(70000.0), 2),
-            ["output_past_limit", "ds_saturated"]
+            ["output_past_limit", "ds_past_range"]
         );
         // 2^-15 is subnormal in f16 and normal in bf16.
         let tiny = 2f64.powi(-15);
