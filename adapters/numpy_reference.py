@@ -7,9 +7,11 @@ Capabilities: every dtype, mask and window of §1, GQA, head_dim_v != head_dim_q
 dim, padded offsets, backward and LSE. Rows with no visible key: O = 0, LSE = -inf, no
 gradient. Don't-care tokens: never read, written 0 (-inf for LSE).
 BSHD cases are the THD cases whose slots all hold S tokens (the kit flattens them).
-Cannot express: bias (outside §1) and dropout (§1.8's Philox mask is not implemented here), both
-`unsupported`, and anything about paths or
-workspaces.
+The bias of §1.9 (a post-scale tensor of any broadcast, ALiBi) is added after the scale; a -inf
+entry hides its key, and a row it hides entirely is a row with no visible key. No dBias (the kit
+returns none).
+Cannot express: dropout (§1.8's Philox mask is not implemented here), `unsupported`, and
+anything about paths or workspaces.
 """
 
 import os
@@ -24,20 +26,23 @@ import smallseq_adapter as kit  # noqa: E402
 
 def softmax64(case: kit.Case, slot: int) -> tuple:
     """`(P, m, l, rows)` of one slot in f64: P [H, Lq, Lk], the row maxima and sums [H, Lq],
-    and which query rows see at least one key [Lq]. Rows that see no key have P = 0."""
+    and which query rows of each head see at least one key [H, Lq] (the mask's keys less those
+    a -inf bias hides). Rows that see no key have P = 0."""
     c = case.config
     lq, lk = int(case.sq.lens[slot]), int(case.skv.lens[slot])
     oq, ok = int(case.sq.starts[slot]), int(case.skv.starts[slot])
     qs = case.q[oq : oq + lq].astype(np.float64)  # [Lq, H, D]
     ks = np.repeat(case.k[ok : ok + lk].astype(np.float64), c.group, axis=1)  # head h reads kv h // g
-    vis = case.visible(slot)  # [Lq, Lk]
-    rows = vis.any(axis=1)
+    bias = case.bias_of(slot)  # [H, Lq, Lk]
+    vis = case.visible(slot)[None] & (bias != -np.inf)  # [H, Lq, Lk]
+    rows = vis.any(axis=2)
     s = c.scale * np.einsum("rhd,chd->hrc", qs, ks)
-    s = np.where(vis[None], s, -np.inf)
-    m = np.where(rows[None], s.max(axis=2, initial=-np.inf), 0.0)
-    e = np.where(vis[None], np.exp(s - m[..., None]), 0.0)
+    # Unread entries (a masked key) may hold anything: only visible ones are added.
+    s = np.where(vis, s + np.where(vis, bias, 0.0), -np.inf)
+    m = np.where(rows, s.max(axis=2, initial=-np.inf), 0.0)
+    e = np.where(vis, np.exp(s - m[..., None]), 0.0)
     l = e.sum(axis=2)
-    p = e / np.where(rows[None], l, 1.0)[..., None]  # zero rows stay zero
+    p = e / np.where(rows, l, 1.0)[..., None]  # zero rows stay zero
     return p, m, l, rows
 
 
@@ -61,7 +66,7 @@ def attention64(case: kit.Case, want: frozenset) -> dict:
         vs = np.repeat(v[ok : ok + lk], g, axis=1)
         p, m, l, rows = softmax64(case, i)
         o[oq : oq + lq] = np.einsum("hrc,chd->rhd", p, vs)
-        lse[oq : oq + lq] = np.where(rows[None], m + np.log(np.where(rows[None], l, 1.0)), -np.inf).T
+        lse[oq : oq + lq] = np.where(rows, m + np.log(np.where(rows, l, 1.0)), -np.inf).T
         if grads:
             dos = d_o[oq : oq + lq]
             dp = np.einsum("rhd,chd->hrc", dos, vs)
@@ -85,7 +90,7 @@ def adapter(argv=None) -> kit.Adapter:
     args = kit.arg_parser(__doc__).parse_args([] if argv is None else argv)
     caps = kit.Caps(
         dtypes=list(kit.DTYPES), masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
-        max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu",
+        max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu", bias=True,
     )
     prov = {"implementation": "adapters/numpy_reference.py (f64, rounded once)"}
     return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov,

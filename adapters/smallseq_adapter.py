@@ -63,7 +63,12 @@ MASKS = (
 OUTPUTS = ("o", "lse", "dq", "dk", "dv")
 INPUT_NAMES = ("q", "k", "v", "d_o")
 OFFSET_NAMES = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
-KNOWN_TENSORS = INPUT_NAMES + OFFSET_NAMES + OUTPUTS
+# The bias of semantics.md §1.9: a post-scale tensor [Bb, Hb, Sq, Sk] or ALiBi's slopes [H];
+# and dBias, which smallseq's reference and CPU backend store (the kit's adapters return none).
+BIAS_NAMES = ("bias", "alibi_slopes")
+BIAS_TYPES = ("none", "post_scale_bias", "alibi")
+BIAS_SHAPES = ("1hss", "11ss", "b1ss", "bhss")
+KNOWN_TENSORS = INPUT_NAMES + OFFSET_NAMES + OUTPUTS + BIAS_NAMES + ("dbias",)
 CONFIG_KEYS = (
     "dtype",
     "num_heads",
@@ -73,6 +78,7 @@ CONFIG_KEYS = (
     "mask",
     "window",
     "bias",
+    "bias_shape",
     "dropout",
     "dropout_seed",
     "dropout_offset",
@@ -310,6 +316,8 @@ class Config:
     # Philox key and counter base of the dropout mask (semantics.md §1.8), 0..2**64-1.
     dropout_seed: int = 0
     dropout_offset: int = 0
+    # The broadcast of a post-scale bias (semantics.md §1.9), "" for any other bias.
+    bias_shape: str = ""
 
     @property
     def group(self) -> int:
@@ -328,6 +336,8 @@ class Config:
         d = dataclasses.asdict(self)
         d["num_gqa_groups"] = d.pop("num_kv_heads")
         d["window"] = list(self.window)
+        if not self.bias_shape:
+            del d["bias_shape"]
         return json.dumps(d)
 
 
@@ -376,6 +386,11 @@ def parse_config(text: str) -> Config:
     bias = d.get("bias", "none")
     if not isinstance(bias, str):
         raise Invalid(f"smallseq.config bias = {bias}: expected a string")
+    bias_shape = d.get("bias_shape", "1hss" if bias == "post_scale_bias" else None)
+    if bias != "post_scale_bias" and bias_shape is not None:
+        raise Invalid(f"smallseq.config bias_shape = {bias_shape}: only bias = post_scale_bias has a shape")
+    if bias == "post_scale_bias" and bias_shape not in BIAS_SHAPES:
+        raise Invalid(f"smallseq.config bias_shape = {bias_shape}: expected one of {', '.join(BIAS_SHAPES)}")
     dropout = number("dropout", 0.0)
     if not 0.0 <= dropout <= 1.0:
         raise Invalid(f"smallseq.config dropout = {dropout}: must be in [0, 1]")
@@ -391,7 +406,8 @@ def parse_config(text: str) -> Config:
     if layout not in ("thd", "bshd"):
         raise Invalid(f"smallseq.config layout = {layout}: expected thd or bshd")
     scale = number("scale", 1.0 / math.sqrt(dqk))
-    return Config(dtype, h, hkv, dqk, dv, mask, (w[0], w[1]), scale, bias, dropout, layout, seed, offset)
+    return Config(dtype, h, hkv, dqk, dv, mask, (w[0], w[1]), scale, bias, dropout, layout, seed, offset,
+                  bias_shape or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,10 +508,29 @@ class Case:
     sq: Side
     skv: Side
     meta: Dict[str, str]
+    # semantics.md §1.9: bias [Bb, Hb, Sq, Sk] f32 (post_scale_bias) or slopes [H] f32 (alibi)
+    bias: Optional[np.ndarray] = None
+    alibi_slopes: Optional[np.ndarray] = None
 
     @property
     def backward(self) -> bool:
         return self.d_o is not None
+
+    def bias_of(self, slot: int) -> np.ndarray:
+        """[H, Lq, Lk] f64: what semantics.md §1.9 adds to slot `slot`'s scores after the scale
+        (0 without a bias; -inf hides a key)."""
+        c = self.config
+        lq, lk = int(self.sq.lens[slot]), int(self.skv.lens[slot])
+        if self.bias is not None:
+            b = slot if self.bias.shape[0] > 1 else 0
+            t = self.bias[b, :, :lq, :lk].astype(np.float64)
+            return np.broadcast_to(t, (c.num_heads, lq, lk))
+        if self.alibi_slopes is not None:
+            r = np.arange(lq)[:, None]
+            col = np.arange(lk)[None, :]
+            dist = np.abs(r + (lk - lq) - col).astype(np.float64)
+            return -self.alibi_slopes.astype(np.float64)[:, None, None] * dist[None]
+        return np.zeros((c.num_heads, lq, lk))
 
     def visible(self, slot: int) -> np.ndarray:
         """[Lq, Lk] bool: which keys each query row of `slot` sees (semantics.md §1)."""
@@ -542,8 +577,9 @@ def visibility(cfg: Config, lq: int, lk: int) -> np.ndarray:
 
 
 def read_case(path: str) -> Case:
-    """Reads and validates a case file (semantics.md §2). Problems are `invalid`; bias and
-    dropout, which this kit's adapters do not compute, are `unsupported` (§3.5)."""
+    """Reads and validates a case file (semantics.md §2). Problems are `invalid`; dropout,
+    which this kit's adapters do not compute, and a bias type §1.9 does not define are
+    `unsupported` (§3.5); a post-scale bias or ALiBi is read, and `Caps.bias` decides."""
     tensors, meta = read_safetensors(path)
     if meta.get("smallseq.format") != "1":
         raise Invalid(f"{path}: smallseq.format = {meta.get('smallseq.format')}, this kit reads 1")
@@ -593,12 +629,60 @@ def read_case(path: str) -> Case:
     sq, skv = side("q", q.shape[0]), side("kv", k.shape[0])
     if sq.slots != skv.slots:
         raise Invalid(f"cu_seqlens_kv has {skv.slots + 1} entries, cu_seqlens_q has {sq.slots + 1}")
+    bias, slopes = read_bias(tensors, cfg, sq, skv, want_st)
     if cfg.dropout != 0.0:
         # The mask is defined (semantics.md §1.8), but no adapter passes it to its framework yet.
         raise Unsupported(f"dropout = {cfg.dropout}: this kit's adapters do not compute dropout")
-    if cfg.bias != "none":
-        raise Unsupported(f"bias = {cfg.bias} is outside semantics §1")
-    return Case(cfg, q, k, v, d_o, sq, skv, dict(meta))
+    if cfg.bias not in BIAS_TYPES:
+        raise Unsupported(f"bias = {cfg.bias} is outside semantics §1.9")
+    case = Case(cfg, q, k, v, d_o, sq, skv, dict(meta), bias, slopes)
+    check_bias_entries(case)
+    return case
+
+
+def read_bias(tensors, cfg: Config, sq: "Side", skv: "Side", want_st: str):
+    """The bias tensors the config names (semantics.md §2.1), shapes checked; `invalid` for a
+    tensor the config does not name."""
+    want = {"post_scale_bias": "bias", "alibi": "alibi_slopes"}.get(cfg.bias)
+    for name in BIAS_NAMES:
+        if name in tensors and name != want:
+            raise Invalid(f"tensor {name}: present, but smallseq.config has bias = {cfg.bias}")
+    if want is None:
+        return None, None
+    if want not in tensors:
+        raise Invalid(f"tensor {want} is missing (bias = {cfg.bias})")
+    st, arr = tensors[want]
+    if want == "alibi_slopes":
+        if st != "F32" or arr.shape != (cfg.num_heads,):
+            raise Invalid(f"tensor alibi_slopes: {st} {list(arr.shape)}, expected F32 [{cfg.num_heads}]")
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if len(bad):
+            raise Invalid(f"tensor alibi_slopes[{bad[0]}] = {arr[bad[0]]}: must be finite")
+        return None, np.asarray(arr, dtype=np.float32)
+    if st != want_st:
+        raise Invalid(f"tensor bias: dtype {st}, expected {want_st} (config dtype {cfg.dtype})")
+    bb = sq.slots if cfg.bias_shape[0] == "b" else 1
+    hb = cfg.num_heads if cfg.bias_shape[1] == "h" else 1
+    if arr.ndim != 4 or arr.shape[:2] != (bb, hb) or arr.shape[2] < sq.max_len or arr.shape[3] < skv.max_len:
+        raise Invalid(f"tensor bias: shape {list(arr.shape)}, expected [{bb}, {hb}, >= {sq.max_len}, "
+                      f">= {skv.max_len}] (bias_shape = {cfg.bias_shape})")
+    return np.asarray(arr, dtype=np.float32), None
+
+
+def check_bias_entries(case: "Case"):
+    """`invalid` for a +inf or NaN bias entry that a slot reads at a visible key (semantics.md
+    §1.9), naming the tensor, the index and the value."""
+    if case.bias is None:
+        return
+    for i in range(case.sq.slots):
+        lq, lk = int(case.sq.lens[i]), int(case.skv.lens[i])
+        b = i if case.bias.shape[0] > 1 else 0
+        t = case.bias[b, :, :lq, :lk]
+        bad = np.argwhere((np.isnan(t) | (t == np.inf)) & case.visible(i)[None])
+        if len(bad):
+            h, r, col = (int(x) for x in bad[0])
+            raise Invalid(f"tensor bias[{b}, {h}, {r}, {col}] = {t[h, r, col]}: slot {i} reads it at a "
+                          "visible key, where +inf or NaN leaves the softmax undefined")
 
 
 def write_case(path: str, case: Case, outputs: Optional[Dict[str, np.ndarray]] = None):
@@ -610,6 +694,10 @@ def write_case(path: str, case: Case, outputs: Optional[Dict[str, np.ndarray]] =
         arr = getattr(case, name)
         if arr is not None:
             t[name] = encode_tensor(arr, cfg.dtype)
+    if case.bias is not None:
+        t["bias"] = encode_tensor(case.bias, cfg.dtype)
+    if case.alibi_slopes is not None:
+        t["alibi_slopes"] = encode_tensor(case.alibi_slopes, "f32")
     t["cu_seqlens_q"] = encode_tensor(case.sq.cu, "i32")
     t["cu_seqlens_kv"] = encode_tensor(case.skv.cu, "i32")
     if case.sq.padded:
@@ -877,6 +965,7 @@ class Caps:
     small_seq: bool = False  # whether `arch` has a small-seq kernel (read with `arch`)
     devices: int = 1
     dropout: bool = False  # computes the Philox dropout of semantics.md §1.8
+    bias: bool = False  # computes semantics.md §1.9's post-scale bias and ALiBi (no dbias)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -902,6 +991,7 @@ class Caps:
             ),
             ((case.sq.padded or case.skv.padded) and not self.padded_offsets, "padded offsets"),
             (c.dropout != 0.0 and not self.dropout, f"dropout {c.dropout}"),
+            (c.bias != "none" and not self.bias, f"bias {c.bias}"),
         ]
         for bad, what in checks:
             if bad:

@@ -34,8 +34,14 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   yet run); cudnn measured at start (cuDNN documents no value: the H200 campaign of
   2026-12-01 saw an LSE other than -inf there, FINDINGS.md item 3); math has no LSE.
 - Cases with no query token at all are answered without a launch (all outputs zero).
+- Bias (semantics.md §1.9; math, efficient, cudnn): SDPA's float `attn_mask` is added to the
+  scores after the scale, which is TE's post-scale bias. The mask becomes `[B, H, Sq, Sk]`
+  float: the case's bias (any broadcast, or ALiBi's bottom-right distances per slot) where the
+  case's mask lets a key through, -inf elsewhere. A real row whose every key the bias hides
+  would be a NaN row in SDPA; §1.9 says it has no visible key, so it is run like a pad row
+  (key 0, d_o 0: nothing reaches dK, dV) and written O = 0, LSE = -inf, dQ = 0. No dBias.
 
-Cannot express: dropout, bias; windows on flash; top-left/bottom-right causal with
+Cannot express: dropout; bias and windows on flash (no mask); top-left/bottom-right causal with
 Lq != Lk on flash (unsupported per case); GQA on efficient (SDPA refuses it); f32 on flash
 and cudnn; head dims outside the list in `caps_for`.
 """
@@ -60,6 +66,8 @@ def caps_for(kernel: str) -> kit.Caps:
         dtypes=["bf16", "f16", "f32"], masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
         max_tokens=1 << 16, backward=True, lse=kernel != "math", padded_offsets=True,
     )
+    # A float attn_mask carries the bias; flash takes no mask.
+    caps.bias = kernel != "flash"
     if kernel == "efficient":
         caps.gqa = False
         caps.head_dims = FUSED_DIMS
@@ -77,6 +85,39 @@ def pad_row_mask(case: kit.Case, sq: int, sk: int) -> np.ndarray:
         for b in range(case.sq.slots):
             m[b, int(case.sq.lens[b]) :, 0] = True
     return m[:, None]
+
+
+def bias_mask(case: kit.Case, sq: int, sk: int):
+    """`(mask, hidden)`: the `[B, H, Sq, Sk]` f32 additive attn_mask of the case's bias (see the
+    header) and `[B, H, Sq]` bool, the real rows the bias hides entirely (run as pad rows, their
+    outputs written as §1.3 says by `hide_rows`)."""
+    c = case.config
+    b_n, h_n = case.sq.slots, c.num_heads
+    seen = case.padded_mask(sq, sk)  # [B, Sq, Sk]
+    bias = np.zeros((b_n, h_n, sq, sk))
+    for b in range(b_n):
+        lq, lk = int(case.sq.lens[b]), int(case.skv.lens[b])
+        bias[b, :, :lq, :lk] = case.bias_of(b)
+    vis = seen[:, None] & (bias != -np.inf)
+    mask = np.where(vis, np.where(vis, bias, 0.0), -np.inf)
+    hidden = seen.any(axis=2)[:, None] & ~vis.any(axis=3)
+    if sk:
+        pad = np.zeros((b_n, h_n, sq), dtype=bool)
+        for b in range(b_n):
+            pad[b, :, int(case.sq.lens[b]) :] = True
+        mask[..., 0] = np.where(pad | hidden, 0.0, mask[..., 0])
+    return mask.astype(np.float32), hidden
+
+
+def hide_rows(res: dict, hidden: np.ndarray):
+    """Writes the rows `hidden [B, H, Sq]` as rows with no visible key: O = 0, LSE = -inf,
+    dQ = 0 (`res` holds the padded `[B, S, H, D]` outputs and the kernel's `[B, H, S]` LSE)."""
+    b, h, r = np.nonzero(hidden)
+    for name in ("o", "dq"):
+        if name in res:
+            res[name][b, r, h] = 0.0
+    if "lse" in res:
+        res["lse"][b, h, r] = -np.inf
 
 
 def length_groups(case: kit.Case):
@@ -154,6 +195,8 @@ class TorchSdpa:
         need_graph = grads or ("lse" in want and self.kernel != "math")
         tq, tk, tv = (self.tensor(x, dt, need_graph).transpose(1, 2) for x in (q, k, v))
         m = torch.from_numpy(mask).to(self.dev) if mask is not None else None
+        if m is not None and m.dtype != torch.bool:
+            m = m.to(dt)  # SDPA takes a float mask in the query's dtype
         res = {}
         with kit.calling(f"torch {self.kernel}"):
             with self.pinned():
@@ -179,16 +222,25 @@ class TorchSdpa:
             return self.run_groups(case, want)
         sq, sk = case.sq.max_len, case.skv.max_len
         d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
+        d_o = kit.to_padded(d_o, case.sq, sq, "zero")
+        if c.bias != "none":
+            mask, hidden = bias_mask(case, sq, sk)
+            b, h, r = np.nonzero(hidden)
+            d_o[b, r, h] = 0.0  # a hidden row adds nothing to dK, dV
+        else:
+            mask, hidden = pad_row_mask(case, sq, sk), None
         res = self.call(
             case,
             kit.to_padded(case.q, case.sq, sq),  # pad query rows are real rows to SDPA: no poison
             kit.to_padded(case.k, case.skv, sk, self.pad),
             kit.to_padded(case.v, case.skv, sk, self.pad),
-            kit.to_padded(d_o, case.sq, sq, "zero"),
-            pad_row_mask(case, sq, sk),
+            d_o,
+            mask,
             False,
             want,
         )
+        if hidden is not None:
+            hide_rows(res, hidden)
         return self.unpad(case, res, want)
 
     def run_groups(self, case, want):

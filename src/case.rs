@@ -2,7 +2,7 @@
 
 use crate::config::{AttnConfig, LayoutKind};
 use crate::error::{Error, Result};
-use ndarray::{Array2, Array3, ArrayView3};
+use ndarray::{Array2, Array3, Array4, ArrayView3};
 use smallseq_reference::{visible, Dtype, Layout, Problem, Side};
 use std::collections::BTreeMap;
 
@@ -15,6 +15,8 @@ pub struct Outputs {
     pub dq: Option<Array3<f64>>,
     pub dk: Option<Array3<f64>>,
     pub dv: Option<Array3<f64>>,
+    /// The post-scale bias's gradient `[Bb, Hb, Sq, Sk]` (`docs/semantics.md` §1.9).
+    pub dbias: Option<Array4<f64>>,
 }
 
 impl Outputs {
@@ -25,6 +27,7 @@ impl Outputs {
             && self.dq.is_none()
             && self.dk.is_none()
             && self.dv.is_none()
+            && self.dbias.is_none()
     }
 
     /// The `[T, heads, D]` tensors by name: o, dq, dk, dv.
@@ -69,7 +72,20 @@ impl Outputs {
             && eq(&self.dq, &other.dq)
             && eq(&self.dk, &other.dk)
             && eq(&self.dv, &other.dv)
+            && eq(&self.dbias, &other.dbias)
     }
+}
+
+/// dBias `[Bb, Hb, Sq, Sk]` as rows `[Bb·Sq, Hb, Sk]`: the `[token, head, dim]` form the
+/// judges read, a row per (plane, query row, head plane) of keys.
+pub fn dbias_rows(d: &Array4<f64>) -> Array3<f64> {
+    let (bb, hb, sq, sk) = d.dim();
+    d.view()
+        .permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((bb * sq, hb, sk))
+        .expect("the same number of elements")
 }
 
 /// One attention case.
@@ -137,11 +153,23 @@ impl Case {
         })
     }
 
-    /// `P = exp(scale · q·k − lse)` of `row` and key token `key`, in f64.
+    /// `P = exp(scale · q·k + bias − lse)` of `row` and key token `key`, in f64.
     pub fn probability(&self, row: &VisibleRow, key: usize, lse: f64) -> f64 {
         let q = self.q.slice(ndarray::s![row.token, row.head, ..]);
         let k = self.k.slice(ndarray::s![key, row.kv_head, ..]);
-        (dot64(q, k) * self.config.params.scale - lse).exp()
+        (dot64(q, k) * self.config.params.scale + self.bias_at(row, key) - lse).exp()
+    }
+
+    /// The bias added to the score of `row` and key token `key` (`docs/semantics.md` §1.9;
+    /// 0 without one).
+    pub fn bias_at(&self, row: &VisibleRow, key: usize) -> f64 {
+        let l = &self.layout;
+        let (lq, lk) = (l.q.len(row.slot), l.kv.len(row.slot));
+        let c = key - l.kv.offset(row.slot);
+        self.config
+            .params
+            .bias
+            .at(row.slot, row.head, row.row, c, lq, lk)
     }
 
     /// Dropout's factor of `row` and key token `key` (`docs/semantics.md` §1.8): `1/(1 − p)`
@@ -153,8 +181,21 @@ impl Case {
             .factor(row.slot, p.num_heads, row.head, row.row, c)
     }
 
+    /// Where `row`'s dS lands in dBias (`docs/semantics.md` §1.9), as the judges view dBias
+    /// ([`dbias_rows`]): the row `b·Sq + r` and the head plane; `None` without a post-scale bias.
+    pub fn dbias_row(&self, row: &VisibleRow) -> Option<(usize, usize)> {
+        match &self.config.params.bias {
+            smallseq_reference::AttnBias::PostScale(t) => {
+                let (b, h) = smallseq_reference::AttnBias::tensor_index(t, row.slot, row.head);
+                Some((b * t.dim().2 + row.row, h))
+            }
+            _ => None,
+        }
+    }
+
     /// Every valid query row of every slot and head, with its visible keys (mask and window of
-    /// `docs/semantics.md` §1.5), in slot, head, row order.
+    /// `docs/semantics.md` §1.5, less the keys a `-inf` bias hides, §1.9), in slot, head, row
+    /// order.
     pub fn visible_rows(&self) -> impl Iterator<Item = VisibleRow> + '_ {
         let p = &self.config.params;
         let l = &self.layout;
@@ -175,6 +216,7 @@ impl Case {
                     kv_head: head / g,
                     keys: (0..lk)
                         .filter(|&c| visible(p.mask, p.window, r, c, lq, lk))
+                        .filter(|&c| p.bias.at(slot, head, r, c, lq, lk) != f64::NEG_INFINITY)
                         .map(|c| ok + c)
                         .collect(),
                 })
@@ -232,6 +274,15 @@ impl Case {
                 });
             }
         }
+        // A post-scale bias holds values of the input dtype, as TE's does.
+        if let smallseq_reference::AttnBias::PostScale(t) = &self.config.params.bias {
+            if let Some((i, x)) = t.iter().enumerate().find(|(_, x)| !representable(dt, **x)) {
+                return Err(Error::Tensor {
+                    tensor: "bias".into(),
+                    detail: format!("element {i} = {x:e} is not representable in {dt}"),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -243,6 +294,7 @@ impl Case {
     pub(crate) fn validate_structure(&self) -> Result<()> {
         let layout = Layout::new(self.layout.q.clone(), self.layout.kv.clone())?;
         debug_assert_eq!(layout, self.layout);
+        self.config.check_bias_values(self.layout.slots())?;
         self.problem()?;
         if self.config.layout == LayoutKind::Bshd {
             bshd_seq_lens(&self.layout)?;

@@ -1,15 +1,16 @@
 //! Case files (capsules), `docs/semantics.md` §2: one safetensors file per case.
 
 use crate::case::{bshd_seq_lens, Case, Outputs};
-use crate::config::{AttnConfig, LayoutKind};
+use crate::config::{AttnConfig, Bias, LayoutKind};
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use ndarray::{Array3, ArrayD, IxDyn};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use safetensors::SafeTensors;
-use smallseq_reference::{Dtype, Layout, Side};
+use smallseq_reference::{AttnBias, Dtype, Layout, Side};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Format version written to `smallseq.format`.
 pub const FORMAT: &str = "1";
@@ -126,6 +127,8 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
         }
     }
     let reader = Reader { st: &st, name };
+    let mut config = config;
+    config.params.bias = reader.bias(&config)?;
     let p = &config.params;
     let q = reader.input("q", config.dtype, config.layout)?;
     let k = reader.input("k", config.dtype, config.layout)?;
@@ -186,7 +189,7 @@ pub fn parse_case(bytes: &[u8], name: &str) -> Result<Case> {
     Ok(case)
 }
 
-const KNOWN: [&str; 13] = [
+const KNOWN: [&str; 16] = [
     "q",
     "k",
     "v",
@@ -200,6 +203,9 @@ const KNOWN: [&str; 13] = [
     "dq",
     "dk",
     "dv",
+    "bias",
+    "alibi_slopes",
+    "dbias",
 ];
 
 struct Reader<'a> {
@@ -372,6 +378,70 @@ impl Reader<'_> {
             .collect())
     }
 
+    /// The bias values the config names (`docs/semantics.md` §2.1): `bias` `[Bb, Hb, Sq, Sk]`
+    /// in the input dtype for a post-scale bias, `alibi_slopes` `[H]` f32 for ALiBi.
+    fn bias(&self, config: &AttnConfig) -> Result<AttnBias> {
+        let present = |t: &str| self.st.tensor(t).is_ok();
+        let (want, dtype, rank) = match config.bias {
+            Bias::PostScale(_) => ("bias", st_dtype(config.dtype), 4),
+            Bias::Alibi => ("alibi_slopes", StDtype::F32, 1),
+            _ => {
+                if let Some(t) = ["bias", "alibi_slopes"].into_iter().find(|t| present(t)) {
+                    return Err(file_err(
+                        self.name,
+                        format!(
+                            "tensor {t}: present, but smallseq.config has bias = {}",
+                            config.bias
+                        ),
+                    ));
+                }
+                return Ok(AttnBias::None);
+            }
+        };
+        if let Some(t) = ["bias", "alibi_slopes"]
+            .into_iter()
+            .find(|t| *t != want && present(t))
+        {
+            return Err(file_err(
+                self.name,
+                format!(
+                    "tensor {t}: present, but smallseq.config has bias = {}",
+                    config.bias
+                ),
+            ));
+        }
+        let view = self.get(want)?;
+        if view.dtype() != dtype {
+            return Err(file_err(
+                self.name,
+                format!(
+                    "tensor {want}: dtype {}, expected {}",
+                    dtype_name(view.dtype()),
+                    dtype_name(dtype)
+                ),
+            ));
+        }
+        let shape = view.shape().to_vec();
+        if shape.len() != rank {
+            let expected = if rank == 4 { "[Bb, Hb, Sq, Sk]" } else { "[H]" };
+            return Err(file_err(
+                self.name,
+                format!(
+                    "tensor {want}: shape {}, expected {expected}",
+                    shape_text(&shape)
+                ),
+            ));
+        }
+        let vals = self.floats32(want, &view)?;
+        Ok(if rank == 4 {
+            let t = ndarray::Array4::from_shape_vec([shape[0], shape[1], shape[2], shape[3]], vals)
+                .map_err(|e| file_err(self.name, format!("tensor {want}: {e}")))?;
+            AttnBias::PostScale(Arc::new(t))
+        } else {
+            AttnBias::Alibi(Arc::new(vals))
+        })
+    }
+
     fn output(&self, t: &str, expected: &[usize]) -> Result<Option<ArrayD<f64>>> {
         self.output_as(t, expected, Self::floats)
     }
@@ -391,7 +461,24 @@ impl Reader<'_> {
             dq: dim3(self.output("dq", &[tq, p.num_heads, p.head_dim_qk])?),
             dk: dim3(self.output("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
             dv: dim3(self.output("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
+            dbias: match p.bias.grad_shape() {
+                Some(shape) => self
+                    .output("dbias", &shape)?
+                    .map(|a| a.into_dimensionality().expect("shape checked")),
+                None => self.refuse("dbias", "the case has no post-scale bias")?,
+            },
         })
+    }
+
+    /// An error if tensor `t` is present: `why` it cannot be.
+    fn refuse<T>(&self, t: &str, why: &str) -> Result<Option<T>> {
+        match self.st.tensor(t) {
+            Ok(_) => Err(file_err(
+                self.name,
+                format!("tensor {t}: present, but {why}"),
+            )),
+            Err(_) => Ok(None),
+        }
     }
 }
 
@@ -425,7 +512,7 @@ fn encode(dtype: StDtype, vals: impl Iterator<Item = f64>) -> Vec<u8> {
 pub fn parse_outputs(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
-        if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
+        if !["o", "lse", "dq", "dk", "dv", "dbias"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor '{t}'")));
         }
     }
@@ -440,6 +527,8 @@ pub struct Outputs32 {
     pub dq: Option<Array3<f32>>,
     pub dk: Option<Array3<f32>>,
     pub dv: Option<Array3<f32>>,
+    /// dBias `[Bb, Hb, Sq, Sk]`, where the reply carries one (an in-tree worker's).
+    pub dbias: Option<ndarray::Array4<f32>>,
 }
 
 /// As [`parse_outputs`], to f32 (each element as `x as f32` of what [`parse_outputs`]
@@ -450,7 +539,7 @@ pub struct Outputs32 {
 pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Outputs32> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(name, &e))?;
     for t in st.names() {
-        if !["o", "lse", "dq", "dk", "dv"].contains(&t.as_str()) {
+        if !["o", "lse", "dq", "dk", "dv", "dbias"].contains(&t.as_str()) {
             return Err(file_err(name, format!("unknown output tensor '{t}'")));
         }
     }
@@ -469,6 +558,12 @@ pub fn parse_outputs_f32(bytes: &[u8], name: &str, case: &Case) -> Result<Output
         dq: dim3(r.output32("dq", &[tq, p.num_heads, p.head_dim_qk])?),
         dk: dim3(r.output32("dk", &[tk, p.num_kv_heads, p.head_dim_qk])?),
         dv: dim3(r.output32("dv", &[tk, p.num_kv_heads, p.head_dim_v])?),
+        dbias: match p.bias.grad_shape() {
+            Some(shape) => r
+                .output32("dbias", &shape)?
+                .map(|a| a.into_dimensionality().expect("shape checked")),
+            None => r.refuse("dbias", "the case has no post-scale bias")?,
+        },
     })
 }
 
@@ -524,6 +619,26 @@ fn encode_case(
         // through f64; this is most of a worker request's cost.
         tensors.push((name.into(), in_dt, t.shape().to_vec(), encode_f32(in_dt, t)));
     }
+    match &case.config.params.bias {
+        AttnBias::PostScale(t) => {
+            let t3 = t
+                .view()
+                .into_shape_with_order((t.dim().0 * t.dim().1, t.dim().2, t.dim().3))
+                .map_err(|e| file_err("bias", format!("cannot encode: {e}")))?
+                .to_owned();
+            tensors.push((
+                "bias".into(),
+                in_dt,
+                t.shape().to_vec(),
+                encode_f32(in_dt, &t3),
+            ));
+        }
+        AttnBias::Alibi(s) => {
+            let bytes = s.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push(("alibi_slopes".into(), StDtype::F32, vec![s.len()], bytes));
+        }
+        AttnBias::None => {}
+    }
     let mut push_f = |name: &str, dt: StDtype, shape: &[usize], vals: Vec<f64>| {
         tensors.push((
             name.into(),
@@ -550,6 +665,9 @@ fn encode_case(
     }
     if let Some(l) = &o.lse {
         push_f("lse", lse_dt, l.shape(), l.iter().copied().collect());
+    }
+    if let Some(d) = &o.dbias {
+        push_f("dbias", out_dt, d.shape(), d.iter().copied().collect());
     }
     let mut ints = |name: &str, a: &[i32]| {
         let bytes = a.iter().flat_map(|x| x.to_le_bytes()).collect();

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
-use smallseq_reference::{AttnParams, Dropout, Dtype, Mask, Window};
+use smallseq_reference::{AttnBias, AttnParams, Dropout, Dtype, Mask, Window};
 use std::fmt;
 
 /// Tensor layout family of the call.
@@ -23,17 +23,70 @@ impl LayoutKind {
     }
 }
 
-/// Bias type; only `none` is inside `docs/semantics.md` §1 (§1.9).
+/// Bias type (`docs/semantics.md` §1.9). The values of a post-scale bias or ALiBi's slopes
+/// travel as tensors of the case (`params.bias`); the config names the type and the shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Bias {
     None,
+    /// TE's `post_scale_bias`: `S = scale·QKᵀ + bias`, of the broadcast shape given.
+    PostScale(BiasShape),
+    /// ALiBi: `−slope_h · |r + (Lk − Lq) − c|`.
+    Alibi,
+    /// Any other name (TE's `pre_scale_bias`, …): decided by the dispatch surfaces, never run.
     Other(String),
+}
+
+impl Bias {
+    /// Whether §1.9 defines the bias (none, a post-scale tensor, ALiBi).
+    pub fn is_modelled(&self) -> bool {
+        !matches!(self, Bias::Other(_))
+    }
+}
+
+/// Which dimensions of a post-scale bias `[1|b, 1|H, Sq, Sk]` broadcast (TE's
+/// `NVTE_Bias_Shape`: `1HSS`, `11SS`, `B1SS`, `BHSS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BiasShape {
+    OneHss,
+    OneOneSs,
+    BOneSs,
+    Bhss,
+}
+
+impl BiasShape {
+    pub const ALL: [BiasShape; 4] = [
+        BiasShape::OneHss,
+        BiasShape::OneOneSs,
+        BiasShape::BOneSs,
+        BiasShape::Bhss,
+    ];
+
+    /// The config's name (key `bias_shape`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BiasShape::OneHss => "1hss",
+            BiasShape::OneOneSs => "11ss",
+            BiasShape::BOneSs => "b1ss",
+            BiasShape::Bhss => "bhss",
+        }
+    }
+
+    /// Whether the bias has one plane per slot (`b`) and per head (`H`).
+    pub fn per_slot(self) -> bool {
+        matches!(self, BiasShape::BOneSs | BiasShape::Bhss)
+    }
+
+    pub fn per_head(self) -> bool {
+        matches!(self, BiasShape::OneHss | BiasShape::Bhss)
+    }
 }
 
 impl fmt::Display for Bias {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Bias::None => f.write_str("none"),
+            Bias::PostScale(_) => f.write_str("post_scale_bias"),
+            Bias::Alibi => f.write_str("alibi"),
             Bias::Other(s) => f.write_str(s),
         }
     }
@@ -49,7 +102,7 @@ pub struct AttnConfig {
     pub layout: LayoutKind,
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "dtype",
     "num_heads",
     "num_gqa_groups",
@@ -58,6 +111,7 @@ const KEYS: [&str; 13] = [
     "mask",
     "window",
     "bias",
+    "bias_shape",
     "dropout",
     "dropout_seed",
     "dropout_offset",
@@ -79,6 +133,7 @@ impl AttnConfig {
                 window: Window::NONE,
                 scale: 1.0 / (head_dim as f64).sqrt(),
                 dropout: Dropout::NONE,
+                bias: AttnBias::None,
             },
             bias: Bias::None,
             layout: LayoutKind::Thd,
@@ -91,22 +146,64 @@ impl AttnConfig {
     }
 
     /// Why an implementation cannot run the case: outside `docs/semantics.md` §1 (§1.9: a
-    /// bias), or a dropout (§1.8) where `computes_dropout` says it does not compute one
-    /// (the CUDA and HIP kernels, and workers that do not declare `caps.dropout`).
-    pub fn unsupported_reason(&self, computes_dropout: bool) -> Option<String> {
+    /// bias type it does not define), or a dropout (§1.8) or bias (§1.9) the implementation
+    /// says it does not compute (`computes`: dropout, bias; the CUDA and HIP kernels, and
+    /// workers that do not declare `caps.dropout` or `caps.bias`).
+    pub fn unsupported_reason(&self, computes: (bool, bool)) -> Option<String> {
+        let (computes_dropout, computes_bias) = computes;
         if self.params.dropout.is_active() && !computes_dropout {
             return Some(format!(
                 "dropout = {}: this implementation does not compute dropout (docs/semantics.md §1.8)",
                 self.dropout_p()
             ));
         }
-        if self.bias != Bias::None {
-            return Some(format!(
+        match &self.bias {
+            Bias::None => None,
+            Bias::Other(_) => Some(format!(
                 "bias = {} is outside docs/semantics.md §1.9",
                 self.bias
-            ));
+            )),
+            _ if !computes_bias => Some(format!(
+                "bias = {}: this implementation does not compute bias (docs/semantics.md §1.9)",
+                self.bias
+            )),
+            _ => None,
         }
-        None
+    }
+
+    /// Whether the config's bias type and the bias values in `params` agree (a post-scale
+    /// bias of the named broadcast, ALiBi slopes, or none).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key, the tensor and the shapes.
+    pub fn check_bias_values(&self, slots: usize) -> Result<()> {
+        let p = &self.params;
+        let err = |what: String| Err(Error::config(what));
+        match (&self.bias, &p.bias) {
+            (Bias::None | Bias::Other(_), AttnBias::None) => Ok(()),
+            (Bias::Alibi, AttnBias::Alibi(_)) => Ok(()),
+            (Bias::PostScale(shape), AttnBias::PostScale(t)) => {
+                let (bb, hb, _, _) = t.dim();
+                let want_b = if shape.per_slot() { slots } else { 1 };
+                let want_h = if shape.per_head() { p.num_heads } else { 1 };
+                if (bb, hb) == (want_b, want_h) {
+                    Ok(())
+                } else {
+                    err(format!(
+                        "tensor bias: shape [{bb}, {hb}, {}, {}] does not match bias_shape = {} ([{want_b}, {want_h}, Sq, Sk])",
+                        t.dim().2,
+                        t.dim().3,
+                        shape.name()
+                    ))
+                }
+            }
+            (Bias::PostScale(_), _) => err("bias = post_scale_bias needs the tensor bias".into()),
+            (Bias::Alibi, _) => err("bias = alibi needs the tensor alibi_slopes".into()),
+            (b, values) => err(format!(
+                "bias = {b} carries the tensor of bias = {}",
+                values.name()
+            )),
+        }
     }
 
     /// Parses the `smallseq.config` JSON object. Unknown keys and ill-typed values are errors;
@@ -140,9 +237,18 @@ impl AttnConfig {
         let bias = match map.get("bias") {
             None => Bias::None,
             Some(Value::String(s)) if s == "none" => Bias::None,
+            Some(Value::String(s)) if s == "post_scale_bias" => {
+                Bias::PostScale(parse_bias_shape(map.get("bias_shape"))?)
+            }
+            Some(Value::String(s)) if s == "alibi" => Bias::Alibi,
             Some(Value::String(s)) => Bias::Other(s.clone()),
             Some(v) => return Err(ill_typed("bias", v, "a string")),
         };
+        if let (Some(v), false) = (map.get("bias_shape"), matches!(bias, Bias::PostScale(_))) {
+            return Err(Error::config(format!(
+                "key 'bias_shape' = {v}: only bias = post_scale_bias has a shape (bias = {bias})"
+            )));
+        }
         let p = opt_f64(&map, "dropout")?.unwrap_or(0.0);
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::config(format!("dropout = {p}: must be in [0, 1]")));
@@ -170,6 +276,7 @@ impl AttnConfig {
                 window,
                 scale,
                 dropout,
+                bias: AttnBias::None,
             },
             bias,
             layout,
@@ -178,9 +285,10 @@ impl AttnConfig {
         Ok(cfg)
     }
 
-    /// The `smallseq.config` JSON object, every key written.
+    /// The `smallseq.config` JSON object, every key written (`bias_shape` with a post-scale
+    /// bias only, the one bias that has a shape).
     pub fn to_json(&self) -> String {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "dtype": self.dtype.name(),
             "num_heads": self.params.num_heads,
             "num_gqa_groups": self.params.num_kv_heads,
@@ -194,8 +302,11 @@ impl AttnConfig {
             "dropout_offset": self.params.dropout.offset,
             "scale": self.params.scale,
             "layout": self.layout.name(),
-        })
-        .to_string()
+        });
+        if let (Bias::PostScale(shape), Some(m)) = (&self.bias, v.as_object_mut()) {
+            m.insert("bias_shape".into(), shape.name().into());
+        }
+        v.to_string()
     }
 }
 
@@ -242,6 +353,27 @@ fn opt_u64(map: &Map<String, Value>, key: &str) -> Result<Option<u64>> {
     }
 }
 
+fn parse_bias_shape(v: Option<&Value>) -> Result<BiasShape> {
+    match v {
+        None => Ok(BiasShape::OneHss),
+        Some(Value::String(s)) => BiasShape::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| {
+                ill_typed(
+                    "bias_shape",
+                    &Value::String(s.clone()),
+                    "\"1hss\", \"11ss\", \"b1ss\" or \"bhss\"",
+                )
+            }),
+        Some(v) => Err(ill_typed(
+            "bias_shape",
+            v,
+            "\"1hss\", \"11ss\", \"b1ss\" or \"bhss\"",
+        )),
+    }
+}
+
 fn parse_window(v: &Value) -> Result<Window> {
     let pair = v
         .as_array()
@@ -270,6 +402,14 @@ mod tests {
             offset: 1 << 40,
         };
         assert_eq!(AttnConfig::from_json(&c.to_json()).unwrap(), c);
+        for b in BiasShape::ALL
+            .map(Bias::PostScale)
+            .into_iter()
+            .chain([Bias::Alibi, Bias::Other("pre_scale_bias".into())])
+        {
+            c.bias = b;
+            assert_eq!(AttnConfig::from_json(&c.to_json()).unwrap(), c);
+        }
         let min = r#"{"dtype":"bf16","num_heads":2,"num_gqa_groups":1,"head_dim_qk":64,"head_dim_v":32,"mask":"padding"}"#;
         let d = AttnConfig::from_json(min).unwrap();
         assert_eq!(d.params.window, Window::NONE);
@@ -288,6 +428,11 @@ mod tests {
             (r#","dropout":1.5}"#, "dropout = 1.5"),
             (r#","dropout_seed":-1}"#, "key 'dropout_seed' = -1"),
             (r#","dropout_offset":0.5}"#, "key 'dropout_offset' = 0.5"),
+            (
+                r#","bias":"post_scale_bias","bias_shape":"hs"}"#,
+                "key 'bias_shape' = \"hs\"",
+            ),
+            (r#","bias_shape":"1hss"}"#, "only bias = post_scale_bias"),
         ] {
             let err = AttnConfig::from_json(&format!("{base}{extra}")).unwrap_err();
             assert!(err.to_string().contains(needle), "{err}");

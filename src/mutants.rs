@@ -94,11 +94,14 @@ pub enum Mutant {
     /// The fallback's dropout forms the Philox counter with the query row and key column
     /// swapped: a mask of the right density on the wrong elements.
     PhiloxIndexSwapped,
+    /// The CPU fallback reads a broadcast post-scale bias on the wrong axis: the slot picks
+    /// the head plane and the head the batch plane (`[1, H, …]` read as `[H, 1, …]`).
+    BiasBroadcastWrongAxis,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 38] = [
+    pub const ALL: [Mutant; 39] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -140,6 +143,7 @@ impl Mutant {
         // Issue 35.
         Mutant::SegmentConversionSlip,
         Mutant::PhiloxIndexSwapped,
+        Mutant::BiasBroadcastWrongAxis,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -210,6 +214,7 @@ impl Mutant {
             // Issue 35.
             Mutant::SegmentConversionSlip => "segment-conversion-slip",
             Mutant::PhiloxIndexSwapped => "philox-index-swapped",
+            Mutant::BiasBroadcastWrongAxis => "bias-broadcast-wrong-axis",
         }
     }
 }

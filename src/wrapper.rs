@@ -9,7 +9,7 @@ use crate::dispatch::{Decision, EnvView, Path, Profile, RuntimeFacts};
 use crate::error::{Error, Result};
 use crate::segments::{self, Segmented};
 use crate::workspace::{self, Direction, Plan, Shape};
-use ndarray::{Array2, Array3};
+use ndarray::{Array2, Array3, Array4};
 use serde::Serialize;
 use std::borrow::Cow;
 
@@ -70,6 +70,8 @@ pub struct BwdResult {
     pub dq: Array3<f32>,
     pub dk: Array3<f32>,
     pub dv: Array3<f32>,
+    /// dBias `[Bb, Hb, Sq, Sk]` of a case with a post-scale bias, where the run returns one.
+    pub dbias: Option<Array4<f32>>,
     pub path: Option<Path>,
     pub workspace: WorkspaceReport,
 }
@@ -149,7 +151,8 @@ fn prepare(
 ) -> Result<(Option<Path>, Plan, DevBuf)> {
     case.validate()?;
     let decision = decide(backend, case, opts);
-    if let Some(why) = case.config.unsupported_reason(backend.computes_dropout()) {
+    let computes = (backend.computes_dropout(), backend.computes_bias());
+    if let Some(why) = case.config.unsupported_reason(computes) {
         return Err(Error::Unsupported(why));
     }
     let path = chosen_path(backend, &decision, opts)?;
@@ -346,6 +349,10 @@ pub fn bwd(
         dk: out_buf(&vk, hkv * dqk, opts.fill, 0.0, zero),
         dv: out_buf(&vk, hkv * dv, opts.fill, 0.0, zero),
         workspace,
+        dbias: p.bias.grad_shape().map(|s| {
+            let fill = if zero { 0.0 } else { opts.fill };
+            DevBuf::new(s.iter().product(), fill)
+        }),
     };
     let args = BwdArgs {
         fwd: fwd_args(case, &plan),
@@ -357,7 +364,10 @@ pub fn bwd(
         Some(Path::SmallSeq) => backend.small_seq_bwd(&args, &mut bufs)?,
         Some(Path::Fallback) => backend.fallback_bwd(&args, &mut bufs)?,
         None => {
-            for b in [&mut bufs.dq, &mut bufs.dk, &mut bufs.dv] {
+            for b in [&mut bufs.dq, &mut bufs.dk, &mut bufs.dv]
+                .into_iter()
+                .chain(bufs.dbias.as_mut())
+            {
                 b.body_mut().fill(0.0);
             }
         }
@@ -373,7 +383,14 @@ pub fn bwd(
             ("workspace", &bufs.workspace),
         ],
     );
+    let dbias = match (&bufs.dbias, p.bias.grad_shape()) {
+        (Some(b), Some(s)) => {
+            Some(Array4::from_shape_vec(s, b.body().to_vec()).expect("buffer sized from shape"))
+        }
+        _ => None,
+    };
     Ok(BwdResult {
+        dbias,
         dq: to3(&bufs.dq, [tq, h, dqk]),
         dk: to3(&bufs.dk, [tk, hkv, dqk]),
         dv: to3(&bufs.dv, [tk, hkv, dv]),

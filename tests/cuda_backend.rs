@@ -194,6 +194,7 @@ fn run_mixed(
         dk: DevBuf::new(tk * p.num_kv_heads * p.head_dim_qk, f32::NAN),
         dv: DevBuf::new(tk * p.num_kv_heads * p.head_dim_v, f32::NAN),
         workspace: DevBuf::new(bplan.total, f32::NAN),
+        dbias: None,
     };
     match bwd_path {
         Path::SmallSeq => be.small_seq_bwd(&ba, &mut bo).unwrap(),

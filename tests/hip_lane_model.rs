@@ -233,7 +233,9 @@ fn small_seq_cases(draws: u64) -> Vec<Case> {
                 && case.d_o.is_some()
                 // The small-seq path refuses dropout (the gate sends it to the fallback); the
                 // model runs the small-seq kernel itself, so it takes none.
-                && case.config.params.dropout.p == 0.0;
+                && case.config.params.dropout.p == 0.0
+                // Nor a bias (docs/semantics.md §1.9), for the same reason.
+                && case.config.params.bias.is_none();
             takes.then_some(case)
         })
         .collect()
@@ -298,6 +300,7 @@ fn outputs(c: &Case, f32s: &[f32], at: &mut usize) -> Outputs {
         dq: Some(dq),
         dk: Some(dk),
         dv: Some(dv),
+        dbias: None,
     }
 }
 

@@ -50,6 +50,7 @@ class Declarations(unittest.TestCase):
         self.assertFalse(sdpa["math"].lse)
         self.assertFalse(sdpa["efficient"].gqa)
         self.assertFalse(sdpa["flash"].window)
+        self.assertEqual([sdpa[k].bias for k in ("math", "efficient", "flash", "cudnn")], [True, True, False, True])
         self.assertNotIn("f32", sdpa["cudnn"].dtypes)
         self.assertFalse(torch_varlen.adapter([]).caps.padded_offsets)
         self.assertEqual(jax_attention.adapter(["--implementation", "xla"]).caps.no_key_row, "other")
@@ -65,6 +66,47 @@ class TorchSdpa(unittest.TestCase):
         # slot 0 rows 0, 1 see no key (diag = r - 2); every pad row sees key 0
         np.testing.assert_array_equal(fully, [[True, True, False], [False, False, False], [False, False, False]])
         np.testing.assert_array_equal(m[1, 0, 0], [True, True])  # Lq = 1, Lk = 2: diag = 1
+
+    def test_the_bias_mask_is_the_bias_where_visible_and_hidden_rows_read_as_no_key(self):
+        """SDPA's math on the padded batch with `bias_mask`, in numpy, then `hide_rows`: the
+        forward of semantics.md §1.9 as numpy_reference computes it (rows the bias hides
+        entirely included), for a post-scale bias and ALiBi."""
+        case = make_case([3, 1, 2], [2, 4, 3], heads=2, mask="padding_causal_bottom_right", seed=4)
+        c = case.config
+        t = np.random.default_rng(1).standard_normal((3, 2, 4, 4)).astype(np.float32)
+        t[0, 1, 2, :] = -np.inf  # slot 0, head 1, row 2: every key hidden
+        t[:, :, 3, :] = np.nan  # row 3: no slot has four queries
+        biased = [
+            kit.Case(c.__class__(**{**c.__dict__, "bias": "post_scale_bias", "bias_shape": "bhss"}),
+                     case.q, case.k, case.v, case.d_o, case.sq, case.skv, {}, bias=t),
+            kit.Case(c.__class__(**{**c.__dict__, "bias": "alibi"}), case.q, case.k, case.v, case.d_o,
+                     case.sq, case.skv, {}, alibi_slopes=np.array([0.25, 0.75], np.float32)),
+        ]
+        for bc in biased:
+            sq, sk = bc.sq.max_len, bc.skv.max_len
+            mask, hidden = torch_sdpa.bias_mask(bc, sq, sk)
+            self.assertEqual(mask.shape, (3, 2, sq, sk))
+            self.assertFalse(np.isnan(mask).any())
+            q = kit.to_padded(bc.q, bc.sq, sq).astype(np.float64)
+            k = kit.to_padded(bc.k, bc.skv, sk).astype(np.float64)
+            v = kit.to_padded(bc.v, bc.skv, sk).astype(np.float64)
+            s = c.scale * np.einsum("bqhd,bkhd->bhqk", q, k) + mask
+            m = s.max(axis=3, keepdims=True)
+            e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+            lse = np.log(e.sum(axis=3)) + m[..., 0]
+            p = e / e.sum(axis=3, keepdims=True)
+            res = {"o": np.nan_to_num(np.einsum("bhqk,bkhd->bqhd", p, v), nan=0.0), "lse": lse}
+            torch_sdpa.hide_rows(res, hidden)
+            got = kit.from_padded_outputs(bc, res)
+            want = numpy_reference.attention64(bc, frozenset(["o", "lse"]))
+            # The mask is f32 (ALiBi's products rounded, the outputs unpadded as f32).
+            np.testing.assert_allclose(got["o"], want["o"], rtol=1e-6, atol=1e-7)
+            live = np.isfinite(want["lse"])
+            np.testing.assert_array_equal(live, np.isfinite(got["lse"]))
+            np.testing.assert_allclose(got["lse"][live], want["lse"][live], rtol=1e-6)
+            if bc.bias is not None:
+                self.assertTrue(hidden[0, 1, 2] and hidden.sum() == 1)
+                self.assertEqual(want["lse"][2, 1], -np.inf)
 
     def test_length_groups(self):
         case = make_case([2, 0, 2, 3], [4, 1, 4, 3])

@@ -91,6 +91,42 @@ class AgainstRustReference(unittest.TestCase):
                                          f"{got[tuple(bad[0])] if len(bad) else 0} vs Rust "
                                          f"{exp[tuple(bad[0])] if len(bad) else 0}")
 
+    def test_bias_cases_in_f64(self):
+        """semantics.md §1.9 on both sides: post-scale biases of every broadcast (with -inf
+        entries, and +inf where nothing reads) and ALiBi, the Rust f64 reference's outputs
+        against numpy's f64 ones (both f64: they agree to reordering, 1e-9 relative)."""
+        from casegen import make_case
+
+        rng = np.random.default_rng(3)
+        with tempfile.TemporaryDirectory() as d:
+            for i, shape in enumerate(["1hss", "11ss", "b1ss", "bhss", "alibi", "alibi"]):
+                case = make_case([3, 0, 5], [4, 2, 5], heads=4, kv_heads=2, seed=i,
+                                 mask=["padding", "padding_causal_bottom_right"][i % 2])
+                c = case.config
+                if shape == "alibi":
+                    cfg = c.__class__(**{**c.__dict__, "bias": "alibi"})
+                    extra = {"alibi_slopes": (rng.random(4) * 0.3).astype(np.float32)}
+                else:
+                    cfg = c.__class__(**{**c.__dict__, "bias": "post_scale_bias", "bias_shape": shape})
+                    bb, hb = (3 if shape[0] == "b" else 1), (4 if shape[1] == "h" else 1)
+                    t = rng.standard_normal((bb, hb, 6, 5)).astype(np.float32)
+                    t[rng.random(t.shape) < 0.2] = -np.inf
+                    t[:, :, 5, :] = np.inf  # row 5: no slot has 6 queries
+                    extra = {"bias": t}
+                biased = kit.Case(cfg, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {}, **extra)
+                f, out = os.path.join(d, f"{i}.safetensors"), os.path.join(d, f"{i}.out.safetensors")
+                kit.write_case(f, biased)
+                subprocess.run([BIN, "run", "--backend", "reference", "--case", f, "--out", out],
+                               check=True, capture_output=True, timeout=120)
+                rust, _ = kit.read_safetensors(out)
+                got = ref.attention64(kit.read_case(f), frozenset(kit.OUTPUTS))
+                for name in kit.OUTPUTS:
+                    with self.subTest(shape=shape, tensor=name):
+                        exp = rust[name][1]
+                        self.assertFalse(np.isnan(got[name]).any())
+                        np.testing.assert_allclose(got[name], exp, rtol=1e-9, atol=1e-12)
+                self.assertEqual("dbias" in rust, shape != "alibi")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -138,13 +138,54 @@ class CaseFiles(unittest.TestCase):
                 kit.parse_config(text)
             self.assertIn(needle, str(cm.exception))
 
-    def test_bias_and_dropout_are_unsupported(self):
+    def test_undefined_bias_and_dropout_are_unsupported(self):
         case = make_case([2], [2])
-        for field in ({"bias": "post_scale"}, {"dropout": 0.1}):
+        for field in ({"bias": "pre_scale_bias"}, {"dropout": 0.1}):
             c = case.config.__class__(**{**case.config.__dict__, **field})
             kit.write_case(self.path, kit.Case(c, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {}))
             with self.assertRaises(kit.Unsupported):
                 kit.read_case(self.path)
+
+    def test_bias_tensors_are_read_and_checked(self):
+        """semantics.md §1.9: the bias the config names is read; its shape, a tensor the config
+        does not name and +inf at a visible key are `invalid`; the caps decide the rest."""
+        case = make_case([2, 3], [3, 1], heads=2)
+        cfg = case.config.__class__(**{**case.config.__dict__, "bias": "post_scale_bias", "bias_shape": "b1ss"})
+        t = np.zeros((2, 1, 3, 3), np.float32)
+        t[1, 0, 2, 2] = np.inf  # slot 1 has one key: column 2 is never read
+        t[0, 0, 1, 0] = -np.inf
+        biased = kit.Case(cfg, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {}, bias=t)
+        kit.write_case(self.path, biased)
+        back = kit.read_case(self.path)
+        self.assertEqual(back.config, cfg)
+        np.testing.assert_array_equal(back.bias, t)
+        self.assertIn("bias post_scale_bias", kit.Caps(dtypes=["f32"], masks=["padding"]).outside(back))
+        self.assertIsNone(kit.Caps(dtypes=["f32"], masks=["padding"], bias=True, backward=True,
+                                   max_tokens=None).outside(back))
+        self.assertEqual(back.bias_of(0)[1, 1, 0], -np.inf)
+        for bad_t, needle in [
+            (np.zeros((1, 1, 3, 3), np.float32), "expected [2, 1, >= 3, >= 3]"),
+            (np.where(np.arange(3) == 0, np.inf, 0).astype(np.float32)[None, None, None].repeat(2, 0).repeat(3, 2),
+             "tensor bias[0, 0, 0, 0] = inf"),
+        ]:
+            kit.write_case(self.path, kit.Case(cfg, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {},
+                                               bias=bad_t))
+            with self.assertRaises(kit.Invalid) as cm:
+                kit.read_case(self.path)
+            self.assertIn(needle, str(cm.exception))
+        plain = kit.Case(case.config, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {}, bias=t)
+        kit.write_case(self.path, plain)
+        with self.assertRaises(kit.Invalid) as cm:
+            kit.read_case(self.path)
+        self.assertIn("present, but smallseq.config has bias = none", str(cm.exception))
+        alibi = case.config.__class__(**{**case.config.__dict__, "bias": "alibi"})
+        kit.write_case(self.path, kit.Case(alibi, case.q, case.k, case.v, case.d_o, case.sq, case.skv, {},
+                                           alibi_slopes=np.array([0.5, 0.25], np.float32)))
+        got = kit.read_case(self.path).bias_of(0)  # slot 0: Lq 2, Lk 3
+        np.testing.assert_array_equal(got[0], -0.5 * np.array([[1, 0, 1], [2, 1, 0]]))
+        with self.assertRaises(kit.Invalid):
+            kit.parse_config(cfg.to_json().replace('"b1ss"', '"b2ss"'))
+        self.assertEqual(kit.parse_config(cfg.to_json()), cfg)
 
 
 class Layouts(unittest.TestCase):

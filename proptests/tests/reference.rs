@@ -86,7 +86,7 @@ proptest! {
         let main = reference(&case);
         let p = case.problem().expect("valid case");
         let (f, g) = naive::forward_backward(&p);
-        let other = Outputs { o: Some(f.o), lse: Some(f.lse), dq: g.as_ref().map(|g| g.dq.clone()), dk: g.as_ref().map(|g| g.dk.clone()), dv: g.map(|g| g.dv) };
+        let other = Outputs { o: Some(f.o), lse: Some(f.lse), dq: g.as_ref().map(|g| g.dq.clone()), dk: g.as_ref().map(|g| g.dk.clone()), dv: g.map(|g| g.dv), dbias: None };
         let bounds = term_bounds(&case);
         for ((name, a), (_, b)) in tensors(&main).into_iter().zip(tensors(&other)) {
             let err = a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if x == y { m } else { m.max((x - y).abs()) });

@@ -1,12 +1,13 @@
 //! The f64 reference: forward and backward of `docs/semantics.md` §1, block by block.
 
+use crate::bias::AttnBias;
 use crate::equations as eq;
 use crate::layout::Layout;
 use crate::problem::Problem;
 use crate::slot::{block, transpose_into, Block, SlotGeom};
 use crate::types::AttnParams;
 use ndarray::{
-    s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut1, ArrayViewMut2,
+    s, Array2, Array3, Array4, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut1, ArrayViewMut2,
 };
 use std::cell::RefCell;
 
@@ -28,6 +29,10 @@ pub struct Gradients {
     pub dk: Array3<f64>,
     /// `[Tk, Hkv, Dv]`
     pub dv: Array3<f64>,
+    /// The post-scale bias's `[Bb, Hb, Sq, Sk]` (`docs/semantics.md` §1.9): `dS` summed over
+    /// the slots and heads sharing each entry, 0 where no slot reads one. `None` without such
+    /// a bias.
+    pub dbias: Option<Array4<f64>>,
 }
 
 /// Forward pass of `p` in f64.
@@ -73,6 +78,7 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
         dq: Array3::zeros((tq, h_n, dqk)),
         dk: Array3::zeros((tk, hkv_n, dqk)),
         dv: Array3::zeros((tk, hkv_n, dv_n)),
+        dbias: params.bias.grad_shape().map(Array4::zeros),
     });
 
     // The slot's index in the layout, not among the non-empty ones: the dropout mask is keyed
@@ -106,12 +112,20 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
                     }
                     block_forward(
                         params,
+                        (slot, h),
                         &b,
                         w,
                         fwd.o.slice_mut(s![qr.clone(), h, ..]),
                         fwd.lse.slice_mut(s![qr.clone(), h]),
                     );
                     if let (Some(gr), Some(d_o)) = (grads.as_mut(), b.d_o) {
+                        let dbias = gr.dbias.as_mut().map(|db| {
+                            let bi = match &params.bias {
+                                AttnBias::PostScale(t) => AttnBias::tensor_index(t, slot, h),
+                                _ => (0, 0),
+                            };
+                            db.slice_mut(s![bi.0, bi.1, ..sg.lq, ..sg.lk])
+                        });
                         block_backward(
                             params,
                             &b,
@@ -121,6 +135,7 @@ pub fn forward_backward_views<T: Copy + Into<f64>>(
                                 dq: gr.dq.slice_mut(s![qr.clone(), h, ..]),
                                 dk: gr.dk.slice_mut(s![kr.clone(), hkv, ..]),
                                 dv: gr.dv.slice_mut(s![kr.clone(), hkv, ..]),
+                                dbias,
                             },
                         );
                     }
@@ -238,6 +253,7 @@ fn mat_mut(buf: &mut [f64], rows: usize, ld: usize) -> ArrayViewMut2<'_, f64> {
 /// for the backward pass.
 fn block_forward<T: Copy + Into<f64>>(
     params: &AttnParams,
+    (slot, head): (usize, usize),
     b: &Block<'_, T>,
     w: &mut Workspace,
     o: ArrayViewMut2<'_, f64>,
@@ -249,6 +265,7 @@ fn block_forward<T: Copy + Into<f64>>(
     eq::scores(b.q.view(), k_t, params.scale, s.view_mut());
     // The columns past `Lk` are padding of the transposed keys, not scores.
     let mut s = s.slice_move(s![.., ..lk]);
+    eq::add_bias(s.view_mut(), &params.bias, slot, head);
     eq::apply_mask(s.view_mut(), params.mask, params.window);
     let m = ArrayViewMut1::from(&mut w.m[..lq]);
     eq::row_max(s.view(), m);
@@ -274,6 +291,8 @@ struct BlockGradients<'a> {
     dq: ArrayViewMut2<'a, f64>,
     dk: ArrayViewMut2<'a, f64>,
     dv: ArrayViewMut2<'a, f64>,
+    /// This block's corner of dBias, shared by the slots and heads its bias broadcasts over.
+    dbias: Option<ArrayViewMut2<'a, f64>>,
 }
 
 /// Backward of one (slot, head) block, from the `P` that [`block_forward`] left in `w.p`.
@@ -299,6 +318,9 @@ fn block_backward<T: Copy + Into<f64>>(
     };
     eq::d_rowsum(p, ds.view(), ArrayViewMut1::from(&mut w.d[..lq]));
     eq::d_s(p, ds.view_mut(), ArrayView1::from(&w.d[..lq]));
+    if let Some(db) = out.dbias {
+        eq::d_bias(ds.view(), db);
+    }
     eq::d_q(ds.view(), b.k.view(), params.scale, out.dq);
     eq::d_k(ds.view(), b.q.view(), params.scale, out.dk);
     eq::d_v(p_v, d_o, out.dv);

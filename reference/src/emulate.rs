@@ -85,13 +85,13 @@ pub fn forward_backward_with(
 }
 
 /// Row-major `[len, D]` f32 copy of one head's valid rows.
-struct Rows {
+pub(crate) struct Rows {
     d: usize,
     x: Vec<f32>,
 }
 
 impl Rows {
-    fn of(t: &ArrayView3<'_, f32>, off: usize, len: usize, head: usize) -> Rows {
+    pub(crate) fn of(t: &ArrayView3<'_, f32>, off: usize, len: usize, head: usize) -> Rows {
         let d = t.shape()[2];
         let mut x = Vec::with_capacity(len * d);
         for r in 0..len {
@@ -99,24 +99,33 @@ impl Rows {
         }
         Rows { d, x }
     }
-    fn row(&self, r: usize) -> &[f32] {
+    pub(crate) fn row(&self, r: usize) -> &[f32] {
         &self.x[r * self.d..(r + 1) * self.d]
     }
 }
 
 /// f32 accumulation of exact input-dtype products, in order over `d`.
-fn dot32(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0f32, |acc, (&x, &y)| acc + x * y)
 }
 
-/// `S = fl32(fl32(Σ_d q·k) · scale)`, `-inf` where invisible.
-fn scores32(a: &AttnParams, q: &Rows, k: &Rows, lq: usize, lk: usize) -> Vec<f32> {
+/// `S = fl32(fl32(Σ_d q·k) · scale) + bias` (§1.9, the bias's f32 value), `-inf` where
+/// invisible, for query head `h` of slot `slot`.
+pub(crate) fn scores32(
+    a: &AttnParams,
+    (slot, h): (usize, usize),
+    q: &Rows,
+    k: &Rows,
+    lq: usize,
+    lk: usize,
+) -> Vec<f32> {
     let scale = a.scale as f32;
     let mut s = vec![f32::NEG_INFINITY; lq * lk];
     for r in 0..lq {
         for c in 0..lk {
             if visible(a.mask, a.window, r, c, lq, lk) {
-                s[r * lk + c] = dot32(q.row(r), k.row(c)) * scale;
+                let b = a.bias.at32(slot, h, r, c, lq, lk);
+                s[r * lk + c] = dot32(q.row(r), k.row(c)) * scale + b;
             }
         }
     }
@@ -157,7 +166,7 @@ fn emulate_group(
 
     for h in hk * g..(hk + 1) * g {
         let q = Rows::of(&p.q, sg.off_q, lq, h);
-        let s = scores32(a, &q, &k, lq, lk);
+        let s = scores32(a, (slot, h), &q, &k, lq, lk);
 
         // Forward: max, exp, sum, log in f32; P = e / l; O from dtype-rounded P.
         let mut lse = vec![f32::NEG_INFINITY; lq];

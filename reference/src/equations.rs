@@ -7,6 +7,7 @@
 //! `dq`, `dk`, `dv` are written straight into the output arrays. The matrix products are
 //! [`crate::gemm`]'s: one FMA chain per entry, the summation order ndarray's `dot` had.
 
+use crate::bias::AttnBias;
 use crate::dropout::Dropout;
 use crate::gemm::{gemm, Epilogue};
 use crate::types::{visible, Mask, Window};
@@ -24,6 +25,24 @@ pub fn scores<T: Copy + Into<f64>>(
     s: ArrayViewMut2<'_, f64>,
 ) {
     gemm(q, k_t, s, Epilogue::Scaled(scale));
+}
+
+/// `S[r, c] += bias[r, c]` of slot `slot`, head `head` (`docs/semantics.md` §1.9): after the
+/// scale, before the mask. A `-inf` entry hides its key as the mask does.
+pub fn add_bias(mut s: ArrayViewMut2<'_, f64>, bias: &AttnBias, slot: usize, head: usize) {
+    if bias.is_none() {
+        return;
+    }
+    let (lq, lk) = s.dim();
+    for ((r, c), x) in s.indexed_iter_mut() {
+        *x += bias.at(slot, head, r, c, lq, lk);
+    }
+}
+
+/// `dBias[r, c] += dS[r, c]`: the scores' gradient is the bias's, summed over the slots and
+/// heads that share an entry (`dbias` is this block's `[Lq, Lk]` corner of its `[b, h]` plane).
+pub fn d_bias(ds: ArrayView2<'_, f64>, mut dbias: ArrayViewMut2<'_, f64>) {
+    dbias += &ds;
 }
 
 /// `S[r, c] = -inf` where key `c` is not visible to row `r` (mask and window of `docs/semantics.md` §1.5).

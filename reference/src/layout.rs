@@ -61,6 +61,8 @@ pub enum LayoutError {
     Zero { field: &'static str, value: usize },
     #[error("scale = {value}: must be finite")]
     Scale { value: f64 },
+    #[error(transparent)]
+    Bias(#[from] crate::bias::BiasError),
 }
 
 /// One side's token addressing: per-slot start offsets and lengths.

@@ -17,6 +17,11 @@ pub mod ds_scale;
 pub mod emulate;
 pub mod equations;
 mod gemm;
+
+// The scores' additive bias (post-scale tensor or ALiBi), shared like `dropout`.
+pub mod bias;
+pub mod emulate_dbias;
+
 pub mod layout;
 pub mod naive;
 pub mod problem;
@@ -24,6 +29,7 @@ pub mod slot;
 pub mod types;
 
 pub use attention::{forward, forward_backward, forward_backward_views, Forward, Gradients};
+pub use bias::{AttnBias, BiasError};
 pub use dropout::{philox4x32_10, Dropout};
 pub use layout::{Layout, LayoutError, Side};
 pub use problem::{check_params, Problem};

@@ -3,9 +3,10 @@
 //! straight from the THD buffers. Slow; it exists to be compared against.
 
 use crate::attention::{Forward, Gradients};
+use crate::bias::AttnBias;
 use crate::problem::Problem;
 use crate::types::visible;
-use ndarray::{Array2, Array3};
+use ndarray::{Array2, Array3, Array4};
 
 /// Forward pass, and the gradients when `p.d_o` is present.
 pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
@@ -19,6 +20,7 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
         dq: Array3::zeros((tq, nh, dqk)),
         dk: Array3::zeros((tk, nkv, dqk)),
         dv: Array3::zeros((tk, nkv, dv)),
+        dbias: a.bias.grad_shape().map(Array4::zeros),
     });
     let x = |t: &ndarray::ArrayView3<f32>, i: usize, h: usize, d: usize| f64::from(t[[i, h, d]]);
 
@@ -37,7 +39,11 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
                         for d in 0..dqk {
                             dot += x(&p.q, tq_, h, d) * x(&p.k, ok + c, hk, d);
                         }
-                        logits.push((c, a.scale * dot));
+                        let s = a.scale * dot + a.bias.at(slot, h, r, c, lq, lk);
+                        // A -inf bias hides the key (docs/semantics.md §1.9).
+                        if s != f64::NEG_INFINITY {
+                            logits.push((c, s));
+                        }
                     }
                 }
                 if logits.is_empty() {
@@ -85,6 +91,10 @@ pub fn forward_backward(p: &Problem) -> (Forward, Option<Gradients>) {
                     .sum();
                 for ((&(c, pc), &dpc), zc) in probs.iter().zip(&dps).zip(&z) {
                     let ds = pc * (dpc - big_d);
+                    if let (Some(db), AttnBias::PostScale(t)) = (gr.dbias.as_mut(), &a.bias) {
+                        let (bb, hb) = AttnBias::tensor_index(t, slot, h);
+                        db[[bb, hb, r, c]] += ds;
+                    }
                     for d in 0..dqk {
                         gr.dq[[tq_, h, d]] += a.scale * ds * x(&p.k, ok + c, hk, d);
                         gr.dk[[ok + c, hk, d]] += a.scale * ds * x(&p.q, tq_, h, d);

@@ -25,7 +25,8 @@ impl<'a> Problem<'a> {
     ///
     /// # Errors
     /// [`LayoutError::Shape`], [`LayoutError::Gqa`], [`LayoutError::Zero`] or
-    /// [`LayoutError::Scale`] naming the offending tensor or field.
+    /// [`LayoutError::Scale`] naming the offending tensor or field; [`LayoutError::Bias`] for a
+    /// bias that does not fit the layout.
     pub fn new(
         params: &'a AttnParams,
         layout: &'a Layout,
@@ -48,6 +49,7 @@ impl<'a> Problem<'a> {
         if let Some(d) = &d_o {
             check_shape("d_o", d.shape(), &[tq, h, dv])?;
         }
+        params.bias.check(layout, h, params.mask, params.window)?;
         Ok(Problem {
             params,
             layout,

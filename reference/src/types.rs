@@ -1,5 +1,6 @@
 //! The vocabulary of `docs/semantics.md` §1: element types, masks and windows.
 
+use crate::bias::AttnBias;
 use crate::dropout::Dropout;
 use half::{bf16, f16};
 use std::fmt;
@@ -253,6 +254,8 @@ pub struct AttnParams {
     pub scale: f64,
     /// Dropout of P (`docs/semantics.md` §1.8); [`Dropout::NONE`] leaves P as it is.
     pub dropout: Dropout,
+    /// The scores' additive bias (`docs/semantics.md` §1.9); [`AttnBias::None`] adds nothing.
+    pub bias: AttnBias,
 }
 
 impl AttnParams {

@@ -90,6 +90,7 @@ fn the_emulation_overflows_where_the_reference_does_with_its_sign() {
         window: Window::NONE,
         scale: 1.0,
         dropout: Dropout::NONE,
+        bias: smallseq_reference::AttnBias::None,
     };
     let max = f64::from(Dtype::F16.max_finite());
     // (1) Four queries on one key, dO = 30,000 each: dV = 120,000. (2) Q = 0, so P = 1/2,

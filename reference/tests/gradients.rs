@@ -134,3 +134,59 @@ fn fd_with_dropout() {
         assert_eq!(scale == 0.0, p == 1.0, "p = {p}: largest gradient {scale}");
     }
 }
+
+/// `L` as a function of the post-scale bias (the inputs fixed).
+fn loss_of_bias(case: &Case, bias: ndarray::Array4<f32>) -> f64 {
+    let [q, k, v, d_o] = case.to_f64();
+    let mut c = case.clone();
+    c.params.bias = smallseq_reference::AttnBias::PostScale(std::sync::Arc::new(bias));
+    loss(&c, &q, &k, &v, &d_o)
+}
+
+/// dQ, dK, dV under a bias and ALiBi, and dBias against finite differences of each entry
+/// (the bias is f32: each step is the one f32 can hold, and broadcast entries sum the slots
+/// and heads that read them).
+#[test]
+fn fd_with_bias() {
+    let mut rng = Rng::new(17);
+    for (i, (per_slot, per_head)) in [(false, true), (true, false), (true, true), (false, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut spec = Spec::packed(&[(3, 5), (0, 2), (4, 3), (5, 5)], 4, 2, 3);
+        spec.dv = 2;
+        spec.mask = Mask::ALL[i + 1];
+        spec.scale = 0.9;
+        spec.bias = common::post_scale_bias(&mut rng, &spec, per_slot, per_head, 8);
+        let case = Case::build(&spec, &mut rng);
+        check(&case, &format!("bias {per_slot} {per_head}"));
+        let smallseq_reference::AttnBias::PostScale(t) = &case.params.bias else {
+            unreachable!()
+        };
+        let (_, g) = smallseq_reference::forward_backward(&case.problem());
+        let analytic = g.unwrap().dbias.expect("a post-scale bias has a gradient");
+        let mut fd = ndarray::Array4::<f64>::zeros(t.dim());
+        for idx in ndarray::indices(t.dim()) {
+            let x0 = t[idx];
+            if !x0.is_finite() {
+                continue;
+            }
+            let h = 2f32.powi(-12);
+            let (mut up, mut down) = ((**t).clone(), (**t).clone());
+            up[idx] = x0 + h;
+            down[idx] = x0 - h;
+            let step = f64::from(up[idx]) - f64::from(down[idx]);
+            fd[idx] = (loss_of_bias(&case, up) - loss_of_bias(&case, down)) / step;
+        }
+        let err = rel_err(fd.view(), analytic.view(), 1e-2);
+        assert!(err <= 1e-5, "case {i}: dbias rel err {err:e}");
+        assert!(
+            analytic.iter().any(|x| x.abs() > 1e-3),
+            "case {i}: dbias is zero"
+        );
+    }
+    let mut spec = Spec::packed(&[(3, 5), (4, 3)], 2, 2, 3);
+    spec.bias = common::alibi(&mut rng, &spec);
+    let case = Case::build(&spec, &mut rng);
+    check(&case, "alibi");
+}

@@ -34,6 +34,117 @@ fn agree(case: &Case, what: &str) {
     }
 }
 
+/// `agree`, and dBias too.
+fn agree_dbias(case: &Case, what: &str) {
+    agree(case, what);
+    let p = case.problem();
+    let (_, ga) = forward_backward(&p);
+    let (_, gb) = naive::forward_backward(&p);
+    let (Some(ga), Some(gb)) = (ga, gb) else {
+        return;
+    };
+    match (ga.dbias, gb.dbias) {
+        (Some(x), Some(y)) => {
+            let err = rel_err(x.view(), y.view(), 1e-300);
+            assert!(err <= 1e-12, "{what}: dbias rel err {err:e}");
+            assert!(x.iter().all(|v| v.is_finite()), "{what}: dbias not finite");
+        }
+        (None, None) => {}
+        _ => panic!("{what}: dbias present in one implementation only"),
+    }
+}
+
+/// Post-scale biases of every broadcast shape with -inf entries, and ALiBi (docs/semantics.md
+/// §1.9), with GQA, masks, windows and dropout.
+#[test]
+fn naive_agrees_with_bias() {
+    let mut rng = Rng::new(8);
+    let mut with_dbias = 0;
+    for i in 0..160 {
+        let mut spec = Spec::random(&mut rng, 12, 24);
+        spec.bias = if i % 5 == 4 {
+            common::alibi(&mut rng, &spec)
+        } else {
+            common::post_scale_bias(&mut rng, &spec, i % 2 == 0, i % 4 < 2, 6)
+        };
+        if i % 7 == 0 {
+            spec.dropout = Dropout {
+                p: 0.5,
+                seed: i as u64,
+                offset: 3,
+            };
+        }
+        let case = Case::build(&spec, &mut rng);
+        let (_, g) = forward_backward(&case.problem());
+        with_dbias += usize::from(g.is_some_and(|g| g.dbias.is_some()));
+        agree_dbias(&case, &format!("bias case {i}: {spec:?}"));
+    }
+    assert!(with_dbias > 100, "{with_dbias} cases had a dbias");
+}
+
+/// A bias that is -inf on every key of a row hides the row's keys: o = 0, lse = -inf, no
+/// NaN anywhere (docs/semantics.md §1.3); a zero bias is exactly no bias, and a bias constant
+/// along each row moves lse by the constant and leaves o alone.
+#[test]
+fn bias_extremes() {
+    let mut rng = Rng::new(9);
+    let mut spec = Spec::packed(&[(3, 4), (2, 5)], 2, 1, 8);
+    let zero = ndarray::Array4::<f32>::zeros((1, 2, 3, 5));
+    spec.bias = smallseq_reference::AttnBias::PostScale(std::sync::Arc::new(zero.clone()));
+    let case = Case::build(&spec, &mut rng);
+    let mut plain = case.clone();
+    plain.params.bias = smallseq_reference::AttnBias::None;
+    let (f0, g0) = forward_backward(&plain.problem());
+    let (f, g) = forward_backward(&case.problem());
+    let g = g.unwrap();
+    let g0 = g0.unwrap();
+    assert_eq!(f, f0);
+    assert_eq!((&g.dq, &g.dk, &g.dv), (&g0.dq, &g0.dk, &g0.dv));
+    let mut shifted = zero.clone();
+    let mut hidden = zero;
+    for r in 0..3 {
+        shifted
+            .slice_mut(ndarray::s![0, 1, r, ..])
+            .fill(0.5 * r as f32 - 3.0);
+    }
+    hidden
+        .slice_mut(ndarray::s![0, 0, 1, ..])
+        .fill(f32::NEG_INFINITY);
+    let mut c = case.clone();
+    c.params.bias = smallseq_reference::AttnBias::PostScale(std::sync::Arc::new(shifted));
+    let (fs, gs) = forward_backward(&c.problem());
+    assert!(rel_err(fs.o.view(), f0.o.view(), 1e-300) <= 1e-12);
+    // Slot 0 (rows 0..3) and slot 1 (rows 3..5) of head 1.
+    for t in 0..5 {
+        let r = if t < 3 { t } else { t - 3 };
+        let want = f0.lse[[t, 1]] + 0.5 * r as f64 - 3.0;
+        assert!((fs.lse[[t, 1]] - want).abs() <= 1e-12, "token {t}");
+    }
+    assert!(gs
+        .unwrap()
+        .dbias
+        .unwrap()
+        .iter()
+        .all(|x| x.abs() < 1e-12 || x.is_finite()));
+    c.params.bias = smallseq_reference::AttnBias::PostScale(std::sync::Arc::new(hidden));
+    let (fh, gh) = forward_backward(&c.problem());
+    let gh = gh.unwrap();
+    // Row 1 of both slots in head 0.
+    for t in [1, 4] {
+        assert_eq!(fh.lse[[t, 0]], f64::NEG_INFINITY, "token {t}");
+        assert!(fh.o.slice(ndarray::s![t, 0, ..]).iter().all(|&x| x == 0.0));
+        assert!(gh.dq.slice(ndarray::s![t, 0, ..]).iter().all(|&x| x == 0.0));
+    }
+    assert!(fh.o.iter().chain(gh.dk.iter()).all(|x| x.is_finite()));
+    assert!(gh
+        .dbias
+        .unwrap()
+        .slice(ndarray::s![0, 0, 1, ..])
+        .iter()
+        .all(|&x| x == 0.0));
+    agree_dbias(&c, "a row hidden by -inf");
+}
+
 #[test]
 fn naive_agrees_on_random_geometries() {
     let mut rng = Rng::new(3);

@@ -134,6 +134,9 @@ pub struct BwdBufs {
     pub dk: DevBuf,
     pub dv: DevBuf,
     pub workspace: DevBuf,
+    /// The post-scale bias's gradient `[Bb, Hb, Sq, Sk]`, row-major, for a case with one
+    /// (`docs/semantics.md` §1.9); every element written by a backend that computes bias.
+    pub dbias: Option<DevBuf>,
 }
 
 /// The `emulation_conformance` rate budget of backend `backend` for output `tensor` (see
@@ -187,6 +190,11 @@ pub trait BackendInfo: Send + Sync {
     /// Whether the fallback path computes dropout (`docs/semantics.md` §1.8); a backend that
     /// does not gets `unsupported` for a case with `p > 0` instead of a wrong answer.
     fn computes_dropout(&self) -> bool {
+        false
+    }
+    /// Whether the fallback path computes a post-scale bias and ALiBi, and dBias
+    /// (`docs/semantics.md` §1.9); a backend that does not gets `unsupported` for such a case.
+    fn computes_bias(&self) -> bool {
         false
     }
     /// What identifies the device and the kernel build whose outputs a capsule stores

@@ -77,6 +77,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             lse: Some(f.lse),
             dq: g.as_ref().map(|g| g.dq.clone()),
             dk: g.as_ref().map(|g| g.dk.clone()),
+            dbias: g.as_ref().and_then(|g| g.dbias.clone()),
             dv: g.map(|g| g.dv),
         };
         case.meta

@@ -109,6 +109,7 @@ fn another_order(case: &Case) -> Outputs {
         dq: Some(dq.mapv(f64::from)),
         dk: Some(store(dk, scale)),
         dv: Some(store(dv, 1.0)),
+        dbias: None,
     }
 }
 

@@ -76,6 +76,8 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 pub struct GradAllowance {
     pub dq: Array3<f64>,
     pub dk: Array3<f64>,
+    /// dBias's, as [`crate::case::dbias_rows`] lays it out: the sum of its dS terms' noise.
+    pub dbias: Option<Array3<f64>>,
 }
 
 impl GradAllowance {
@@ -85,6 +87,7 @@ impl GradAllowance {
         GradAllowance {
             dq: &self.dq * 2.0,
             dk: &self.dk * 2.0,
+            dbias: self.dbias.as_ref().map(|d| d * 2.0),
         }
     }
 }
@@ -115,6 +118,8 @@ pub struct OrderAllowance {
     pub dq: Option<Array3<f64>>,
     pub dk: Option<Array3<f64>>,
     pub dv: Option<Array3<f64>>,
+    /// dBias `= Σ dS`: `2 · (u + Nq·u32) · Σ W_ij / scale`, laid out as [`GradAllowance::dbias`].
+    pub dbias: Option<Array3<f64>>,
 }
 
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
@@ -282,6 +287,11 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             Array3::<f64>::zeros(case.v.dim()),
         )
     });
+    // dBias's allowances, `[Bb·Sq, Hb, Sk]` (crate::case::dbias_rows).
+    let dbias_dim = p.bias.grad_shape().map(|[b, h, q, k]| (b * q, h, k));
+    let mut db = d_o
+        .and(dbias_dim)
+        .map(|dim| (Array3::<f64>::zeros(dim), Array3::<f64>::zeros(dim)));
     // The inputs' magnitudes in f64, once per case, in rows the loops below walk as slices
     // (which vectorise): converting per (query, key) pair was most of the allowances' time.
     let (qa, ka, va) = (abs64(&case.q), abs64(&case.k), abs64(&case.v));
@@ -294,7 +304,13 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .iter()
             .map(|&c| scale * dot(qa_r, row_of(&ka, c, hk)))
             .fold(0.0f64, f64::max);
-        let s_i = score_mag + lse_r.abs();
+        // A bias's own magnitude is part of the score its f32 rounding scales with.
+        let bias_mag = row
+            .keys
+            .iter()
+            .map(|&c| case.bias_at(&row, c).abs())
+            .fold(0.0f64, f64::max);
+        let s_i = score_mag + bias_mag + lse_r.abs();
         let probs: Vec<f64> = row
             .keys
             .iter()
@@ -359,13 +375,24 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             let ds = prob * (dp - big_d);
             // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
             // is divided by it here.
-            let w = scale * (noise + ds_jump(case.config.dtype, ds, factor * noise) / factor);
+            // dS's own noise and its order allowance; dQ and dK take them times the scale,
+            // dBias (the sum of dS) as they are.
+            let w_ds = noise + ds_jump(case.config.dtype, ds, factor * noise) / factor;
+            let w = scale * w_ds;
             let w_ord = match design {
                 Design::Project => scale * ds.abs(),
                 Design::Envelope => {
                     scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
                 }
             };
+            if let (Some((dbn, dbo)), Some((at, hb))) = (db.as_mut(), case.dbias_row(&row)) {
+                let col = c - case.layout.kv.offset(row.slot);
+                dbn[(at, hb, col)] += w_ds;
+                dbo[(at, hb, col)] += match design {
+                    Design::Project => ds.abs(),
+                    Design::Envelope => ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o),
+                };
+            }
             let ka_c = row_of(&ka, c, hk);
             for (x, (dq_x, odq_x)) in ka_c.iter().zip(
                 row_mut(dq, t, h)
@@ -401,6 +428,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dq: None,
                 dk: None,
                 dv: None,
+                dbias: None,
             },
         },
         Some((mut dq, mut dk, mut odq, mut odk, odv)) => {
@@ -408,14 +436,23 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             dk.mapv_inplace(|x| x * factor);
             odq.mapv_inplace(|x| x * 2.0 * (u + lk * u32));
             odk.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
+            let (dbn, dbo) = match db {
+                Some((mut n, mut o)) => {
+                    n.mapv_inplace(|x| x * factor);
+                    o.mapv_inplace(|x| x * 2.0 * (u + nq * u32));
+                    (Some(n), Some(o))
+                }
+                None => (None, None),
+            };
             Allowances {
                 p_noise,
-                grads: Some(GradAllowance { dq, dk }),
+                grads: Some(GradAllowance { dq, dk, dbias: dbn }),
                 order: OrderAllowance {
                     o: ord_o,
                     dq: Some(odq),
                     dk: Some(odk),
                     dv: Some(odv),
+                    dbias: dbo,
                 },
             }
         }

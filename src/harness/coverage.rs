@@ -80,6 +80,66 @@ fn dropout(d: &smallseq_reference::Dropout) -> String {
         "other".into()
     }
 }
+/// The bias types of §1.9 as the generator draws them (`score_bias::draw_kind`), the
+/// post-scale bias by broadcast shape.
+const BIASES: [&str; 7] = [
+    "none",
+    "post_scale_1hss",
+    "post_scale_11ss",
+    "post_scale_b1ss",
+    "post_scale_bhss",
+    "alibi",
+    "other",
+];
+
+fn bias(b: &crate::config::Bias) -> String {
+    use crate::config::Bias;
+    match b {
+        Bias::None => "none".into(),
+        Bias::PostScale(s) => format!("post_scale_{}", s.name()),
+        Bias::Alibi => "alibi".into(),
+        Bias::Other(_) => "other".into(),
+    }
+}
+
+/// What a post-scale bias's entries hold where the slots read them: `-inf` on some keys, on
+/// every key of some row (which then has no visible key), and `+inf` or NaN where no slot
+/// reads (which must be ignored).
+const BIAS_ENTRIES: [&str; 4] = ["finite", "neg_inf_key", "neg_inf_row", "unread_non_finite"];
+
+fn bias_entries(case: &Case) -> Vec<&'static str> {
+    let p = &case.config.params;
+    let smallseq_reference::AttnBias::PostScale(t) = &p.bias else {
+        return Vec::new();
+    };
+    let rows: Vec<(crate::case::VisibleRow, bool)> = case
+        .visible_rows()
+        .map(|r| {
+            let lk = case.layout.kv.len(r.slot);
+            let lq = case.layout.q.len(r.slot);
+            let hidden = (0..lk).any(|c| {
+                smallseq_reference::visible(p.mask, p.window, r.row, c, lq, lk)
+                    && p.bias.at(r.slot, r.head, r.row, c, lq, lk) == f64::NEG_INFINITY
+            });
+            (r, hidden)
+        })
+        .collect();
+    let mut out = Vec::new();
+    if rows.iter().any(|(r, hidden)| *hidden && !r.keys.is_empty()) {
+        out.push("neg_inf_key");
+    }
+    if rows.iter().any(|(r, hidden)| *hidden && r.keys.is_empty()) {
+        out.push("neg_inf_row");
+    }
+    if t.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
+        out.push("unread_non_finite");
+    }
+    if out.is_empty() {
+        out.push("finite");
+    }
+    out
+}
+
 /// `props::numeric_regimes`' values.
 const REGIMES: [&str; 4] = [
     "in_range",
@@ -182,7 +242,7 @@ impl Coverage {
             Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
         };
         let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
-        let dims: [(&'static str, &[&str]); 21] = [
+        let dims: [(&'static str, &[&str]); 23] = [
             ("dtype", &["bf16", "f16", "f32"]),
             ("heads", &HEAD_BUCKETS),
             ("kv_heads", &HEAD_BUCKETS),
@@ -199,6 +259,8 @@ impl Coverage {
             ("data_class", &DATA),
             ("backward", &["yes", "no"]),
             ("dropout", &DROPOUTS),
+            ("bias", &BIASES),
+            ("bias_entries", &BIAS_ENTRIES),
             ("path", &PATHS),
             ("small_seq_heads", ss_heads),
             ("small_seq_head_dim", ss_dims),
@@ -277,6 +339,10 @@ impl Coverage {
         self.count("data_class", &meta("smallseq.data_class", "plain"));
         self.count("backward", if case.d_o.is_some() { "yes" } else { "no" });
         self.count("dropout", &dropout(&p.dropout));
+        self.count("bias", &bias(&case.config.bias));
+        bias_entries(case)
+            .into_iter()
+            .for_each(|v| self.count("bias_entries", v));
         self.count("path", path.map_or("none", |p| p.name()));
         if path == Some(Path::SmallSeq) {
             self.count("small_seq_heads", &heads(p.num_heads));

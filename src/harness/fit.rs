@@ -1,12 +1,12 @@
 //! Drawing inside an implementation's capabilities: a geometry the generator drew is moved
 //! to the nearest one the worker computes (a dtype, mask or head dim it lacks is redrawn
-//! from those it has; windows, GQA, `Dv != Dqk`, backward, dropout and gaps between sequences are
-//! dropped when it lacks them), so no budget goes to skips. The report lists what was left
+//! from those it has; windows, GQA, `Dv != Dqk`, backward, dropout, bias and gaps between
+//! sequences are dropped when it lacks them), so no budget goes to skips. The report lists what was left
 //! out ([`crate::runner::Caps::not_covered`]).
 
 use super::gen::Geometry;
 use super::rng::{Draw, Rng};
-use crate::config::LayoutKind;
+use crate::config::{Bias, LayoutKind};
 use crate::error::{Error, Result};
 use crate::runner::Caps;
 use smallseq_reference::{Dropout, Layout, Side, Window};
@@ -67,6 +67,10 @@ pub fn fit_to_caps(g: &mut Geometry, caps: &Caps, rng: &mut Rng) -> Result<()> {
     if !caps.dropout {
         p.dropout = Dropout::NONE;
     }
+    // Only the types §1.9 defines need the capability; another stays, to be refused.
+    if !caps.bias && matches!(c.bias, Bias::PostScale(_) | Bias::Alibi) {
+        c.bias = Bias::None;
+    }
     let unpadded = |s: &Side| Side {
         cu: s.cu.clone(),
         padded: None,
@@ -121,6 +125,10 @@ mod tests {
             assert!(matches!(p.mask, Mask::Padding | Mask::PaddingCausal));
             assert_eq!(p.window, Window::NONE);
             assert_eq!(p.dropout, Dropout::NONE, "caps.dropout is false");
+            assert!(
+                !matches!(g.config.bias, Bias::PostScale(_) | Bias::Alibi),
+                "caps.bias is false"
+            );
             assert_eq!(p.num_kv_heads, p.num_heads);
             assert!([64, 128].contains(&p.head_dim_qk) && p.head_dim_v == p.head_dim_qk);
             assert!(!g.backward);
@@ -132,7 +140,7 @@ mod tests {
 
     #[test]
     fn full_caps_change_nothing() {
-        let caps = Caps::in_tree("cpu", true, 1, true);
+        let caps = Caps::in_tree("cpu", true, 1, (true, true));
         for seed in 0..100 {
             let mut rng = Rng::new(seed);
             let g0 = draw_geometry_for(&mut rng, Profile::Native);

@@ -268,11 +268,13 @@ pub fn draw_config<D: Draw>(d: &mut D) -> AttnConfig {
                     offset: d.below(1 << 20),
                 }
             },
+            bias: smallseq_reference::AttnBias::None,
         },
         bias: if d.percent(90) {
             Bias::None
         } else {
-            Bias::Other("post_scale_bias".into())
+            // A config alone carries no bias values: the type §1.9 does not define.
+            Bias::Other("pre_scale_bias".into())
         },
         layout: if d.percent(85) {
             LayoutKind::Thd

@@ -4,14 +4,15 @@
 
 use super::data_class::{self, DataClass};
 use super::rng::{Draw, Rng};
+use super::score_bias;
 use super::shapes;
 use crate::case::{bshd_layout, Case};
-use crate::config::{AttnConfig, Bias, LayoutKind};
+use crate::config::{AttnConfig, LayoutKind};
 use crate::dispatch::Profile;
 use crate::error::Result;
 use crate::segments::{self, Segmented};
 use ndarray::Array3;
-use smallseq_reference::{AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
+use smallseq_reference::{AttnBias, AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
 
 /// How input values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,11 +192,7 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
         2 => 3.0,
         _ => 1.0 / (head_dim as f64).sqrt(),
     };
-    let bias = if d.percent(2) {
-        Bias::Other("post_scale_bias".into())
-    } else {
-        Bias::None
-    };
+    let bias = score_bias::draw_kind(d, eligible);
     let share = if eligible {
         DROPOUT_PERCENT.0
     } else {
@@ -242,6 +239,7 @@ pub fn draw_geometry_with<D: Draw>(d: &mut D, edges: bool) -> Geometry {
             window,
             scale,
             dropout,
+            bias: AttnBias::None,
         },
         bias,
         layout: layout_kind,
@@ -495,7 +493,10 @@ pub fn build(g: &Geometry, data_seed: u64) -> Result<Case> {
     let d_o = g
         .backward
         .then(|| fill([tq, p.num_heads, p.head_dim_v], Role::DO, &mut rng));
-    let mut case = Case::new(g.config.clone(), g.layout.clone(), q, k, v, d_o)?;
+    // Its own stream, so that the cases without a bias draw what they drew before.
+    let mut config = g.config.clone();
+    config.params.bias = score_bias::draw_values(&config, &g.layout, &mut rng.fork(13), g.poison);
+    let mut case = Case::new(config, g.layout.clone(), q, k, v, d_o)?;
     if g.poison {
         poison(&mut case, &mut rng.fork(7));
     }

@@ -405,6 +405,7 @@ fn restrict(new: &crate::case::Outputs, stored: &crate::case::Outputs) -> crate:
         dq: new.dq.as_ref().and(stored.dq.clone()),
         dk: new.dk.as_ref().and(stored.dk.clone()),
         dv: new.dv.as_ref().and(stored.dv.clone()),
+        dbias: new.dbias.as_ref().and(stored.dbias.clone()),
     }
 }
 

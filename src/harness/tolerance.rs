@@ -630,6 +630,8 @@ pub fn judge_all(
     let terms = |name: &str| match name {
         "o" | "dq" => layout.kv.max_len(),
         "dk" | "dv" => layout.q.max_len() * group,
+        // dBias sums dS over every slot and head that shares an entry.
+        "dbias" => layout.slots() * case.config.params.num_heads,
         _ => 0,
     };
     let mut out = Vec::new();
@@ -643,6 +645,9 @@ pub fn judge_all(
         let allowance = match name {
             "dq" => grads.map(|g| g.dq.view().into_dyn()),
             "dk" => grads.map(|g| g.dk.view().into_dyn()),
+            "dbias" => grads
+                .and_then(|g| g.dbias.as_ref())
+                .map(|d| d.view().into_dyn()),
             _ => None,
         };
         let order = order.and_then(|o| match name {
@@ -650,6 +655,7 @@ pub fn judge_all(
             "dq" => o.dq.as_ref(),
             "dk" => o.dk.as_ref(),
             "dv" => o.dv.as_ref(),
+            "dbias" => o.dbias.as_ref(),
             _ => None,
         });
         let order = order.map(|o| o.view().into_dyn());
@@ -718,6 +724,12 @@ pub fn judge_all(
         u,
         0.0,
     );
+    // dBias as rows `[Bb·Sq, Hb, Sk]`: every row is judged, the entries no slot reads being
+    // exactly 0 in the reference and in a correct output.
+    let rows = |o: &Outputs| o.dbias.as_ref().map(crate::case::dbias_rows);
+    let (a, r, e) = (rows(actual), rows(reference), rows(emulated));
+    let valid = vec![true; r.as_ref().map_or(0, |r| r.dim().0)];
+    add("dbias", dyn3(&a), dyn3(&r), dyn3(&e), &valid, u, 0.0);
     out
 }
 

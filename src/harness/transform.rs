@@ -1,8 +1,10 @@
 //! Case transformations shared by the metamorphic properties and the shrinker.
 
 use crate::case::{Case, Outputs};
+use crate::config::Bias;
 use ndarray::{Array3, Axis};
-use smallseq_reference::{Layout, Side};
+use smallseq_reference::{AttnBias, Layout, Side};
+use std::sync::Arc;
 
 /// Rebuilds one side's buffer keeping only `rows` (in order), and the new side description.
 fn gather(t: &Array3<f32>, rows: &[usize]) -> Array3<f32> {
@@ -57,6 +59,14 @@ pub fn select_slots(
     c.k = gather(&case.k, &rows_k);
     c.v = gather(&case.v, &rows_k);
     c.d_o = case.d_o.as_ref().map(|d| gather(d, &rows_q));
+    // A bias with a plane per slot keeps the planes of the slots kept, in their new order.
+    if let (AttnBias::PostScale(t), Bias::PostScale(shape)) =
+        (&case.config.params.bias, &case.config.bias)
+    {
+        if shape.per_slot() {
+            c.config.params.bias = AttnBias::PostScale(Arc::new(t.select(Axis(0), order)));
+        }
+    }
     c.outputs = Outputs::default();
     (c, rows_q, rows_k)
 }
@@ -113,6 +123,14 @@ pub fn reduce_heads(case: &Case, heads: usize) -> Option<Case> {
     c.k = cut(&case.k, kv);
     c.v = cut(&case.v, kv);
     c.d_o = case.d_o.as_ref().map(|d| cut(d, heads));
+    // The bias of the heads kept: their planes (a per-head bias) or their slopes.
+    c.config.params.bias = match &p.bias {
+        AttnBias::PostScale(t) if t.dim().1 > 1 => AttnBias::PostScale(Arc::new(
+            t.slice(ndarray::s![.., ..heads, .., ..]).to_owned(),
+        )),
+        AttnBias::Alibi(s) => AttnBias::Alibi(Arc::new(s[..heads].to_vec())),
+        b => b.clone(),
+    };
     c.outputs = Outputs::default();
     Some(c)
 }

@@ -58,11 +58,14 @@ pub struct Caps {
     pub devices: usize,
     /// Computes dropout as `docs/semantics.md` §1.8 says (Philox mask, `1/(1−p)`).
     pub dropout: bool,
+    /// Computes a post-scale bias and ALiBi as `docs/semantics.md` §1.9 says.
+    pub bias: bool,
 }
 
 impl Caps {
     /// Everything the in-tree backends compute, on `arch`.
-    pub fn in_tree(arch: &str, small_seq: bool, devices: usize, dropout: bool) -> Caps {
+    pub fn in_tree(arch: &str, small_seq: bool, devices: usize, computes: (bool, bool)) -> Caps {
+        let (dropout, bias) = computes;
         Caps {
             dtypes: Dtype::ALL.to_vec(),
             layouts: vec![LayoutKind::Thd, LayoutKind::Bshd],
@@ -84,6 +87,7 @@ impl Caps {
             small_seq,
             devices,
             dropout,
+            bias,
         }
     }
 
@@ -147,6 +151,7 @@ impl Caps {
             small_seq: w.small_seq,
             devices: w.devices.unwrap_or(1).max(1),
             dropout: w.dropout,
+            bias: w.bias,
         })
     }
 
@@ -173,6 +178,7 @@ impl Caps {
             small_seq: self.small_seq,
             devices: Some(self.devices),
             dropout: self.dropout,
+            bias: self.bias,
         }
     }
 
@@ -211,6 +217,10 @@ impl Caps {
             ),
             (self.lse, "the log-sum-exp output (caps.lse is false)"),
             (self.dropout, "dropout p > 0 (caps.dropout is false)"),
+            (
+                self.bias,
+                "a post-scale bias and ALiBi (caps.bias is false)",
+            ),
             (
                 self.padded_offsets,
                 "gaps between sequences: padded offsets (caps.padded_offsets is false)",
@@ -277,6 +287,7 @@ pub struct WireCaps {
     pub small_seq: bool,
     pub devices: Option<usize>,
     pub dropout: bool,
+    pub bias: bool,
 }
 
 #[cfg(test)]
@@ -285,12 +296,12 @@ mod tests {
 
     #[test]
     fn wire_round_trip_and_conservative_defaults() {
-        let c = Caps::in_tree("sm_90", true, 2, true);
+        let c = Caps::in_tree("sm_90", true, 2, (true, true));
         assert_eq!(Caps::from_wire(&c.to_wire()).unwrap(), c);
         assert!(c.not_covered().is_empty());
         let empty: WireCaps = serde_json::from_str("{}").unwrap();
         let e = Caps::from_wire(&empty).unwrap();
-        assert!(!e.backward && !e.reports_path && !e.dropout && e.dtypes.is_empty());
+        assert!(!e.backward && !e.reports_path && !e.dropout && !e.bias && e.dtypes.is_empty());
         assert_eq!(e.no_key_row, NoKeyRow::Zero);
         assert!(e.not_covered().iter().any(|l| l.contains("backward")));
     }

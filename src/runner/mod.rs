@@ -85,7 +85,7 @@ impl<'a> InProcess<'a> {
             backend.arch().name(),
             backend.has_small_seq(),
             1,
-            backend.computes_dropout(),
+            (backend.computes_dropout(), backend.computes_bias()),
         );
         InProcess { backend, caps }
     }

@@ -32,6 +32,11 @@ impl Pair {
             dq: self.bwd.as_ref().map(|b| b.dq.mapv(f64::from)),
             dk: self.bwd.as_ref().map(|b| b.dk.mapv(f64::from)),
             dv: self.bwd.as_ref().map(|b| b.dv.mapv(f64::from)),
+            dbias: self
+                .bwd
+                .as_ref()
+                .and_then(|b| b.dbias.as_ref())
+                .map(|d| d.mapv(f64::from)),
         }
     }
 }

@@ -147,6 +147,17 @@ struct Written {
     config: String,
     layout: Layout,
     tensors: Vec<Array3<f32>>,
+    /// The bias values' bits (`docs/semantics.md` §1.9): a bias is an input too, and two
+    /// runs of one case may differ in it alone (metamorphic's bias relations).
+    bias: Vec<u32>,
+}
+
+fn bias_bits(case: &Case) -> Vec<u32> {
+    match &case.config.params.bias {
+        smallseq_reference::AttnBias::PostScale(t) => t.iter().map(|x| x.to_bits()).collect(),
+        smallseq_reference::AttnBias::Alibi(s) => s.iter().map(|x| x.to_bits()).collect(),
+        smallseq_reference::AttnBias::None => Vec::new(),
+    }
 }
 
 impl Written {
@@ -156,6 +167,7 @@ impl Written {
             config: case.config.to_json(),
             layout: case.layout.clone(),
             tensors: case.inputs().into_iter().map(|(_, t)| t.clone()).collect(),
+            bias: bias_bits(case),
         }
     }
 
@@ -169,6 +181,7 @@ impl Written {
                 .zip(&inputs)
                 .all(|(a, (_, b))| same_bits(a, b))
             && self.config == case.config.to_json()
+            && self.bias == bias_bits(case)
     }
 }
 
@@ -469,6 +482,8 @@ impl Pool {
             dq: f32_3(got.dq, name, "dq")?,
             dk: f32_3(got.dk, name, "dk")?,
             dv: f32_3(got.dv, name, "dv")?,
+            // In-tree workers write it; the kit's adapters return none.
+            dbias: got.dbias,
             path: self.path(reply.path.as_ref().and_then(|p| p.bwd.as_deref()))?,
             workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
         })

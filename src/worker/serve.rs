@@ -169,7 +169,7 @@ pub fn serve(
             be.arch().name(),
             be.has_small_seq(),
             devices,
-            be.computes_dropout(),
+            (be.computes_dropout(), be.computes_bias()),
         )
         .to_wire(),
     };
@@ -332,14 +332,17 @@ fn handle(
             return Err(Error::config(format!("lse_from {from}: needs o and lse")));
         };
         let b = wrapper::bwd(be, case, &o, &lse, &opts)?;
-        write_outputs(
-            out,
-            &[
-                ("dq", b.dq.view().into_dyn()),
-                ("dk", b.dk.view().into_dyn()),
-                ("dv", b.dv.view().into_dyn()),
-            ],
-        )?;
+        let mut tensors = vec![
+            ("dq", b.dq.view().into_dyn()),
+            ("dk", b.dk.view().into_dyn()),
+            ("dv", b.dv.view().into_dyn()),
+        ];
+        // dBias of a post-scale bias (docs/semantics.md §1.9), unasked: the pool reads it when
+        // the reply holds it.
+        if let Some(d) = &b.dbias {
+            tensors.push(("dbias", d.view().into_dyn()));
+        }
+        write_outputs(out, &tensors)?;
         let paths = Paths {
             fwd: None,
             bwd: Some(path_name(b.path)),
@@ -361,6 +364,9 @@ fn handle(
             ("dk", b.dk.view().into_dyn()),
             ("dv", b.dv.view().into_dyn()),
         ]);
+        if let Some(d) = &b.dbias {
+            tensors.push(("dbias", d.view().into_dyn()));
+        }
     }
     write_outputs(out, &tensors)?;
     let paths = Paths {

@@ -63,6 +63,7 @@ pub struct Spec {
     pub dtype: Dtype,
     pub grads: bool,
     pub dropout: Dropout,
+    pub bias: smallseq_reference::AttnBias,
 }
 
 impl Spec {
@@ -82,6 +83,7 @@ impl Spec {
             dtype: Dtype::Bf16,
             grads: true,
             dropout: Dropout::NONE,
+            bias: smallseq_reference::AttnBias::None,
         }
     }
 
@@ -129,6 +131,7 @@ impl Spec {
             dtype: rng.pick(&Dtype::ALL),
             grads: true,
             dropout: Dropout::NONE,
+            bias: smallseq_reference::AttnBias::None,
         }
     }
 
@@ -142,6 +145,7 @@ impl Spec {
             window: self.window,
             scale: self.scale,
             dropout: self.dropout,
+            bias: self.bias.clone(),
         }
     }
 
@@ -295,4 +299,37 @@ pub fn same_bits<A: Copy + Into<f64>, D: ndarray::Dimension>(
         && a.iter()
             .zip(b.iter())
             .all(|(&x, &y)| x.into().to_bits() == y.into().to_bits())
+}
+
+/// A post-scale bias for `spec`: `[b or 1, H or 1, max Lq + 1, max Lk]` (one spare row, which
+/// no slot reads) of normal values in the dtype, about one entry in `1/inf_every` at `-inf`
+/// (never, for 0), and `+inf` in the spare row (unread: ignored).
+pub fn post_scale_bias(
+    rng: &mut Rng,
+    spec: &Spec,
+    per_slot: bool,
+    per_head: bool,
+    inf_every: usize,
+) -> smallseq_reference::AttnBias {
+    let sq = spec.lens.iter().map(|l| l.0).max().unwrap_or(0);
+    let sk = spec.lens.iter().map(|l| l.1).max().unwrap_or(0);
+    let bb = if per_slot { spec.lens.len().max(1) } else { 1 };
+    let hb = if per_head { spec.heads } else { 1 };
+    let mut t = ndarray::Array4::from_shape_simple_fn((bb, hb, sq + 1, sk), || {
+        if inf_every > 0 && rng.range(0, inf_every) == 0 {
+            f32::NEG_INFINITY
+        } else {
+            spec.dtype.round_f64(rng.normal())
+        }
+    });
+    t.slice_mut(ndarray::s![.., .., sq, ..]).fill(f32::INFINITY);
+    smallseq_reference::AttnBias::PostScale(std::sync::Arc::new(t))
+}
+
+/// ALiBi with FlashAttention's test draw of slopes (`rand · 0.3`) for `spec`'s heads.
+pub fn alibi(rng: &mut Rng, spec: &Spec) -> smallseq_reference::AttnBias {
+    let s = (0..spec.heads)
+        .map(|_| (rng.uniform() * 0.3) as f32)
+        .collect();
+    smallseq_reference::AttnBias::Alibi(std::sync::Arc::new(s))
 }

@@ -6,13 +6,18 @@
 //! Dropout (`docs/semantics.md` §1.8) as FlashAttention applies it: the row sum `l` takes
 //! every key, P·V only the kept ones, and `1/(1 − p)` multiplies the finished O; backward
 //! masks and rescales dP and dV's P, and D = Σ P·dP stays rowsum(dO ∘ O).
+//!
+//! A bias (`docs/semantics.md` §1.9) is added to each f32 score after the scale; dBias sums
+//! the f32 dS of the slots and heads sharing an entry.
 
 use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
-use crate::backend::{BwdArgs, BwdBufs, FwdArgs, FwdBufs};
+use crate::backend::{BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::error::Result;
 use crate::mutants::Mutant;
 use crate::workspace::names;
+use ndarray::Array4;
 use rayon::prelude::*;
+use smallseq_reference::{AttnBias, Dtype};
 
 /// Keys per block of the online softmax.
 const BLOCK: usize = 64;
@@ -39,9 +44,14 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     let mut acc = vec![0f32; dv];
                     for start in (0..g.lk).step_by(BLOCK) {
                         let keys = start..(start + BLOCK).min(g.lk);
+                        // A -inf bias hides its key as the mask does (§1.9).
                         let s: Vec<(usize, f32)> = keys
                             .filter(|&c| be.visible(p, i, c, g.lq, g.lk))
-                            .map(|c| (c, dot(&q, &be.load(dt, &a.k, g.ok + c, hk)) * scale))
+                            .map(|c| {
+                                let s = dot(&q, &be.load(dt, &a.k, g.ok + c, hk)) * scale;
+                                (c, s + be.bias(p, slot, h, i, c, g))
+                            })
+                            .filter(|&(_, s)| s != f32::NEG_INFINITY)
                             .collect();
                         if s.is_empty() {
                             continue;
@@ -121,6 +131,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         .enumerate()
         .map(|(slot, g)| {
             let mut r = SlotBwd::new(g, heads, d, dvd);
+            // dS of every (head, row, key), for dBias (§1.9).
+            r.ds = p.bias.grad_shape().map(|_| vec![0f32; heads * g.lq * g.lk]);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
                 for i in 0..g.lq {
@@ -140,7 +152,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         }
                         let k = be.load(dt, &f.k, g.ok + c, hk);
                         let v = be.load(dt, &f.v, g.ok + c, hk);
-                        let pr = (dot(&q, &k) * scale - lse).exp();
+                        let pr = (dot(&q, &k) * scale + be.bias(p, slot, h, i, c, g) - lse).exp();
                         let z = be.dropout_factor(p, slot, h, i, c);
                         let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
                         keys.push((c, k, pr, dp, z));
@@ -150,6 +162,9 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let mut dq = vec![0f32; d];
                     for (c, k, pr, dp, z) in keys {
                         let ds = pr * (dp - delta);
+                        if let Some(db) = r.ds.as_mut() {
+                            db[(h * g.lq + i) * g.lk + c] = ds;
+                        }
                         dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
                         let at = (c * heads + h) * d;
                         r.dk[at..at + d]
@@ -172,6 +187,9 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             r
         })
         .collect();
+    if let (Some(buf), AttnBias::PostScale(t)) = (out.dbias.as_mut(), &p.bias) {
+        store_dbias(be, t, dt, &slots, &results, buf);
+    }
     let region = |name| f.plan.region(name).map(|r| r.offset);
     let (delta_at, dk_at, dv_at) = (
         region(names::DELTA),
@@ -236,4 +254,32 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         }
     }
     Ok(())
+}
+
+/// dBias: each slot's dS summed in f32 into the entries it reads, in slot then head order
+/// (deterministic), rounded to the input type once; entries no slot reads are 0.
+fn store_dbias(
+    be: &CpuBackend,
+    t: &Array4<f32>,
+    dt: Dtype,
+    slots: &[SlotGeom],
+    results: &[SlotBwd],
+    out: &mut DevBuf,
+) {
+    let (bb, hb, sq, sk) = t.dim();
+    let mut acc = vec![0f32; bb * hb * sq * sk];
+    for (slot, (g, r)) in slots.iter().zip(results).enumerate() {
+        let Some(ds) = &r.ds else { continue };
+        for h in 0..ds.len() / (g.lq * g.lk).max(1) {
+            let (b, hh) = AttnBias::tensor_index(t, slot, h);
+            for i in 0..g.lq {
+                for c in 0..g.lk {
+                    acc[((b * hb + hh) * sq + i) * sk + c] += ds[(h * g.lq + i) * g.lk + c];
+                }
+            }
+        }
+    }
+    for (y, x) in out.body_mut().iter_mut().zip(acc) {
+        *y = be.store(dt, x);
+    }
 }

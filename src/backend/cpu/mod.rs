@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::mutants::{Defects, Mutant};
 use half::bf16;
 use ndarray::ArrayView3;
-use smallseq_reference::{visible, AttnParams, CausalAlign, Dtype, Layout, Mask, Window};
+use smallseq_reference::{visible, AttnBias, AttnParams, CausalAlign, Dtype, Layout, Mask, Window};
 use std::collections::BTreeMap;
 
 /// The CPU backend, optionally with planted defects.
@@ -216,6 +216,18 @@ impl CpuBackend {
         }
     }
 
+    /// The bias's f32 value at `(r, c)` of head `h` in slot `slot` (`docs/semantics.md` §1.9),
+    /// 0 without one.
+    fn bias(&self, p: &AttnParams, slot: usize, h: usize, r: usize, c: usize, g: &SlotGeom) -> f32 {
+        match &p.bias {
+            AttnBias::PostScale(t) if self.has(Mutant::BiasBroadcastWrongAxis) => {
+                let (bb, hb, _, _) = t.dim();
+                t[[h.min(bb - 1), slot.min(hb - 1), r, c]]
+            }
+            b => b.at32(slot, h, r, c, g.lq, g.lk),
+        }
+    }
+
     fn lse_index(&self, t: usize, h: usize, tq: usize, heads: usize) -> usize {
         if self.has(Mutant::LsePermuted) {
             // TE's pad_remap_lse: aux[t·H + h] = W[h·Tq + t], a head-major read of the
@@ -283,6 +295,8 @@ struct SlotBwd {
     dk: Vec<f32>,
     dv: Vec<f32>,
     delta: Vec<f32>,
+    /// dS `[H, lq, lk]` where a post-scale bias takes its gradient (the fallback's dBias).
+    ds: Option<Vec<f32>>,
 }
 
 impl SlotBwd {
@@ -292,6 +306,7 @@ impl SlotBwd {
             dk: vec![0f32; g.lk * heads * d],
             dv: vec![0f32; g.lk * heads * dvd],
             delta: vec![0f32; g.lq * heads],
+            ds: None,
         }
     }
 
@@ -360,6 +375,10 @@ impl BackendInfo for CpuBackend {
     }
 
     fn has_small_seq(&self) -> bool {
+        true
+    }
+
+    fn computes_bias(&self) -> bool {
         true
     }
 

@@ -97,6 +97,12 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
 /// The small-seq kernels compute no dropout, as TE's do not (the gate sends such calls to the
 /// fallback); a launch forced onto them is refused rather than answered without the mask.
 fn refuse_dropout(p: &smallseq_reference::AttnParams) -> Result<()> {
+    if !p.bias.is_none() {
+        return Err(crate::error::Error::Unsupported(format!(
+            "bias = {}: the small-seq kernels do not compute bias (docs/semantics.md §1.9)",
+            p.bias.name()
+        )));
+    }
     if p.dropout.is_active() {
         return Err(crate::error::Error::Unsupported(format!(
             "dropout = {}: the small-seq kernels do not compute dropout (docs/semantics.md §1.8)",

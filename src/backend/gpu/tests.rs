@@ -365,6 +365,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
             dk: DevBuf::new(tk * hk * d, f32::NAN),
             dv: DevBuf::new(tk * hk * dv, f32::NAN),
             workspace: DevBuf::new(p.total, f32::NAN),
+            dbias: None,
         };
         let r = be.fallback_bwd(&args, &mut out);
         (r, be.runtime().calls())
@@ -456,6 +457,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
         dk: DevBuf::new(tk * hk * d, f32::NAN),
         dv: DevBuf::new(tk * hk * dv, f32::NAN),
         workspace: DevBuf::new(small.total, f32::NAN),
+        dbias: None,
     };
     // The body of each guarded buffer starts GUARD elements in: 256 bytes, still aligned; a
     // buffer that is not is refused by the vector kernels.

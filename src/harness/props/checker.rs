@@ -8,6 +8,7 @@ use super::verdict::{fail, skip, CaseRun, Outcome, Prop};
 use super::yardstick::{oracle_for, Yardstick};
 use crate::backend::Backend;
 use crate::case::{Case, Outputs};
+use crate::config::Bias;
 use crate::dispatch::EnvView;
 use crate::error::{Error, Result};
 use crate::harness::conditioning::Design;
@@ -122,12 +123,14 @@ impl<'a> Checker<'a> {
             Prop::Eligibility,
             prop_timed(Prop::Eligibility, || self.eligibility(case)),
         )];
-        if let Some(why) = case.config.unsupported_reason(self.runner.caps().dropout) {
-            // A dropout the runner does not declare is not run at all: an implementation that
-            // computes one without saying so would otherwise fail the case for answering.
-            let undeclared_dropout =
-                case.config.params.dropout.is_active() && !self.runner.caps().dropout;
-            let run = (!undeclared_dropout).then(|| self.runner.run_pair(case, &self.opts));
+        let caps = self.runner.caps();
+        if let Some(why) = case.config.unsupported_reason((caps.dropout, caps.bias)) {
+            // A dropout or bias the runner does not declare is not run at all: an
+            // implementation that computes one without saying so would otherwise fail the
+            // case for answering.
+            let undeclared = (case.config.params.dropout.is_active() && !caps.dropout)
+                || (matches!(case.config.bias, Bias::PostScale(_) | Bias::Alibi) && !caps.bias);
+            let run = (!undeclared).then(|| self.runner.run_pair(case, &self.opts));
             let o = match run {
                 None => skip(unsupported(&why)),
                 Some(Err(Error::Unsupported(said))) => skip(format!(
@@ -278,13 +281,13 @@ mod tests {
     #[test]
     fn a_case_outside_the_semantics_is_skipped_under_the_feature_it_uses() {
         let mut cfg = AttnConfig::new(Dtype::Bf16, 1, 32, Mask::Padding);
-        cfg.bias = crate::config::Bias::Other("post_scale_bias".into());
+        cfg.bias = crate::config::Bias::Other("pre_scale_bias".into());
         let case = bf16_case(cfg, Layout::packed(&[(3, 4)]), 1);
         let be = CpuBackend::default();
         let run = Checker::isolated(&be).check(&case, 0).unwrap();
         for (p, reason) in skips(&run) {
             assert!(
-                reason.starts_with("unsupported bias: bias = post_scale_bias"),
+                reason.starts_with("unsupported bias: bias = pre_scale_bias is outside"),
                 "{p}: {reason}"
             );
         }

@@ -3,11 +3,14 @@
 //! another's, a head mapping off by a group). Reversing the slots and splitting the batch
 //! must leave each slot's rows unchanged; a GQA case must agree with its MHA equivalent; and
 //! scaling V (and dO) by 2 must scale the outputs exactly (`super::scale`); dropout at
-//! `p = 0` must be no dropout (`super::dropout`, which also keeps a split's mask).
+//! `p = 0` must be no dropout (`super::dropout`, which also keeps a split's mask); a zero
+//! bias must be no bias and a bias constant along each row must change nothing but lse
+//! (`super::score_bias`).
 
 use super::checker::{CaseContext, Checker};
 use super::dropout::{keep_mask, mask_follows_slots, zero_p_with_seed};
 use super::relation::{bitwise_diff, mask_dont_care, scatter_rows, within_tolerance};
+use super::score_bias;
 use super::verdict::{fail, skip, Outcome, Prop};
 use crate::case::{Case, Outputs};
 use crate::dispatch::Path;
@@ -25,20 +28,24 @@ pub const METAMORPHIC_PER_CASE: usize = 1;
 /// The metamorphic relations a case of `slots` slots (with GQA or not) runs under `salt`:
 /// [`METAMORPHIC_PER_CASE`] of the applicable ones, rotating from the one the salt draws.
 /// `dropout`: the case's mask follows its slot order (no "permute"), or it is `p = 0` with a
-/// seed (the "dropout_zero" relation applies).
+/// seed (the "dropout_zero" relation applies). `bias`: the case has bias values (the
+/// "bias_zero" relation applies), and a post-scale bias ("bias_shift").
 fn chosen_relations(
     slots: usize,
     gqa: bool,
-    dropout: (bool, bool),
+    (dropout, bias): ((bool, bool), (bool, bool)),
     salt: u64,
 ) -> Vec<&'static str> {
     let (follows_slots, zero_p) = dropout;
+    let (bias_values, bias_tensor) = bias;
     let relations: Vec<&str> = [
         (slots >= 2 && !follows_slots).then_some("permute"),
         (slots >= 2).then_some("split"),
         gqa.then_some("gqa"),
         Some("scale"),
         zero_p.then_some("dropout_zero"),
+        bias_values.then_some("bias_zero"),
+        bias_tensor.then_some("bias_shift"),
     ]
     .into_iter()
     .flatten()
@@ -57,7 +64,8 @@ impl Checker<'_> {
         let gqa = case.config.params.num_heads != case.config.params.num_kv_heads;
         // The first failure is the verdict; a skip only where every relation run skipped.
         let dropout = (mask_follows_slots(case), zero_p_with_seed(case));
-        let run = chosen_relations(b, gqa, dropout, cx.salt);
+        let bias = (score_bias::has_values(case), score_bias::shiftable(case));
+        let run = chosen_relations(b, gqa, (dropout, bias), cx.salt);
         let relation_count = run.len();
         let mut skipped = Vec::new();
         for rel in run {
@@ -75,6 +83,8 @@ impl Checker<'_> {
                 }
                 "gqa" => self.gqa_relation(cx),
                 "dropout_zero" => self.dropout_zero_relation(cx),
+                "bias_zero" => self.bias_zero_relation(cx),
+                "bias_shift" => self.bias_shift_relation(cx),
                 _ => self.scale_relation(cx),
             };
             match outcome {
@@ -145,8 +155,11 @@ impl Checker<'_> {
                 dq: pick3(&actual.dq, &rows_q),
                 dk: pick3(&actual.dk, &rows_k),
                 dv: pick3(&actual.dv, &rows_k),
+                // A launch of some slots sums dBias over those alone.
+                dbias: None,
             };
             let mut got = p.outputs();
+            got.dbias = None;
             if let Some(d) = self.no_key_rows_as_declared(&sub, &got) {
                 got = d;
             }
@@ -203,6 +216,7 @@ impl Checker<'_> {
             dq: m.dq.clone(),
             dk: sum_group(&m.dk),
             dv: sum_group(&m.dv),
+            dbias: m.dbias.clone(),
         };
         // Summing the group before or after rounding decides whether a value next to the
         // dtype's limit overflows; such cases say nothing about the relation.
@@ -400,15 +414,18 @@ mod tests {
 
     #[test]
     fn the_rotation_runs_every_relation_over_n_salts() {
-        let none = (false, false);
+        let none = ((false, false), (false, false));
         for (slots, gqa, dropout, n) in [
             (3, true, none, 4),
             (2, false, none, 3),
             (1, true, none, 2),
             (1, false, none, 1),
             // A mask that follows the slots: no reversal; p = 0 with a seed: one more.
-            (3, true, (true, false), 3),
-            (2, false, (false, true), 4),
+            (3, true, ((true, false), (false, false)), 3),
+            (2, false, ((false, true), (false, false)), 4),
+            // Bias values: one more; a post-scale tensor: two.
+            (1, false, ((false, false), (true, false)), 2),
+            (2, true, ((false, false), (true, true)), 6),
         ] {
             let mut seen: Vec<&str> = (0..n as u64)
                 .flat_map(|salt| chosen_relations(slots, gqa, dropout, salt))

@@ -37,6 +37,7 @@ mod numeric;
 mod range_limit;
 mod relation;
 mod scale;
+mod score_bias;
 #[cfg(test)]
 mod test_backends;
 mod verdict;

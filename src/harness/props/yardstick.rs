@@ -8,7 +8,7 @@ use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllow
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use crate::stages::{timed, Stage};
 use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
-use smallseq_reference::{forward_backward, Dtype};
+use smallseq_reference::{emulate_dbias, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
 pub struct Yardstick {
@@ -64,6 +64,7 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         lse: Some(f.lse),
         dq: g.as_ref().map(|g| g.dq.clone()),
         dk: g.as_ref().map(|g| g.dk.clone()),
+        dbias: g.as_ref().and_then(|g| g.dbias.clone()),
         dv: g.map(|g| g.dv),
     };
     let (ef, eg) = timed(Stage::Emulation, || {
@@ -74,7 +75,11 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         &reference,
         eg.as_ref().map_or(0, |g| g.ds_past_range),
     );
-    let emulated = emulated_outputs(&ef, eg.as_ref());
+    let mut emulated = emulated_outputs(&ef, eg.as_ref());
+    emulated.dbias = timed(Stage::Emulation, || {
+        emulate_dbias::dbias(&problem, case.config.dtype)
+    })
+    .map(|d| d.mapv(f64::from));
     Ok(Yardstick {
         reference,
         emulated,
@@ -99,6 +104,8 @@ pub(super) fn emulated_outputs(ef: &EmuForward, eg: Option<&EmuGradients>) -> Ou
         dq: eg.map(|g| g.dq.mapv(f64::from)),
         dk: eg.map(|g| g.dk.mapv(f64::from)),
         dv: eg.map(|g| g.dv.mapv(f64::from)),
+        // The emulation's dBias is apart (emulate_dbias), added by the oracle.
+        dbias: None,
     }
 }
 
