@@ -332,17 +332,7 @@ fn handle(
             return Err(Error::config(format!("lse_from {from}: needs o and lse")));
         };
         let b = wrapper::bwd(be, case, &o, &lse, &opts)?;
-        let mut tensors = vec![
-            ("dq", b.dq.view().into_dyn()),
-            ("dk", b.dk.view().into_dyn()),
-            ("dv", b.dv.view().into_dyn()),
-        ];
-        // dBias of a post-scale bias (docs/semantics.md §1.9), unasked: the pool reads it when
-        // the reply holds it.
-        if let Some(d) = &b.dbias {
-            tensors.push(("dbias", d.view().into_dyn()));
-        }
-        write_outputs(out, &tensors)?;
+        write_outputs(out, &gradients(&b))?;
         let paths = Paths {
             fwd: None,
             bwd: Some(path_name(b.path)),
@@ -359,14 +349,7 @@ fn handle(
         ("lse", p.fwd.lse.view().into_dyn()),
     ];
     if let Some(b) = &p.bwd {
-        tensors.extend([
-            ("dq", b.dq.view().into_dyn()),
-            ("dk", b.dk.view().into_dyn()),
-            ("dv", b.dv.view().into_dyn()),
-        ]);
-        if let Some(d) = &b.dbias {
-            tensors.push(("dbias", d.view().into_dyn()));
-        }
+        tensors.extend(gradients(b));
     }
     write_outputs(out, &tensors)?;
     let paths = Paths {
@@ -382,6 +365,20 @@ fn handle(
 
 fn path_name(p: Option<crate::dispatch::Path>) -> String {
     p.map_or("none", |p| p.name()).to_string()
+}
+
+/// A backward's outputs as the reply's tensors; dBias of a post-scale bias (docs/semantics.md
+/// §1.9) unasked: the pool reads it when the reply holds it.
+fn gradients(b: &wrapper::BwdResult) -> Vec<(&'static str, ndarray::ArrayViewD<'_, f32>)> {
+    let mut tensors = vec![
+        ("dq", b.dq.view().into_dyn()),
+        ("dk", b.dk.view().into_dyn()),
+        ("dv", b.dv.view().into_dyn()),
+    ];
+    if let Some(d) = &b.dbias {
+        tensors.push(("dbias", d.view().into_dyn()));
+    }
+    tensors
 }
 
 #[cfg(test)]
