@@ -38,6 +38,11 @@ use crate::case::Case;
 use ndarray::{s, Array2, Array3, ArrayView1};
 use smallseq_reference::Dtype;
 
+/// How far an f32 P in the subnormal range may lie from its value: a spacing (2^-149) for exp's
+/// rounding and one for the division by Z. A bf16 fallback dK row of 1.5e-38, 22 spacings from
+/// the reference on the H200 and the CPU alike (fuzz seed 3306, case 90561), had P there.
+const P_SUBNORMAL_ERR: f64 = 2.0 * 1.401298464324817e-45;
+
 /// `(Σ a·b, Σ |a·b|)` in f64: a dot product and the magnitude its rounding scales with.
 fn dot_and_abs(a: ArrayView1<f32>, b: ArrayView1<f32>) -> (f64, f64) {
     a.iter().zip(b.iter()).fold((0.0, 0.0), |(s, m), (x, y)| {
@@ -371,7 +376,9 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_i) * u32);
         for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {
-            let noise = widen * prob * (a + big_a);
+            // P in f32's subnormal range is off by its absolute spacing, not by a relative
+            // amount: exp's rounding and the division by Z, a spacing each.
+            let noise = (widen * prob + P_SUBNORMAL_ERR / factor) * (a + big_a);
             let ds = prob * (dp - big_d);
             // dq and dk are multiplied by `factor` below: the jump (already in gradient units)
             // is divided by it here.
