@@ -203,6 +203,14 @@ PT_INLINE void ss_ds_scale(float (&ds)[2][3][4], float (&inv)[2][2]) {
     }
 }
 
+#ifndef SS_SCALED_SPLIT
+#ifdef PT_HIP
+#define SS_SCALED_SPLIT 0
+#else
+#define SS_SCALED_SPLIT 1
+#endif
+#endif
+
 // Whether dS past E's range must go through ss_ds_scale: a |dS| past 65,504 or +-inf. Planted
 // bug (issue 18): for f16 never, so such a dS rounds to +-inf.
 template <class E>
@@ -710,9 +718,13 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     }
   float inv[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
   const bool scaled = pt_lwarp_any(past);  // warp-uniform
+  // Both instantiations (SS_SCALED_SPLIT) or the scaled one alone, which computes the same for
+  // blocks of scale 1 with a test per block: clang's gfx942 build of small_seq.cu took 180 s
+  // with both against 104 s before them, so HIP keeps one.
+  const bool split_off = SS_SCALED_SPLIT && !scaled;
   if (scaled) ss_ds_scale<E>(dp, inv);
   if (one) {
-    if (scaled)
+    if (!split_off)
       ss_bwd_one<E, O, D, true>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq,
                                 dk + hk, dv + hk, scale);
     else
@@ -722,7 +734,7 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     pt_u32 pa[2][2][4], da[2][2][4];
     ss_afrag<E>(pa, s);
     ss_afrag<E>(da, dp);
-    if (scaled) {
+    if (!split_off) {
       ss_fy<E, O, D, true>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
       ss_aty<E, O, D, true>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
     } else {
