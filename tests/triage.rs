@@ -203,7 +203,7 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
         implementation: "cpu".into(),
         property: f["property"].as_str().unwrap().into(),
         tensor: smallseq::harness::triage::tensor_of(detail),
-        class: smallseq::harness::triage::class_of(&case),
+        class: smallseq::harness::triage::signature_class(&case),
         pattern: smallseq::harness::triage::pattern(detail),
         range_limit: false,
     };

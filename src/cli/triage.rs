@@ -145,6 +145,7 @@ fn one_group(
             evidence: Vec::new(),
         },
         cases,
+        classes: g.classes(),
     };
     let Some((item, path, shrunk)) = g.representative() else {
         t.finding.evidence.push(format!(
