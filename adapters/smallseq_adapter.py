@@ -176,6 +176,8 @@ _FORMATS = {
     "bf16": (8, -126, float.fromhex("0x1.fep127")),
     "f16": (11, -14, 65504.0),
     "f32": (24, -126, float.fromhex("0x1.fffffep127")),
+    # not a case dtype: what a tensor core's TF32 mode keeps of an f32 operand
+    "tf32": (11, -126, float.fromhex("0x1.ffcp127")),
 }
 
 

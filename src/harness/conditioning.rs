@@ -125,6 +125,12 @@ pub struct OrderAllowance {
     pub dv: Option<Array3<f64>>,
     /// dBias `= Σ dS`: `2 · (u + Nq·u32) · Σ W_ij / scale`, laid out as [`GradAllowance::dbias`].
     pub dbias: Option<Array3<f64>>,
+    /// Whether the tensor rule takes the allowance off each element's error too: for an
+    /// undeclared design ([`Design::Envelope`]), whose rounding points the emulation does not
+    /// follow, so its error is no yardstick of the implementation's (a correct FlashAttention-2
+    /// design, `adapters/design_model.py`, recomputes P from the stored LSE with exponents of
+    /// 10⁵ and lands 12 f16 units of P from an emulation that is exact there).
+    pub in_tensor_rule: bool,
 }
 
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
@@ -436,6 +442,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dk: None,
                 dv: None,
                 dbias: None,
+                in_tensor_rule: design == Design::Envelope,
             },
         },
         Some((mut dq, mut dk, mut odq, mut odk, odv)) => {
@@ -460,6 +467,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                     dk: Some(odk),
                     dv: Some(odv),
                     dbias: dbo,
+                    in_tensor_rule: design == Design::Envelope,
                 },
             }
         }

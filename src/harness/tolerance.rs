@@ -178,6 +178,7 @@ fn max_err(
     yard: Yard,
     allow: Option<&ArrayViewD<f64>>,
     order: Option<&ArrayViewD<f64>>,
+    order_in_tensor_rule: bool,
 ) -> Vec<RowMax> {
     let shape = a.shape();
     let heads = shape.get(1).copied().unwrap_or(1);
@@ -248,6 +249,7 @@ fn max_err(
             None => e,
         };
         row.row_err = row.row_err.max(e_row);
+        let e = if order_in_tensor_rule { e_row } else { e };
         if e > row.err || (row.at.is_none() && e.is_nan()) {
             let dim = (shape.len() > 2).then_some(flat % inner);
             row.err = e;
@@ -321,8 +323,10 @@ pub struct Triple<'a> {
     /// Per-element rounding allowance of the kernel's error (dq and dk).
     pub allowance: Option<ArrayViewD<'a, f64>>,
     /// Per-element allowance for another summation order or other rounding points, taken off
-    /// each element's error by the per-row rule only ([`OrderAllowance`]).
+    /// each element's error by the per-row rule ([`OrderAllowance`]).
     pub order: Option<ArrayViewD<'a, f64>>,
+    /// Whether the tensor rule takes `order` off too ([`OrderAllowance::in_tensor_rule`]).
+    pub order_in_tensor_rule: bool,
 }
 
 impl Triple<'_> {
@@ -478,6 +482,7 @@ pub fn judge(t: &Triple) -> Judgement {
         Yard::Own,
         None,
         None,
+        false,
     );
     let emu_err = worst_of(&emu_rows).err;
     let threshold = K * emu_err.min(f64::MAX) + floor;
@@ -493,6 +498,7 @@ pub fn judge(t: &Triple) -> Judgement {
             Yard::Kernel(&t.emulated),
             t.allowance.as_ref(),
             t.order.as_ref(),
+            t.order_in_tensor_rule,
         )
     };
     let act_rows = kernel_rows(&t.actual);
@@ -606,6 +612,7 @@ pub fn judge_all(
     order: Option<&OrderAllowance>,
 ) -> Vec<Judgement> {
     let _judging = crate::stages::enter(crate::stages::Stage::Judging);
+    let in_tensor_rule = order.is_some_and(|o| o.in_tensor_rule);
     let layout = &case.layout;
     let dtype = case.config.dtype;
     let lse_magnitude = lse_magnitude.max(1.0);
@@ -659,6 +666,7 @@ pub fn judge_all(
             _ => None,
         });
         let order = order.map(|o| o.view().into_dyn());
+        let in_tensor_rule = in_tensor_rule && name != "dbias";
         // LSE is stored as f32 whatever the inputs' type.
         let stored = if name == "lse" { Dtype::F32 } else { dtype };
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {
@@ -675,6 +683,7 @@ pub fn judge_all(
                 min_spacing: stored.smallest_subnormal(),
                 spacings: subnormal_spacings(stored, terms(name), factor),
                 allowance: allowance.as_ref().map(|a| a.view()),
+                order_in_tensor_rule: order.is_some() && in_tensor_rule,
                 order: order.as_ref().map(|o| o.view()),
             }));
         }

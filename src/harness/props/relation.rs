@@ -514,6 +514,7 @@ mod tests {
                 spacings: crate::harness::tolerance::FLOOR,
                 allowance: None,
                 order: None,
+                order_in_tensor_rule: false,
             })
         };
         let (a, b) = near_limit_agreed(&ss, &fb, &reference, 65504.0, |_| 0.0);

@@ -41,6 +41,7 @@ fn one_element(
             .as_ref()
             .map(|a| a.view()),
         order: None,
+        order_in_tensor_rule: false,
     })
 }
 
@@ -213,6 +214,7 @@ fn bf16_dk(
         spacings: FLOOR,
         allowance: allowance.as_ref().map(|a| a.view()),
         order: None,
+        order_in_tensor_rule: false,
     })
 }
 
@@ -352,6 +354,7 @@ fn f32_sums_of_subnormal_products_get_spacings_per_term() {
             spacings,
             allowance: None,
             order: None,
+            order_in_tensor_rule: false,
         })
     };
     assert!(!judge_with(FLOOR, 4.6).passed());
