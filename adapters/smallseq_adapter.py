@@ -978,9 +978,15 @@ class Caps:
     devices: int = 1
     dropout: bool = False  # computes the Philox dropout of semantics.md §1.8
     bias: bool = False  # computes semantics.md §1.9's post-scale bias and ALiBi (no dbias)
+    # the numeric design the implementation follows (docs/judgement.md, "Declared designs"): "project" holds it
+    # to smallseq's own roundings; None (undeclared) judges it against every common design
+    design: Optional[str] = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["design"] is None:
+            del d["design"]
+        return d
 
     def outside(self, case: Case) -> Optional[str]:
         """Why `case` is outside these capabilities, or None."""

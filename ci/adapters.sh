@@ -28,3 +28,7 @@ SMALLSEQ_BIN="$bin" "$py" -m unittest discover -s adapters/tests -p "test_agains
 tail -n 3 "$log"
 echo "== exec campaign through numpy_reference.py"
 "$bin" fuzz --backend exec --worker "$py adapters/numpy_reference.py" --cases 40 --seed 1 --force --out target/l0/exec || exit 1
+# A correct FlashAttention-2-rounding model declares no design: the envelope's judge must pass
+# it (its range limits are listed apart), or the judge is wrong, not the model.
+echo "== exec campaign through design_model.py --design fa2 (undeclared: the envelope)"
+"$bin" fuzz --backend exec --worker "$py adapters/design_model.py --design fa2" --cases 150 --seed 17 --force --out target/l0/design-model || exit 1

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod case;
 pub mod case_file;
 pub mod config;
+pub mod design;
 pub mod dispatch;
 pub mod error;
 pub mod files;

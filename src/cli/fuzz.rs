@@ -5,6 +5,7 @@ use super::target::{self, TargetArgs};
 use super::write_reports;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
+use smallseq::design::Design;
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
 use smallseq::harness::campaign::{Budget, Campaign, Progress, Report, Shard};
 use smallseq::harness::props::Checker;
@@ -64,6 +65,13 @@ pub struct FuzzArgs {
     /// range that smallseq's emulation of a 16-bit design reproduces (listed apart by default).
     #[arg(long)]
     pub fail_on_range_limit: bool,
+    /// Judge against this numeric design instead of the one the implementation declares
+    /// (`caps.design`; undeclared: envelope): project (P and dS rounded to the input type, dP
+    /// and D in f32, as smallseq's kernels) or envelope (any common design). docs/judgement.md
+    /// ("Declared designs") says what each allows; capsules record it and `repro` judges with
+    /// it.
+    #[arg(long)]
+    pub design: Option<Design>,
 }
 
 pub fn seed_or_clock(seed: Option<u64>) -> u64 {
@@ -161,15 +169,19 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     if let Err(code) = super::prepare_out("fuzz", &args.out, &[], args.force) {
         return Ok(code);
     }
+    let mut checker = Checker::new(
+        runner,
+        RunOptions {
+            profile: args.profile,
+            env,
+            ..RunOptions::default()
+        },
+    );
+    checker.design = args.design;
+    let design = checker.design();
+    eprintln!("smallseq fuzz: judged against design {design}: {}", design.summary());
     let campaign = Campaign {
-        checker: Checker::new(
-            runner,
-            RunOptions {
-                profile: args.profile,
-                env,
-                ..RunOptions::default()
-            },
-        ),
+        checker,
         seed,
         budget,
         out: args.out.clone(),

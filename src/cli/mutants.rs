@@ -14,6 +14,7 @@ use smallseq::harness::props::Checker;
 use smallseq::harness::props::Prop;
 use smallseq::harness::rng::Rng;
 use smallseq::harness::shrink::shrink;
+use smallseq::design::Design;
 use smallseq::mutants::Mutant;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,6 +55,10 @@ pub struct MutantsArgs {
     /// refused, so no run silently wipes another's capsules).
     #[arg(long)]
     pub force: bool,
+    /// Judge every mutant against this numeric design instead of the backend's own (project):
+    /// `--design envelope` measures what the wider judge of an undeclared worker still kills.
+    #[arg(long)]
+    pub design: Option<Design>,
 }
 
 #[derive(Serialize)]
@@ -105,9 +110,12 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     }
     let one = |&m: &Mutant| -> Result<Row> {
         let be = open_planted(&args.backend, &[m])?;
-        let checker = Checker::isolated(be.as_ref());
+        let mut checker = Checker::isolated(be.as_ref());
+        checker.design = args.design;
+        let mut campaign_checker = Checker::isolated(be.as_ref());
+        campaign_checker.design = args.design;
         let campaign = Campaign {
-            checker: Checker::isolated(be.as_ref()),
+            checker: campaign_checker,
             seed: args.seed,
             budget,
             out: args.out.join(m.name()),

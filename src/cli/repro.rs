@@ -171,6 +171,10 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         };
         Checker::new(Box::new(InProcess::new(be.as_ref())), opts)
     };
+    let mut checker = checker;
+    // Judged as the campaign judged it (`fuzz --design` included), not by what this build of
+    // the worker declares.
+    checker.design = Some(smallseq::harness::conditioning::Design::of_case(&case));
     let arch = checker.runner.caps().arch.clone().unwrap_or_default();
     if let Some(r) = replay.as_ref().filter(|r| r.arch != arch) {
         println!(

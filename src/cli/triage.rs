@@ -287,7 +287,8 @@ impl Backends {
             env,
             ..RunOptions::default()
         };
-        let checker = Checker::new(t.runner(), opts);
+        let mut checker = Checker::new(t.runner(), opts);
+        checker.design = Some(smallseq::harness::conditioning::Design::of_case(case));
         f(
             Some(Replay {
                 checker: &checker,

@@ -57,20 +57,19 @@ pub use crate::build_commit;
 /// what device and kernel build (`smallseq.provenance`), and this build's commit
 /// (`smallseq.commit`; removed when unknown, so an older one is never passed on as this one).
 pub fn stamp(meta: &mut BTreeMap<String, String>, backend: &dyn Backend) {
-    stamp_as(meta, backend.name(), backend.provenance());
+    let design = super::conditioning::Design::of_backend(backend.name());
+    stamp_as(meta, backend.name(), design, backend.provenance());
 }
 
 /// [`stamp`] for outputs of a runner (in this process or a worker).
 pub fn stamp_as(
     meta: &mut BTreeMap<String, String>,
     name: &str,
+    design: super::conditioning::Design,
     provenance: BTreeMap<String, String>,
 ) {
     meta.insert("smallseq.backend".into(), name.into());
-    meta.insert(
-        super::conditioning::DESIGN_KEY.into(),
-        super::conditioning::Design::of_backend(name).name().into(),
-    );
+    meta.insert(super::conditioning::DESIGN_KEY.into(), design.name().into());
     match build_commit() {
         Some(c) => meta.insert(COMMIT.into(), c.into()),
         None => meta.remove(COMMIT),
@@ -207,7 +206,8 @@ pub fn write(
     let runner = checker.runner.as_ref();
     let mut c = case.clone();
     c.outputs = run.outputs.clone();
-    stamp_as(&mut c.meta, runner.name(), runner.provenance());
+    let design = checker.design();
+    stamp_as(&mut c.meta, runner.name(), design, runner.provenance());
     if let Some(cmd) = runner.worker_command().filter(|_| runner.external()) {
         c.meta
             .insert(WORKER.into(), serde_json::json!(cmd).to_string());

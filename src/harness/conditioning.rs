@@ -136,49 +136,20 @@ pub struct OrderAllowance {
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
 pub const DESIGN_KEY: &str = "smallseq.design";
 
-/// Where an implementation rounds its backward's intermediates, as far as the per-row rule's
-/// allowance for another order needs to know (docs/judgement.md §2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Design {
-    /// This project's kernels (every in-tree backend, on both paths): P and dS rounded to the
-    /// input type, dP and `D = Σ_j P·dP` in f32.
-    Project,
-    /// Any of the common designs: dP or D held in the input type, D formed from the stored O
-    /// (FlashAttention-2, TE, cuDNN, PyTorch's math path in 16 bits).
-    Envelope,
-}
+pub use crate::design::Design;
 
 impl Design {
-    /// The design of the implementation a backend name (as `smallseq.backend` records it)
-    /// stands for: the in-tree backends are the project's kernels; a worker's implementation
-    /// is unknown, so it gets the envelope.
-    pub fn of_backend(name: &str) -> Design {
-        match name {
-            "cpu" | "cuda" | "hip" | "te625-model" => Design::Project,
-            _ => Design::Envelope,
-        }
-    }
-
     /// The design a case file's outputs were judged under: the one its capsule records
     /// ([`DESIGN_KEY`]), else that of the backend that produced them, else the envelope.
     pub fn of_case(case: &Case) -> Design {
         let recorded = case.meta.get(DESIGN_KEY);
-        [Design::Project, Design::Envelope]
-            .into_iter()
-            .find(|d| recorded.is_some_and(|r| r == d.name()))
+        recorded
+            .and_then(|r| r.parse().ok())
             .unwrap_or_else(|| {
                 case.meta
                     .get("smallseq.backend")
                     .map_or(Design::Envelope, |b| Design::of_backend(b))
             })
-    }
-
-    /// Its name in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Design::Project => "project",
-            Design::Envelope => "envelope",
-        }
     }
 }
 

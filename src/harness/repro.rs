@@ -289,7 +289,7 @@ pub fn rerun(checker: &Checker, case: &Case, salt: u64) -> Result<Diagnosis> {
                     d.say(format!("{p}: {limit}"));
                 }
                 if let Some(w) = &f.worst {
-                    let design = super::conditioning::Design::of_backend(checker.runner.name());
+                    let design = checker.design();
                     d.say(format!("  worst element: {}", w.describe(design)));
                 }
             }

@@ -3,6 +3,7 @@
 //! they leave out.
 
 use crate::config::LayoutKind;
+use crate::design::Design;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use smallseq_reference::{Dtype, Mask};
@@ -60,6 +61,9 @@ pub struct Caps {
     pub dropout: bool,
     /// Computes a post-scale bias and ALiBi as `docs/semantics.md` §1.9 says.
     pub bias: bool,
+    /// The numeric design it declares (docs/judgement.md, "Declared designs"); `None`: undeclared, judged
+    /// against the envelope of the common designs.
+    pub design: Option<Design>,
 }
 
 impl Caps {
@@ -88,6 +92,7 @@ impl Caps {
             devices,
             dropout,
             bias,
+            design: Some(Design::Project),
         }
     }
 
@@ -98,7 +103,7 @@ impl Caps {
     pub fn from_wire(w: &WireCaps) -> Result<Caps> {
         let bad = |field: &str, v: &str, why: String| {
             Error::config(format!(
-                "worker caps.{field}: {v:?} is not understood ({why})"
+                "worker caps.{field}: '{v}' is not understood ({why})"
             ))
         };
         let dtypes = w
@@ -126,6 +131,11 @@ impl Caps {
             Some("other") => NoKeyRow::Other,
             Some(s) => return Err(bad("no_key_row", s, "expected zero, nan or other".into())),
         };
+        let design = w
+            .design
+            .as_deref()
+            .map(|d| d.parse::<Design>().map_err(|e| bad("design", d, e)))
+            .transpose()?;
         if let Some(a) = &w.arch {
             a.parse::<crate::dispatch::Arch>()
                 .map_err(|e| bad("arch", a, e))?;
@@ -152,6 +162,7 @@ impl Caps {
             devices: w.devices.unwrap_or(1).max(1),
             dropout: w.dropout,
             bias: w.bias,
+            design,
         })
     }
 
@@ -179,7 +190,13 @@ impl Caps {
             devices: Some(self.devices),
             dropout: self.dropout,
             bias: self.bias,
+            design: self.design.map(|d| d.name().into()),
         }
+    }
+
+    /// The design the judge holds it to: the declared one, else the envelope.
+    pub fn judged_design(&self) -> Design {
+        self.design.unwrap_or(Design::Envelope)
     }
 
     /// What the campaign cannot draw for this implementation, one line each, for the report's
@@ -288,6 +305,7 @@ pub struct WireCaps {
     pub devices: Option<usize>,
     pub dropout: bool,
     pub bias: bool,
+    pub design: Option<String>,
 }
 
 #[cfg(test)]
@@ -313,5 +331,17 @@ mod tests {
         assert!(e.contains("caps.dtypes") && e.contains("fp8"), "{e}");
         let w: WireCaps = serde_json::from_str(r#"{"no_key_row": "garbage"}"#).unwrap();
         assert!(Caps::from_wire(&w).is_err());
+        let w: WireCaps = serde_json::from_str(r#"{"design": "fa9"}"#).unwrap();
+        let e = Caps::from_wire(&w).unwrap_err().to_string();
+        assert!(e.contains("caps.design") && e.contains("'fa9'"), "{e}");
+    }
+
+    #[test]
+    fn an_undeclared_design_is_judged_against_the_envelope() {
+        let empty: WireCaps = serde_json::from_str("{}").unwrap();
+        assert_eq!(Caps::from_wire(&empty).unwrap().judged_design(), Design::Envelope);
+        let w: WireCaps = serde_json::from_str(r#"{"design": "project"}"#).unwrap();
+        assert_eq!(Caps::from_wire(&w).unwrap().judged_design(), Design::Project);
+        assert_eq!(Caps::in_tree("cpu", true, 1, (true, true)).judged_design(), Design::Project);
     }
 }

@@ -11,7 +11,7 @@ use crate::case::{Case, Outputs};
 use crate::config::Bias;
 use crate::dispatch::EnvView;
 use crate::error::{Error, Result};
-use crate::harness::conditioning::Design;
+use crate::design::Design;
 use crate::harness::tolerance::Judgement;
 use crate::runner::{FaultLatch, InProcess, NoKeyRow, Pair, Runner};
 use crate::stages::{timed, Stage};
@@ -21,6 +21,9 @@ use crate::wrapper::RunOptions;
 pub struct Checker<'a> {
     pub runner: Box<dyn Runner + 'a>,
     pub opts: RunOptions,
+    /// The design to judge against in place of the one the runner declares (`--design`, and
+    /// a capsule's recorded design when it is replayed).
+    pub design: Option<Design>,
 }
 
 /// One case after its main run: what the properties that rerun or compare it start from.
@@ -47,12 +50,24 @@ impl<'a> Checker<'a> {
                 env: EnvView::default(),
                 ..RunOptions::default()
             },
+            design: None,
         }
     }
 
     /// A checker of `runner` under `opts`.
     pub fn new(runner: Box<dyn Runner + 'a>, opts: RunOptions) -> Self {
-        Checker { runner, opts }
+        Checker {
+            runner,
+            opts,
+            design: None,
+        }
+    }
+
+    /// The design the outputs are judged against: `design`, else the runner's declared one,
+    /// else the envelope.
+    pub fn design(&self) -> Design {
+        self.design
+            .unwrap_or_else(|| self.runner.caps().judged_design())
     }
 
     /// A later run of a property failed: a failure, except that an external implementation
@@ -103,6 +118,7 @@ impl<'a> Checker<'a> {
         let scoped = Checker {
             runner: Box::new(&latch),
             opts: self.opts.clone(),
+            design: self.design,
         };
         let run = scoped.check_properties(case, salt)?;
         let in_worker = self.runner.worker_command().is_some();
@@ -183,7 +199,7 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let y = oracle_for(case, Design::of_backend(self.runner.name()))?;
+        let y = oracle_for(case, self.design())?;
         let declared = self.no_key_rows_as_declared(case, &actual);
         let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));

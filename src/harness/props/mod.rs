@@ -34,6 +34,7 @@ mod fallback;
 mod fault;
 mod metamorphic;
 mod numeric;
+mod envelope_reach;
 mod range_limit;
 mod relation;
 mod scale;

@@ -1,0 +1,194 @@
+//! Range limits of an undeclared design (issue 31): with no design declared, the judge cannot
+//! emulate the implementation's 16-bit intermediates, but it can tell which output rows a
+//! common design may lose to the dtype's range. FlashAttention-style designs round dS to 16
+//! bits for the dQ and dK products, and with GQA they store each query head's dK and dV in 16
+//! bits before the group is summed. Where the f64 value of such an intermediate, widened by
+//! twice its rounding noise, reaches the largest finite value, a correct design may overflow
+//! there (to either sign, or to NaN through inf − inf), wherever smallseq's own emulation stayed
+//! inside. Outputs past the range only in such rows, which pass once those elements are set to
+//! the reference, are that design's range limit.
+
+use super::range_limit::{describe, past_range, RangeLimit};
+use super::yardstick::Yardstick;
+use crate::case::{Case, Outputs};
+use ndarray::{s, Array3};
+use std::collections::HashSet;
+
+/// Rows `(token, head)` of each gradient that an intermediate at the range's edge feeds, and
+/// the largest such intermediate (f64) with its name.
+#[derive(Default)]
+struct Reach {
+    dq: HashSet<(usize, usize)>,
+    dk: HashSet<(usize, usize)>,
+    dv: HashSet<(usize, usize)>,
+    largest: f64,
+    intermediate: &'static str,
+}
+
+impl Reach {
+    fn note(&mut self, value: f64, intermediate: &'static str) {
+        if value > self.largest {
+            self.largest = value;
+            self.intermediate = intermediate;
+        }
+    }
+}
+
+fn row(x: &Array3<f32>, t: usize, h: usize) -> Vec<f64> {
+    x.slice(s![t, h, ..]).iter().map(|&v| f64::from(v)).collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// One query head's 16-bit partial of a grouped dK or dV row: its f64 value and the sum of
+/// the magnitudes of its terms (the scale of its rounding noise).
+struct Partials {
+    value: Array3<f64>,
+    magnitude: Array3<f64>,
+}
+
+impl Partials {
+    fn new(tokens: usize, heads: usize, dim: usize) -> Self {
+        Partials {
+            value: Array3::zeros((tokens, heads, dim)),
+            magnitude: Array3::zeros((tokens, heads, dim)),
+        }
+    }
+
+    fn add(&mut self, key: usize, head: usize, weight: f64, noise: f64, x: &[f64]) {
+        for (c, &xc) in x.iter().enumerate() {
+            self.value[[key, head, c]] += weight * xc;
+            self.magnitude[[key, head, c]] += (weight.abs() + noise) * xc.abs();
+        }
+    }
+
+    /// Per key row and query head, the largest |partial| among those at the range's edge.
+    fn at_edge(&self, u: f64, max: f64) -> Vec<(usize, usize, f64)> {
+        let (tokens, heads, _) = self.value.dim();
+        let mut out = Vec::new();
+        for j in 0..tokens {
+            for h in 0..heads {
+                let edge = self
+                    .value
+                    .slice(s![j, h, ..])
+                    .iter()
+                    .zip(self.magnitude.slice(s![j, h, ..]))
+                    .map(|(v, m)| v.abs() + 2.0 * u * m)
+                    .fold(0.0f64, f64::max);
+                if edge >= max {
+                    out.push((j, h, edge));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Which gradient rows a common design may lose to the dtype's range. None without a backward
+/// or with dropout (whose dS this does not follow), or when no intermediate reaches the edge.
+fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
+    let p = &case.config.params;
+    let (d_o, lse, o) = (
+        case.d_o.as_ref()?,
+        y.reference.lse.as_ref()?,
+        y.reference.o.as_ref()?,
+    );
+    if p.dropout.p > 0.0 {
+        return None;
+    }
+    let dt = case.config.dtype;
+    let (max, u) = (f64::from(dt.max_finite()), dt.unit_roundoff());
+    let grouped = p.group_size() > 1;
+    let (kv_tokens, heads) = (case.k.dim().0, p.num_heads);
+    let mut dk_part = grouped.then(|| Partials::new(kv_tokens, heads, p.head_dim_qk));
+    let mut dv_part = grouped.then(|| Partials::new(kv_tokens, heads, p.head_dim_v));
+    let mut reach = Reach::default();
+    for r in case.visible_rows().filter(|r| !r.keys.is_empty()) {
+        let (q, g) = (row(&case.q, r.token, r.head), row(d_o, r.token, r.head));
+        let o_row = o.slice(s![r.token, r.head, ..]).to_vec();
+        let d = dot(&g, &o_row);
+        let d_abs: f64 = g.iter().zip(&o_row).map(|(a, b)| (a * b).abs()).sum();
+        let m = lse[[r.token, r.head]];
+        let (lq, lk) = (case.layout.q.len(r.slot), case.layout.kv.len(r.slot));
+        let first_key = case.layout.kv.offset(r.slot);
+        for &j in &r.keys {
+            let (k, v) = (row(&case.k, j, r.kv_head), row(&case.v, j, r.kv_head));
+            let bias = p.bias.at(r.slot, r.head, r.row, j - first_key, lq, lk);
+            let pij = (p.scale * dot(&q, &k) + bias - m).exp();
+            let dp = dot(&g, &v);
+            let ds = pij * (dp - d);
+            // The envelope's noise of dS (docs/judgement.md §2): P, dP and D each rounded,
+            // D taken from the stored O.
+            let w = ds.abs() + pij * (dp.abs() + d.abs() + d_abs);
+            if ds.abs() + 2.0 * u * w >= max {
+                reach.dq.insert((r.token, r.head));
+                reach.dk.insert((j, r.kv_head));
+                reach.note(ds.abs(), "dS");
+            }
+            if let (Some(dk), Some(dv)) = (dk_part.as_mut(), dv_part.as_mut()) {
+                dk.add(j, r.head, p.scale * ds, p.scale * 2.0 * u * w, &q);
+                dv.add(j, r.head, pij, u * pij, &g);
+            }
+        }
+    }
+    let group = p.group_size();
+    for (part, dk, name) in [
+        (&dk_part, true, "one query head's dK"),
+        (&dv_part, false, "one query head's dV"),
+    ] {
+        for (j, h, edge) in part.iter().flat_map(|x| x.at_edge(u, max)) {
+            let rows = if dk { &mut reach.dk } else { &mut reach.dv };
+            rows.insert((j, h / group));
+            reach.note(edge, name);
+        }
+    }
+    (reach.largest > 0.0).then_some(reach)
+}
+
+/// An undeclared design's range limit: every element past the range where the reference is
+/// finite (and not merely rounded to inf) lies in a row that [`reach`] names, and with those
+/// elements set to the reference the outputs pass.
+pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<RangeLimit> {
+    let reach = reach(case, y)?;
+    let max = f64::from(case.config.dtype.max_finite());
+    let mut excused = actual.clone();
+    let mut counts = Vec::new();
+    for (name, a, r, rows) in [
+        ("dq", excused.dq.as_mut(), &y.reference.dq, &reach.dq),
+        ("dk", excused.dk.as_mut(), &y.reference.dk, &reach.dk),
+        ("dv", excused.dv.as_mut(), &y.reference.dv, &reach.dv),
+    ] {
+        let (Some(a), Some(r)) = (a, r) else { continue };
+        let mut n = 0;
+        for ((t, h, x), v) in a.indexed_iter_mut() {
+            let want = r[[t, h, x]];
+            // A finite reference past the range counts too where the value is not its own
+            // rounding: the design's inf − inf gives NaN where the answer rounds to inf.
+            let rounds_right = want.abs() >= max && *v == want.signum() * f64::INFINITY;
+            if past_range(*v, max) && want.is_finite() && !rounds_right {
+                if !rows.contains(&(t, h)) {
+                    return None;
+                }
+                *v = want;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            counts.push(format!("{name} at {n} element(s)"));
+        }
+    }
+    if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
+        return None;
+    }
+    let dt = case.config.dtype;
+    let because = format!(
+        "all in rows fed by an intermediate that a common design stores in {dt}: {} reaches \
+         {:.6e} in f64 against the {dt} limit {max} (no design is declared, so any design of \
+         the envelope may overflow there)",
+        reach.intermediate, reach.largest
+    );
+    let what = describe(case, &counts.join(", "), &because);
+    Some(RangeLimit { excused, what })
+}
