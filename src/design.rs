@@ -82,6 +82,9 @@ mod tests {
             assert_eq!(d.name().parse::<Design>(), Ok(d));
         }
         let e = "fa3".parse::<Design>().unwrap_err();
-        assert!(e.contains("'fa3'") && e.contains("project or envelope"), "{e}");
+        assert!(
+            e.contains("'fa3'") && e.contains("project or envelope"),
+            "{e}"
+        );
     }
 }

@@ -54,8 +54,5 @@ fn an_overflowing_query_head_partial_of_dk_is_the_envelope_range_limit() {
     );
     let project = judged_as(&case, "project");
     let text = project.lines.join("\n");
-    assert!(
-        project.failed && !text.contains("range limit"),
-        "{text}"
-    );
+    assert!(project.failed && !text.contains("range limit"), "{text}");
 }

@@ -1,8 +1,9 @@
 //! Capsules from real campaigns: stored GPU outputs judged on the host (the tolerance model's
 //! verdicts on real kernel outputs, without the GPU), and harness false positives rerun.
 use smallseq::case_file::read_case;
+use smallseq::design::Design;
 use smallseq::harness::conformance;
-use smallseq::harness::props::oracle;
+use smallseq::harness::props::{oracle, oracle_for};
 use smallseq::harness::repro::judge_stored;
 use smallseq::harness::tolerance::judge_all;
 use std::path::Path;
@@ -294,25 +295,32 @@ fn h200_f16_saturated_ds_case_passes_on_the_block_scaled_design() {
 }
 
 /// A value past the range that the emulation does not share is a defect, however near the
-/// limit: the same capsule with one of its four shared infinities turned into NaN, or with its
-/// largest finite element sign-flipped beside them, is no range limit.
+/// limit, for an implementation of the project's design (these are smallseq's own kernels): the
+/// same capsule with one of its four shared infinities turned into NaN, or with its largest
+/// finite element sign-flipped beside them, is no range limit. An undeclared design may reach
+/// that NaN through inf − inf where dS is at the range's edge, so under the envelope the NaN is
+/// one (`envelope_reach`), and the sign flip still is none.
 #[test]
 fn a_value_past_the_range_the_emulation_does_not_share_is_a_defect() {
     let y_case = capsule("h200-f16-ds-saturation-dq-inf.safetensors");
-    let y = oracle(&y_case).unwrap();
-    let limit = |case: &smallseq::Case| {
-        let (o, _) = smallseq::harness::props::numeric(case, &case.outputs, &y);
+    let y = oracle_for(&y_case, Design::Project).unwrap();
+    let envelope = oracle_for(&y_case, Design::Envelope).unwrap();
+    let limit_under = |case: &smallseq::Case, y: &smallseq::harness::props::Yardstick| {
+        let (o, _) = smallseq::harness::props::numeric(case, &case.outputs, y);
         match o {
             smallseq::harness::props::Outcome::Fail(f) => f.range_limit,
             other => panic!("the capsule must fail: {other:?}"),
         }
     };
+    let limit = |case: &smallseq::Case| limit_under(case, &y);
     assert!(limit(&y_case).is_some());
     let mut nan = y_case.clone();
     let dq = nan.outputs.dq.as_mut().unwrap();
     let at = dq.iter().position(|x| x.is_infinite()).unwrap();
     *dq.iter_mut().nth(at).unwrap() = f64::NAN;
     assert_eq!(limit(&nan), None);
+    let what = limit_under(&nan, &envelope).expect("the envelope's range limit");
+    assert!(what.contains("dS reaches"), "{what}");
     let mut off = y_case.clone();
     let dq = off.outputs.dq.as_mut().unwrap();
     // The largest finite element, sign-flipped: off by twice its size, far past the threshold.
@@ -324,6 +332,7 @@ fn a_value_past_the_range_the_emulation_does_not_share_is_a_defect() {
         .unwrap();
     *dq.iter_mut().nth(finite).unwrap() *= -1.0;
     assert_eq!(limit(&off), None);
+    assert_eq!(limit_under(&off, &envelope), None);
 }
 
 /// Issue 31: the relations are range-limit aware. On the CPU the small-seq path of the H200's

@@ -179,7 +179,10 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     );
     checker.design = args.design;
     let design = checker.design();
-    eprintln!("smallseq fuzz: judged against design {design}: {}", design.summary());
+    eprintln!(
+        "smallseq fuzz: judged against design {design}: {}",
+        design.summary()
+    );
     let campaign = Campaign {
         checker,
         seed,

@@ -143,13 +143,11 @@ impl Design {
     /// ([`DESIGN_KEY`]), else that of the backend that produced them, else the envelope.
     pub fn of_case(case: &Case) -> Design {
         let recorded = case.meta.get(DESIGN_KEY);
-        recorded
-            .and_then(|r| r.parse().ok())
-            .unwrap_or_else(|| {
-                case.meta
-                    .get("smallseq.backend")
-                    .map_or(Design::Envelope, |b| Design::of_backend(b))
-            })
+        recorded.and_then(|r| r.parse().ok()).unwrap_or_else(|| {
+            case.meta
+                .get("smallseq.backend")
+                .map_or(Design::Envelope, |b| Design::of_backend(b))
+        })
     }
 }
 

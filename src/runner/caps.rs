@@ -339,9 +339,18 @@ mod tests {
     #[test]
     fn an_undeclared_design_is_judged_against_the_envelope() {
         let empty: WireCaps = serde_json::from_str("{}").unwrap();
-        assert_eq!(Caps::from_wire(&empty).unwrap().judged_design(), Design::Envelope);
+        assert_eq!(
+            Caps::from_wire(&empty).unwrap().judged_design(),
+            Design::Envelope
+        );
         let w: WireCaps = serde_json::from_str(r#"{"design": "project"}"#).unwrap();
-        assert_eq!(Caps::from_wire(&w).unwrap().judged_design(), Design::Project);
-        assert_eq!(Caps::in_tree("cpu", true, 1, (true, true)).judged_design(), Design::Project);
+        assert_eq!(
+            Caps::from_wire(&w).unwrap().judged_design(),
+            Design::Project
+        );
+        assert_eq!(
+            Caps::in_tree("cpu", true, 1, (true, true)).judged_design(),
+            Design::Project
+        );
     }
 }

@@ -8,7 +8,7 @@
 //! inside. Outputs past the range only in such rows, which pass once those elements are set to
 //! the reference, are that design's range limit.
 
-use super::range_limit::{describe, past_range, RangeLimit};
+use super::range_verdict::{describe, past_range, RangeLimit};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
 use ndarray::{s, Array3};
@@ -35,7 +35,10 @@ impl Reach {
 }
 
 fn row(x: &Array3<f32>, t: usize, h: usize) -> Vec<f64> {
-    x.slice(s![t, h, ..]).iter().map(|&v| f64::from(v)).collect()
+    x.slice(s![t, h, ..])
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect()
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {

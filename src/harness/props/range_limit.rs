@@ -9,6 +9,7 @@
 //! runs with these elements excused the same way (`relation::relation_verdict`).
 
 use super::envelope_reach;
+use super::range_verdict::{describe, past_range, RangeLimit};
 use super::yardstick::{emulated_outputs, Yardstick};
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::Design;
@@ -16,11 +17,6 @@ use crate::harness::tolerance::same_stored;
 use ndarray::{Array3, Zip};
 use smallseq_reference::ds_scale::DsOperand;
 use smallseq_reference::emulate;
-
-/// Whether `x` lies past the range of a dtype whose largest finite value is `max`.
-pub(super) fn past_range(x: f64, max: f64) -> bool {
-    !x.is_finite() || x.abs() >= max
-}
 
 /// Elements of one output past the range where the reference is finite and inside it and the
 /// emulation holds the same value, set to the reference in place; returns how many.
@@ -43,13 +39,6 @@ fn excuse(
     n
 }
 
-/// One run's range limit: its outputs with the elements the design's range takes set to the
-/// reference, and what overflows from what inputs.
-pub(super) struct RangeLimit {
-    pub excused: Outputs,
-    pub what: String,
-}
-
 /// The characterisation of a range limit, when every failing tensor of `actual` is one: the
 /// outputs, with the out-of-range elements that an emulation of one design holds too set to the
 /// reference, pass the same judge. The designs tried are smallseq's own (the yardstick's
@@ -67,7 +56,9 @@ pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Ra
     let max = f64::from(dt.max_finite());
     if let Some((excused, what)) = excused_by(case, actual, y, &y.emulated) {
         let intermediate = format!("a {dt} intermediate or store passes {max}");
-        let because = format!("and smallseq's emulation of its design holds the same values ({intermediate})");
+        let because = format!(
+            "and smallseq's emulation of its design holds the same values ({intermediate})"
+        );
         let what = describe(case, &what, &because);
         return Some(RangeLimit { excused, what });
     }
@@ -127,35 +118,4 @@ fn excused_by(
         return None;
     }
     Some((excused, counts.join(", ")))
-}
-
-/// The verdict's sentence: what lies past the range, why a design loses it (`because`: which
-/// design's emulation holds it, or which intermediate reaches the edge), and the input
-/// magnitudes that took it there, over the tokens the layout holds (padding may carry
-/// anything, infinities included).
-pub(super) fn describe(case: &Case, what: &str, because: &str) -> String {
-    let l = &case.layout;
-    let largest = |x: &Array3<f32>, seq: &smallseq_reference::Side| {
-        (0..l.slots())
-            .flat_map(|s| seq.offset(s)..seq.offset(s) + seq.len(s))
-            .map(|t| {
-                x.slice(ndarray::s![t, .., ..])
-                    .fold(0.0f32, |m, v| m.max(v.abs()))
-            })
-            .fold(0.0f32, f32::max)
-    };
-    let mut inputs = vec![
-        format!("|q| {}", largest(&case.q, &l.q)),
-        format!("|k| {}", largest(&case.k, &l.kv)),
-        format!("|v| {}", largest(&case.v, &l.kv)),
-    ];
-    if let Some(d_o) = &case.d_o {
-        inputs.push(format!("|dO| {}", largest(d_o, &l.q)));
-    }
-    let dt = case.config.dtype;
-    format!(
-        "range limit of a 16-bit design, not a defect: {what} past the {dt} range where the \
-         f64 reference is finite, {because}; inputs up to {}",
-        inputs.join(", ")
-    )
 }

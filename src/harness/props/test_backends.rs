@@ -6,11 +6,12 @@
 use super::checker::CaseContext;
 use super::numeric::numeric;
 use super::verdict::Outcome;
-use super::yardstick::{oracle, Yardstick};
+use super::yardstick::{oracle_for, Yardstick};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::case::{Case, Outputs};
 use crate::config::AttnConfig;
+use crate::design::Design;
 use crate::dispatch::Arch;
 use crate::error::Result;
 use crate::harness::rng::Rng;
@@ -47,7 +48,9 @@ pub(super) struct Judged {
 impl Judged {
     pub fn new(case: &Case, base: Pair) -> Self {
         let actual = base.outputs();
-        let y = oracle(case).unwrap();
+        // The test backends are the CPU backend with hooks: the project's design, as the
+        // checker judges them.
+        let y = oracle_for(case, Design::Project).unwrap();
         let (numeric, judgements) = numeric(case, &actual, &y);
         Judged {
             base,
