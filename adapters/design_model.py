@@ -161,6 +161,9 @@ def adapter(argv=None) -> kit.Adapter:
     ap = kit.arg_parser(__doc__)
     ap.add_argument("--design", choices=DESIGNS, default="fa2")
     ap.add_argument("--block", type=int, default=128, help="keys per online-softmax block (fa2, tf32)")
+    ap.add_argument("--declare", choices=["project", "envelope"], default=None,
+                    help="declare this design in the handshake (caps.design; default: none), to "
+                         "see the judge hold a model to a design it does not follow")
     args = ap.parse_args([] if argv is None else argv)
     if args.block < 1:
         ap.error(f"--block {args.block}: must be at least 1")
@@ -168,7 +171,7 @@ def adapter(argv=None) -> kit.Adapter:
     caps = kit.Caps(
         dtypes=["bf16", "f16"] + (["f32"] if args.design == "tf32" else []),
         masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True, max_tokens=1 << 14,
-        backward=True, lse=True, padded_offsets=True, arch="cpu",
+        backward=True, lse=True, padded_offsets=True, arch="cpu", design=args.declare,
     )
     prov = {"implementation": f"adapters/design_model.py --design {args.design} --block {args.block}"}
     return kit.Adapter(f"design-model-{args.design}", f"numpy {np.__version__}", caps,

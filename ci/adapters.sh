@@ -32,3 +32,11 @@ echo "== exec campaign through numpy_reference.py"
 # it (its range limits are listed apart), or the judge is wrong, not the model.
 echo "== exec campaign through design_model.py --design fa2 (undeclared: the envelope)"
 "$bin" fuzz --backend exec --worker "$py adapters/design_model.py --design fa2" --cases 150 --seed 17 --force --out target/l0/design-model || exit 1
+# The same model declaring smallseq's own design is held to it, and fails (the judge is not
+# blind to the design's deviations, only fair to them when none is declared).
+echo "== the same campaign with the model declaring the project's design (must fail)"
+"$bin" fuzz --backend exec --worker "$py adapters/design_model.py --design fa2 --declare project" --cases 150 --seed 17 \
+  --shrink-time 0s --force --out target/l0/design-model-project > target/l0/design-model-project.log 2>&1
+rc=$?
+tail -n 1 target/l0/design-model-project.log
+[ "$rc" = 1 ] || { echo "expected exit 1 (failures under the declared project design), got $rc"; exit 1; }

@@ -347,5 +347,11 @@ class Visibility(unittest.TestCase):
         self.assertFalse(kit.visibility(self.cfg("causal", (0, -1)), 2, 3).any())
 
 
+class DeclaredDesign(unittest.TestCase):
+    def test_the_design_travels_only_when_declared(self):
+        self.assertNotIn("design", kit.Caps().to_json())
+        self.assertEqual(kit.Caps(design="project").to_json()["design"], "project")
+
+
 if __name__ == "__main__":
     unittest.main()
