@@ -78,6 +78,44 @@ PT_INLINE int fb_kv_head(int h, int group) {
 #endif
 }
 
+// Dropout (docs/semantics.md §1.8), bit for bit the reference's (reference/src/dropout.rs):
+// Philox 4x32-10 keyed by the seed, counter (n_lo, n_hi, r, c) with n = offset + slot * H + h,
+// element kept when the first word is at or above keep_at = ceil(p * 2^32) (0: no dropout). The
+// backward recomputes the forward's mask from the same arguments.
+struct FbDrop {
+  unsigned long long seed, offset;
+  long long keep_at;
+  float rescale;  // fl32(1 / (1 - p)); 0 at p = 1
+};
+
+PT_INLINE unsigned fb_philox_word0(unsigned k0, unsigned k1, unsigned x0, unsigned x1, unsigned x2,
+                                   unsigned x3) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const unsigned long long p0 = 0xD2511F53ull * x0, p1 = 0xCD9E8D57ull * x2;
+    const unsigned hi0 = (unsigned)(p0 >> 32), lo0 = (unsigned)p0;
+    const unsigned hi1 = (unsigned)(p1 >> 32), lo1 = (unsigned)p1;
+    x0 = hi1 ^ x1 ^ k0;
+    x1 = lo1;
+    x2 = hi0 ^ x3 ^ k1;
+    x3 = lo0;
+  }
+  return x0;
+}
+
+// The factor of P's element (r, c) of head h in slot `slot`: 1 without dropout, else the
+// rescale when kept and 0 when dropped.
+PT_INLINE float fb_drop(const FbDrop& d, int slot, int H, int h, int r, int c) {
+  if (d.keep_at <= 0) return 1.f;
+  const unsigned long long n = d.offset + (unsigned long long)slot * (unsigned long long)H + h;
+  const unsigned w = fb_philox_word0((unsigned)d.seed, (unsigned)(d.seed >> 32), (unsigned)n,
+                                     (unsigned)(n >> 32), (unsigned)r, (unsigned)c);
+  return (long long)w >= d.keep_at ? d.rescale : 0.f;
+}
+
 // Keys visible to row r: [lo, hi] (empty when lo > hi).
 PT_INLINE void fb_range(int r, int lq, int lk, int mask, int wl, int wr, int& lo, int& hi) {
   lo = 0;
@@ -114,7 +152,8 @@ template <class E, class O>
 PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                       typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
                       const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk,
-                      int Dv, long long tq, float scale, int mask, int wl, int wr, float* smem) {
+                      int Dv, long long tq, float scale, int mask, int wl, int wr, FbDrop drop,
+                      float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
@@ -153,6 +192,8 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
     if (c <= hi) {
       float s = pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale);
       p = E::round(pt_exp(s - M) / L);
+      // L sums every key; P·V takes only the kept ones, the rescale comes at the end.
+      if (fb_drop(drop, f.slot, H, h, f.r, c) == 0.f) p = 0.f;
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
     for (int cc = 0; cc < n; ++cc) {
@@ -166,6 +207,10 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
     }
   }
   typename O::T* orow = o + (t * H + h) * Dv;
+  if (drop.keep_at > 0) {
+#pragma unroll
+    for (int j = 0; j < FB_NJ; ++j) acc[j] *= drop.rescale;
+  }
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
     int d = lane + j * PT_WARP;
@@ -185,7 +230,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
                         const typename E::T* d_o, const float* lse, float* delta, float* rowsum,
                         typename O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,
                         const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq,
-                        float scale, int mask, int wl, int wr, float* smem) {
+                        float scale, int mask, int wl, int wr, FbDrop drop, float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
@@ -219,7 +264,10 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
       long long kr = (f.ok + c) * Hkv + hk;
       float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
       float p = Z > 0.f ? e / Z : 0.f;
-      dsum += (double)p * (double)fb_dot<E>(ds, v + kr * Dv, Dv);
+      // A dropped key's dP is exactly 0, not 0 times a product (as the reference).
+      const float z = fb_drop(drop, f.slot, H, h, f.r, c);
+      const float dpv = z == 0.f ? 0.f : fb_dot<E>(ds, v + kr * Dv, Dv) * z;
+      dsum += (double)p * (double)dpv;
     }
   }
   const float D = (float)pt_warp_sum_d(dsum);
@@ -237,7 +285,8 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
       long long kr = (f.ok + c) * Hkv + hk;
       float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
       float p = Z > 0.f ? e / Z : 0.f;
-      float dpv = fb_dot<E>(ds, v + kr * Dv, Dv);
+      const float z = fb_drop(drop, f.slot, H, h, f.r, c);
+      float dpv = z == 0.f ? 0.f : fb_dot<E>(ds, v + kr * Dv, Dv) * z;
       dsv = p * (dpv - D);
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
@@ -266,7 +315,7 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
                          const float* rowsum, typename O::T* dk, typename O::T* dv, const int* cu_q,
                          const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,
                          int Hkv, int Dqk, int Dv, long long tk, float scale, int mask, int wl,
-                         int wr, float* smem) {
+                         int wr, FbDrop drop, float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tk * Hkv) return;
@@ -305,9 +354,10 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
           const float Z = rowsum[qr];
           float e = pt_exp(pt_mul_rn(fb_dot<E>(ks, q + qr * Dqk, Dqk), scale) - lr);
           float p = Z > 0.f ? e / Z : 0.f;
-          float dpv = fb_dot<E>(vs, d_o + qr * Dv, Dv);
+          const float z = fb_drop(drop, f.slot, H, h, r, c);
+          float dpv = z == 0.f ? 0.f : fb_dot<E>(vs, d_o + qr * Dv, Dv) * z;
           dsv = p * (dpv - delta[qr]);
-          pr = p;
+          pr = p * z;  // dV takes the dropped, rescaled P
         }
       }
       int n = lq - r0 < PT_WARP ? lq - r0 : PT_WARP;
@@ -1197,31 +1247,36 @@ FT_KERNELS(256)
 #endif
 
 
+// Dropout's arguments by value, in args_of's order (src/backend/launch.rs).
+#define FB_DROP_PARAMS \
+  unsigned long long drop_seed, unsigned long long drop_offset, long long drop_keep_at, float drop_rescale
+#define FB_DROP_ARG FbDrop{drop_seed, drop_offset, drop_keep_at, drop_rescale}
+
 #define FB_KERNELS(SUF, E, O)                                                                  \
   PT_KERNEL void fallback_fwd_##SUF(const E::T* q, const E::T* k, const E::T* v, O::T* o,       \
                                     float* lse, const int* cu_q, const int* cu_kv,              \
                                     const int* off_q, const int* off_kv, int b, int H, int Hkv, \
                                     int Dqk, int Dv, long long tq, float scale, int mask,       \
-                                    int wl, int wr) {                                           \
+                                    int wl, int wr, FB_DROP_PARAMS) {                           \
     fb_fwd<E, O>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk, Dv, tq, scale,    \
-                 mask, wl, wr, fb_smem);                                                        \
+                 mask, wl, wr, FB_DROP_ARG, fb_smem);                                           \
   }                                                                                             \
   PT_KERNEL void fallback_bwd_q_##SUF(                                                          \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,              \
       const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq, float scale,     \
-      int mask, int wl, int wr) {                                                               \
+      int mask, int wl, int wr, FB_DROP_PARAMS) {                                               \
     fb_bwd_q<E, O>(q, k, v, d_o, lse, delta, rowsum, dq, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk,    \
-                   Dv, tq, scale, mask, wl, wr, fb_smem);                                       \
+                   Dv, tq, scale, mask, wl, wr, FB_DROP_ARG, fb_smem);                          \
   }                                                                                             \
   PT_KERNEL void fallback_bwd_kv_##SUF(                                                         \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       const float* delta, const float* rowsum, O::T* dk, O::T* dv, const int* cu_q,             \
       const int* cu_kv,                                                                         \
       const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tk, \
-      float scale, int mask, int wl, int wr) {                                                  \
+      float scale, int mask, int wl, int wr, FB_DROP_PARAMS) {                                  \
     fb_bwd_kv<E, O>(q, k, v, d_o, lse, delta, rowsum, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, Hkv,    \
-                    Dqk, Dv, tk, scale, mask, wl, wr, fb_smem);                                 \
+                    Dqk, Dv, tk, scale, mask, wl, wr, FB_DROP_ARG, fb_smem);                    \
   }
 
 FB_KERNELS(bf16, BF16, BF16)

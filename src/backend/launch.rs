@@ -113,6 +113,43 @@ pub struct LaunchDims {
     /// 0: none/padding, 1: causal top-left, 2: causal bottom-right.
     pub mask: i32,
     pub window: (i32, i32),
+    /// Dropout (`docs/semantics.md` §1.8); only the scalar fallback kernels take it.
+    pub drop: DropArgs,
+}
+
+/// The scalar fallback kernels' dropout arguments: the generator's key and offset, the
+/// reference's keep threshold `⌈p · 2³²⌉` (0: no dropout) and the f32 factor of a kept element.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DropArgs {
+    pub seed: u64,
+    pub offset: u64,
+    pub keep_at: i64,
+    pub rescale: f32,
+}
+
+impl DropArgs {
+    pub const NONE: DropArgs = DropArgs {
+        seed: 0,
+        offset: 0,
+        keep_at: 0,
+        rescale: 1.0,
+    };
+
+    pub fn of(d: &smallseq_reference::Dropout) -> DropArgs {
+        if !d.is_active() {
+            return DropArgs::NONE;
+        }
+        DropArgs {
+            seed: d.seed,
+            offset: d.offset,
+            keep_at: d.threshold() as i64,
+            rescale: d.rescale() as f32,
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.keep_at > 0
+    }
 }
 
 /// Raw device pointers of one launch; 0 where unused.
@@ -173,6 +210,7 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         scale: p.scale as f32,
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
+        drop: DropArgs::of(&p.dropout),
     }
 }
 
@@ -227,7 +265,9 @@ impl LaunchDims {
         let suffix = self.dtype_suffix(false).ok()?;
         let fits = self.dqk == self.dv
             && gpu.tiled_fwd_dims().contains(&(self.dqk as usize))
-            && self.max_lq >= TILED_MIN_QUERIES;
+            && self.max_lq >= TILED_MIN_QUERIES
+            // The tiled kernels leave dropout to the scalar ones.
+            && !self.drop.is_active();
         fits.then(|| {
             (
                 format!("fallback_fwd_tc_{suffix}_d{}", self.dqk),
@@ -392,6 +432,11 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             I32(d.mask),
             I32(d.window.0),
             I32(d.window.1),
+            // Bit patterns: the kernels take them as unsigned 64-bit words.
+            I64(d.drop.seed as i64),
+            I64(d.drop.offset as i64),
+            I64(d.drop.keep_at),
+            F32(d.drop.rescale),
         ]
     };
     let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
@@ -542,6 +587,7 @@ mod tests {
             scale: 1.0,
             mask: 0,
             window: (-1, -1),
+            drop: DropArgs::NONE,
         }
     }
 

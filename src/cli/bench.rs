@@ -265,6 +265,7 @@ mod imp {
                 scale: 1.0 / (d as f32).sqrt(),
                 mask: 0,
                 window: (-1, -1),
+                drop: crate::backend::launch::DropArgs::NONE,
             };
             let ptrs = |s: &Set| Ptrs {
                 q: p(&s.q),

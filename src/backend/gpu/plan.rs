@@ -236,6 +236,7 @@ fn dims_for_signature() -> LaunchDims {
         scale: 1.0,
         mask: 0,
         window: (-1, -1),
+        drop: crate::backend::launch::DropArgs::NONE,
     }
 }
 
