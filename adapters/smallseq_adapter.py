@@ -22,8 +22,9 @@ Honesty rules the kit enforces (see docs/adapters.md):
   the implementation returns what the implementation wrote there, untouched.
 - Rows with no visible key (§1: O = 0, LSE = -inf): the kit never rewrites O, dQ, dK or dV.
   An adapter declares, once, the LSE value its implementation writes for such a row
-  (`Adapter.no_key_lse`: "-inf", "+inf" as flash-attention does, "nan", or "0" as PyTorch's
-  memory-efficient kernel does; "probe" measures it at start on a case made for it, for
+  (`Adapter.no_key_lse`: "-inf", "+inf" as flash-attention does, "nan", "0" as PyTorch's
+  memory-efficient kernel does, or "underflow", a finite value <= -745 whose exp is 0 even in
+  float64, as cuDNN writes; "probe" measures it at start on a case made for it, for
   implementations that document none); in rows that the
   *case* says see no key, exactly that value is mapped to -inf, the same meaning in the
   semantics' convention. Any other value is left alone, so a deviation reaches the campaign
@@ -85,7 +86,11 @@ CONFIG_KEYS = (
     "scale",
     "layout",
 )
-NO_KEY_LSE = ("-inf", "+inf", "nan", "0")
+NO_KEY_LSE = ("-inf", "+inf", "nan", "0", "underflow")
+# "underflow": a finite value at most this, whose exp is 0 even in float64 (the smallest
+# subnormal is e^-744.4), so every consumer that exponentiates an LSE (a merge of partial
+# attentions, a backward's P = exp(S - LSE)) reads it as -inf does. cuDNN writes about -65535.
+UNDERFLOW_LSE = -745.0
 # Also accepted on adapters' command lines: measure the convention at start (`probe_no_key_lse`).
 PROBE = "probe"
 
@@ -886,7 +891,7 @@ def lse_to_thd(lse, side: Side, layout: str, base: str = "e", packed: bool = Fal
 
 def map_no_key_lse(lse: np.ndarray, no_key: np.ndarray, convention: Optional[str]) -> Tuple[np.ndarray, int]:
     """In rows the case says see no key, replaces exactly the declared convention value
-    ("+inf", "nan" or "0") by -inf; returns the LSE and how many entries were mapped. Every other
+    ("+inf", "nan", "0", or with "underflow" every value <= UNDERFLOW_LSE) by -inf; returns the LSE and how many entries were mapped. Every other
     value, there or elsewhere, is left as the implementation wrote it."""
     if convention is None or convention == "-inf":
         return lse, 0
@@ -896,6 +901,8 @@ def map_no_key_lse(lse: np.ndarray, no_key: np.ndarray, convention: Optional[str
         hit = np.isnan(lse)
     elif convention == "0":
         hit = lse == 0
+    elif convention == "underflow":
+        hit = lse <= UNDERFLOW_LSE
     else:
         raise Internal(f"no_key_lse = {convention}: expected one of {', '.join(NO_KEY_LSE)}")
     hit &= no_key[:, None]
@@ -922,20 +929,23 @@ def classify_no_key_lse(values) -> str:
     implementation wrote in rows with no visible key) follows; `Internal` when they follow
     none, or not the same one: such an implementation has no convention to declare."""
     v = np.asarray(values, dtype=np.float64).ravel()
-    for name, test in (("-inf", np.isneginf), ("+inf", np.isposinf), ("nan", np.isnan), ("0", lambda a: a == 0)):
+    tests = (("-inf", np.isneginf), ("+inf", np.isposinf), ("nan", np.isnan), ("0", lambda a: a == 0),
+             ("underflow", lambda a: np.isfinite(a) & (a <= UNDERFLOW_LSE)))
+    for name, test in tests:
         if v.size and bool(np.all(test(v))):
             return name
     raise Internal(f"no single no-key LSE convention: rows without keys hold {', '.join(repr(float(a)) for a in v[:8])}")
 
 
-def probe_no_key_lse(run: "RunFn", dtype: str = "bf16", head_dim: int = 64) -> str:
-    """Runs `run` on `no_key_probe_case` and returns the convention its no-key rows follow,
+def probe_no_key_lse(run: "RunFn", dtype: str = "bf16", head_dim: int = 64) -> Tuple[str, np.ndarray]:
+    """Runs `run` on `no_key_probe_case` and returns the convention its no-key rows follow
+    (and the values they held),
     for an implementation whose convention is documented nowhere (cuDNN): measured once at
     start, declared in the handshake, and then mapped exactly like a declared one."""
     case = no_key_probe_case(dtype, head_dim)
     out = run(case, frozenset(["o", "lse"]))
-    lse = np.asarray(out["lse"], dtype=np.float64)
-    return classify_no_key_lse(lse[case.no_key_rows()])
+    seen = np.asarray(out["lse"], dtype=np.float64)[case.no_key_rows()].ravel()
+    return classify_no_key_lse(seen), seen
 
 
 # ----------------------------------------------------------------------------------------
@@ -1213,10 +1223,11 @@ def resolve_probe(adapter: Adapter):
     if dtype is None or "causal_bottom_right" not in caps.masks or not caps.lse:
         raise SystemExit(f"{adapter.name}: --no-key-lse probe needs lse and causal_bottom_right in its caps")
     try:
-        adapter.no_key_lse = probe_no_key_lse(adapter.run, dtype, dim)
+        adapter.no_key_lse, seen = probe_no_key_lse(adapter.run, dtype, dim)
     except WorkerError as e:
         raise SystemExit(f"{adapter.name}: --no-key-lse probe failed ({e.kind}): {e}") from None
     adapter.provenance["no_key_lse_source"] = f"probe ({dtype}, head dim {dim})"
+    adapter.provenance["no_key_lse_probed"] = ", ".join(f"{float(v):.6g}" for v in seen[:4])
     log(f"no-key LSE convention measured: {adapter.no_key_lse}")
 
 

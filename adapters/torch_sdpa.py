@@ -31,8 +31,9 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   flash +inf (FA2's `lse = sum == 0 ? INFINITY : ...`); efficient measured at start
   (`probe`: PyTorch's memory-efficient kernel sets a fully masked row's max to 0 and its sum
   to 1 since the safe-softmax change of torch 2.5, so 0 is expected; read from source, not
-  yet run); cudnn measured at start (cuDNN documents no value: the H200 campaign of
-  2026-12-01 saw an LSE other than -inf there, FINDINGS.md item 3); math has no LSE.
+  yet run); cudnn measured at start (cuDNN documents no value: on the H200, cuDNN 9 of
+  torch 2.11 wrote -65535.07 and -65534.83, the `underflow` convention, FINDINGS.md item 3);
+  math has no LSE.
 - Cases with no query token at all are answered without a launch (all outputs zero).
 - Bias (semantics.md §1.9; math, efficient, cudnn): SDPA's float `attn_mask` is added to the
   scores after the scale, which is TE's post-scale bias. The mask becomes `[B, H, Sq, Sk]`

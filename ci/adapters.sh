@@ -5,20 +5,13 @@
 #
 #   [SMALLSEQ_BIN=target/release/smallseq] ci/adapters.sh [--no-campaign]
 #
-# Creates a venv in target/adapters-venv (numpy, safetensors) when it is missing and prints
-# how long that took. Exit status: 0 passed, 1 a test or the campaign failed, 2 setup failed.
+# Runs under the venv of ci/python-kit.sh (target/adapters-venv: numpy, safetensors), which it
+# creates when missing. Exit status: 0 passed, 1 a test or the campaign failed, 2 setup failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 campaign=yes
 [ "${1:-}" = "--no-campaign" ] && campaign=no
-venv=target/adapters-venv
-py=$venv/bin/python
-if [ ! -x "$py" ]; then
-  echo "== venv ($venv)"
-  start=$(date +%s)
-  python3 -m venv "$venv" && "$py" -m pip install -q numpy safetensors || { echo "adapters: venv setup failed" >&2; exit 2; }
-  echo "venv created in $(( $(date +%s) - start )) s"
-fi
+py=$(ci/python-kit.sh) || exit 2
 log=target/adapters-unittest.log
 echo "== adapter kit unit tests"
 env -u SMALLSEQ_BIN "$py" -m unittest discover -s adapters/tests 2> "$log" || { tail -n 60 "$log"; exit 1; }

@@ -4,6 +4,9 @@
 # `ci/h200-adapters.sh BIN OUT collect`). Ends with `smallseq triage` over the adapter
 # campaigns that wrote a report: OUT_DIR/triage/triage.md, triage.json and the scripts.
 #   ci/h200-adapters.sh BIN OUT_DIR [ADAPTER_TIME] [CUDA_TIME]
+# CUDA_TIME 0 starts no CUDA campaign (BIN then needs no cuda feature). SMALLSEQ_SHARD=I/N runs
+# shard I of N of every adapter campaign (a campaign longer than one device call: run the
+# shards in separate calls, then `smallseq merge` their directories).
 set -u
 bin=$1 out=$2
 export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
@@ -31,7 +34,7 @@ if [ "${3:-}" = collect ]; then
 fi
 at=${3:-5m} ct=${4:-10m}
 python3 -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__, torch.cuda.get_device_name())' | tee -a "$log"
-setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shrink-time 5s \
+[ "$ct" = 0 ] || setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shrink-time 5s \
   --force --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
 (timeout 300 python3 -m unittest discover -s adapters/tests -p 'test_frameworks.py' -v \
   >/tmp/smoke.log 2>&1; echo "smoke exit $?" >>/tmp/smoke.log) &
@@ -47,7 +50,7 @@ for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
             "jax-cudnn|adapters/jax_attention.py --implementation cudnn"; do
   name=${spec%%|*} script=${spec#*|}
   timeout -k 20 540 "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
-    --seed 17 --jobs 2 --shrink-time 5s --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
+    --seed 17 --jobs 2 --shrink-time 5s ${SMALLSEQ_SHARD:+--shard "$SMALLSEQ_SHARD"} --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"
@@ -63,7 +66,7 @@ ran=()
 for d in /tmp/ad/*/; do [ -e "$d/report.json" ] && ran+=("$d"); done
 if [ "${#ran[@]}" -gt 0 ]; then
   mkdir -p "$out/triage"
-  timeout -k 10 300 "$bin" triage "${ran[@]}" --out "$out/triage" --shrink-time 5s \
+  timeout -k 10 "${SMALLSEQ_TRIAGE_LIMIT:-300}" "$bin" triage "${ran[@]}" --out "$out/triage" --shrink-time 5s \
     > "$out/triage/triage.log" 2>&1
   say "triage: exit $? ($(tail -2 "$out/triage/triage.log" | head -1))"
   grep -E '^[0-9]+\. ' "$out/triage/triage.log" | head -30 | tee -a "$log"

@@ -42,6 +42,10 @@ stage clippy env SMALLSEQ_HIP_CLANG=none HIP_PATH="${HIP_PATH:-/usr}" \
 stage structure python3 ci/structure.py --check
 fi
 [ "$part" = lint ] && exit 0
+# The triage tests write and run standalone scripts, which need numpy and safetensors: the venv
+# of ci/python-kit.sh (made by ci/prereqs.sh under .ci/run), not whatever python3 is on PATH.
+SMALLSEQ_PYTHON=${SMALLSEQ_PYTHON:-$(ci/python-kit.sh)} || exit 2
+export SMALLSEQ_PYTHON
 stage tests cargo test --workspace --release "${features[@]}"
 # The binary `cargo test` built for the CLI tests (with the same features): `cargo run` would
 # resolve the dependencies' features without the dev-dependencies and compile again.

@@ -37,12 +37,25 @@ fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Whether python3 with numpy and safetensors is here (the adapter kit's requirements).
+/// The Python that triage writes scripts with (`SMALLSEQ_PYTHON`, else python3).
+fn python() -> String {
+    smallseq::harness::triage_script::python()
+}
+
+/// Whether that Python has numpy and safetensors (the adapter kit's requirements). Where
+/// `SMALLSEQ_PYTHON` names one (as `.ci/run` does, from ci/python-kit.sh), it must have them.
 fn python_kit() -> bool {
-    Command::new("python3")
+    let ok = Command::new(python())
         .args(["-c", "import numpy, safetensors"])
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    let configured = std::env::var("SMALLSEQ_PYTHON").is_ok_and(|p| !p.trim().is_empty());
+    assert!(
+        ok || !configured,
+        "SMALLSEQ_PYTHON={} lacks numpy or safetensors",
+        python()
+    );
+    ok
 }
 
 fn campaign(out: &Path, extra: &[&str]) {
@@ -57,10 +70,10 @@ fn campaign(out: &Path, extra: &[&str]) {
 /// Runs a group's standalone script, which must reproduce the failure (exit 1).
 fn script_reproduces(script: &str) {
     if !python_kit() {
-        println!("SKIP: running {script}: python3 with numpy and safetensors is not here");
+        println!("SKIP: running {script}: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
         return;
     }
-    let o = run(Command::new("python3").arg(script));
+    let o = run(Command::new(python()).arg(script));
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{script}: {text}");
     assert!(text.contains("REPRODUCED"), "{text}");
@@ -112,7 +125,17 @@ fn a_planted_bug_triages_as_defects_with_their_clause_and_scripts() {
     );
     let md = std::fs::read_to_string(dir.join("triage.md")).unwrap();
     assert!(md.contains("- verdict: **defect**") && md.contains("- breaks: docs/semantics.md"));
-    // The scripts need numpy alone.
+    // The scripts need numpy alone; without it, the group says why it has none.
+    if !python_kit() {
+        let note = groups[0]["script_note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("numpy") && note.contains("SMALLSEQ_PYTHON"),
+            "{note}"
+        );
+        println!("SKIP: writing the scripts: no Python with numpy and safetensors");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let script = groups[0]["script"].as_str().unwrap_or_else(|| {
         panic!("no script: {}", groups[0]["script_note"]);
     });
@@ -180,7 +203,7 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
         implementation: "cpu".into(),
         property: f["property"].as_str().unwrap().into(),
         tensor: smallseq::harness::triage::tensor_of(detail),
-        class: smallseq::harness::triage::class_of(&case),
+        class: smallseq::harness::triage::signature_class(&case),
         pattern: smallseq::harness::triage::pattern(detail),
         range_limit: false,
     };
@@ -230,12 +253,12 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
 #[test]
 fn an_exec_campaign_triages_through_its_worker_and_scripts_its_adapter() {
     if !python_kit() {
-        println!("SKIP: python3 with numpy and safetensors is not here");
+        println!("SKIP: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let planted = root.join("adapters/tests/planted.py");
-    let worker = format!("python3 {} --plant last-key", planted.display());
+    let worker = format!("{} {} --plant last-key", python(), planted.display());
     let dir = tmp("exec");
     campaign(
         &dir,

@@ -295,12 +295,21 @@ class Lse(unittest.TestCase):
         self.assertEqual(n, 2)
         np.testing.assert_array_equal(got, np.float32([[-np.inf, 1e-30], [0.0, 2.0], [-np.inf, 0.5]]))
 
+    def test_underflow_maps_only_values_whose_exp_is_zero_in_no_key_rows(self):
+        lse = np.float32([[-65535.0, -700.0], [-9e4, 1.5], [-746.0, -745.0]])
+        got, n = kit.map_no_key_lse(lse, np.array([True, False, True]), "underflow")
+        self.assertEqual(n, 3)
+        np.testing.assert_array_equal(got, np.float32([[-np.inf, -700.0], [-9e4, 1.5], [-np.inf, -np.inf]]))
+
     def test_classify_no_key_lse(self):
         self.assertEqual(kit.classify_no_key_lse([np.inf, np.inf]), "+inf")
         self.assertEqual(kit.classify_no_key_lse([-np.inf]), "-inf")
         self.assertEqual(kit.classify_no_key_lse([np.nan, np.nan]), "nan")
         self.assertEqual(kit.classify_no_key_lse([0.0, -0.0]), "0")
-        for bad in ([np.inf, 0.0], [-3.4e38], [], [0.69314718]):
+        # cuDNN's, measured on the H200 (2026-12-03): finite, and 0 once exponentiated
+        self.assertEqual(kit.classify_no_key_lse([-65535.07, -65534.83]), "underflow")
+        self.assertEqual(kit.classify_no_key_lse([-3.4e38, -745.0]), "underflow")
+        for bad in ([np.inf, 0.0], [-744.0], [-65535.0, -np.inf], [], [0.69314718]):
             with self.assertRaises(kit.Internal, msg=str(bad)):
                 kit.classify_no_key_lse(bad)
 

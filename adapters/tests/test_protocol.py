@@ -85,12 +85,14 @@ class Loop(unittest.TestCase):
         return kit.Adapter("probed", "1", ref.caps, run, no_key_lse=kit.PROBE)
 
     def test_a_probed_convention_is_measured_declared_and_mapped(self):
-        for value, name in ((np.inf, "+inf"), (0.0, "0"), (np.nan, "nan"), (-np.inf, "-inf")):
+        for value, name in ((np.inf, "+inf"), (0.0, "0"), (np.nan, "nan"), (-np.inf, "-inf"), (-65535.0, "underflow")):
             case = self.case_file(mask="causal_bottom_right", lens_q=[3], lens_kv=[1])
             req = self.run_req(1, case)
             hs, (reply,) = self.converse(self.probing_adapter(value), [req])
             self.assertEqual(hs["provenance"]["no_key_lse"], name)
             self.assertIn("probe", hs["provenance"]["no_key_lse_source"])
+            probed = float(hs["provenance"]["no_key_lse_probed"].split(", ")[0])
+            self.assertTrue(probed == value or (np.isnan(probed) and np.isnan(value)), name)
             self.assertTrue(reply["ok"], reply)
             lse = kit.read_safetensors(req["out"])[0]["lse"][1]
             # rows 0, 1 see no key (mapped to -inf); row 2 sees the one key
@@ -100,7 +102,7 @@ class Loop(unittest.TestCase):
     def test_a_probe_that_finds_no_convention_stops_the_worker_before_its_handshake(self):
         out = io.StringIO()
         with self.assertRaises(SystemExit) as e:
-            kit.serve(self.probing_adapter(-3.3e38), io.StringIO(""), out)
+            kit.serve(self.probing_adapter(-3.5), io.StringIO(""), out)
         self.assertIn("no single no-key LSE convention", str(e.exception))
         self.assertEqual(out.getvalue(), "")
 

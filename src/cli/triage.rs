@@ -43,7 +43,8 @@ pub struct TriageArgs {
     #[arg(long)]
     pub no_replay: bool,
     /// The adapters folder, which holds standalone.py (default: SMALLSEQ_ADAPTERS, else the
-    /// source tree's adapters/ this binary was built from, else ./adapters).
+    /// source tree's adapters/ this binary was built from, else ./adapters). It runs under
+    /// SMALLSEQ_PYTHON when set, else python3, which needs numpy and safetensors.
     #[arg(long)]
     pub adapters: Option<PathBuf>,
 }
@@ -144,6 +145,7 @@ fn one_group(
             evidence: Vec::new(),
         },
         cases,
+        classes: g.classes(),
     };
     let Some((item, path, shrunk)) = g.representative() else {
         t.finding.evidence.push(format!(

@@ -44,7 +44,10 @@ pub struct Signature {
     pub property: String,
     /// The first output tensor the detail names, or `-`.
     pub tensor: String,
-    /// Dtype, path, shape class and mask of the case (`-` where the capsule is unreadable).
+    /// Dtype and passes of the case (`-` where the capsule is unreadable). The path, heads and
+    /// mask are not part of it: one implementation's one error pattern in one dtype is one
+    /// finding to read first, and an H200 triage that split them made 224 groups of 638
+    /// failures. Which of those the members span is in [`Group::classes`].
     pub class: String,
     /// The detail with its numbers and indices taken out.
     pub pattern: String,
@@ -64,6 +67,8 @@ pub struct Item {
     pub capsule: Option<PathBuf>,
     pub shrunk: Option<PathBuf>,
     pub signature: Signature,
+    /// The case's whole class ([`class_of`]): dtype, path, heads, passes, mask.
+    pub class: String,
 }
 
 /// The failures of one signature, most frequent first.
@@ -87,6 +92,17 @@ impl Group {
                 .min_by_key(|(_, p, _)| size(p))
         };
         pick(true).or_else(|| pick(false))
+    }
+
+    /// The members' whole classes with how many members each holds, the largest first.
+    pub fn classes(&self) -> Vec<(String, usize)> {
+        let mut n: BTreeMap<&str, usize> = BTreeMap::new();
+        for i in &self.items {
+            *n.entry(&i.class).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = n.into_iter().map(|(c, k)| (c.to_string(), k)).collect();
+        v.sort_by_key(|(_, k)| std::cmp::Reverse(*k));
+        v
     }
 }
 
@@ -162,7 +178,13 @@ pub fn tensor_of(detail: &str) -> String {
         .to_string()
 }
 
-/// A case's class: dtype, the forward path, the shape class (heads, passes) and the mask.
+/// The part of a case's class that a signature holds: dtype and passes.
+pub fn signature_class(case: &Case) -> String {
+    let passes = if case.d_o.is_some() { "fwd+bwd" } else { "fwd" };
+    format!("{} {passes}", case.config.dtype)
+}
+
+/// A case's whole class: dtype, the forward path, the shape class (heads, passes) and the mask.
 pub fn class_of(case: &Case) -> String {
     let p = &case.config.params;
     let heads = match (p.num_heads, p.num_kv_heads) {
@@ -224,10 +246,11 @@ pub fn load(dirs: &[PathBuf]) -> Result<Vec<Item>, TriageError> {
         for (entry, range_limit) in listed {
             let capsule = locate(dir, &entry.capsule);
             let shrunk = entry.shrunk_capsule.as_deref().and_then(|s| locate(dir, s));
-            let class = capsule
-                .as_deref()
-                .and_then(|c| read_case(c).ok())
-                .map_or_else(|| "-".to_string(), |c| class_of(&c));
+            let case = capsule.as_deref().and_then(|c| read_case(c).ok());
+            let (class, whole) = case.as_ref().map_or_else(
+                || ("-".to_string(), "-".to_string()),
+                |c| (signature_class(c), class_of(c)),
+            );
             let signature = Signature {
                 implementation: rep.worker.clone().unwrap_or_else(|| rep.backend.clone()),
                 property: entry.property.clone(),
@@ -244,6 +267,7 @@ pub fn load(dirs: &[PathBuf]) -> Result<Vec<Item>, TriageError> {
                 capsule,
                 shrunk,
                 signature,
+                class: whole,
             });
         }
     }
@@ -284,5 +308,73 @@ mod tests {
         );
         assert_eq!(tensor_of("scaling v (and d_o) by 2: dq[1, 2, 3] = 4"), "dq");
         assert_eq!(tensor_of("eligibility: path fallback"), "-");
+    }
+
+    fn item(case: u64, detail: &str, class: &str) -> Item {
+        let entry = FailureEntry {
+            case,
+            property: "numeric_agreement".into(),
+            detail: detail.into(),
+            capsule: format!("case-{case}.safetensors"),
+            shrunk_capsule: None,
+            shrunk_size: None,
+            repro: String::new(),
+        };
+        Item {
+            dir: PathBuf::from("run"),
+            signature: Signature {
+                implementation: "cpu".into(),
+                property: entry.property.clone(),
+                tensor: tensor_of(detail),
+                class: class.split(' ').next().unwrap().to_string() + " fwd+bwd",
+                pattern: pattern(detail),
+                range_limit: false,
+            },
+            entry,
+            backend: "cpu".into(),
+            profile: "te-2.10".into(),
+            capsule: None,
+            shrunk: None,
+            class: class.into(),
+        }
+    }
+
+    #[test]
+    fn masks_and_paths_share_a_group_that_lists_them_and_inf_is_a_group_apart() {
+        let a = "f16 fallback mha fwd+bwd causal";
+        let b = "f16 small_seq gqa fwd+bwd padding";
+        let groups = group(vec![
+            item(
+                1,
+                "dk: max error 1e-2 > threshold 3e-3 (emulation error 1e-4)",
+                a,
+            ),
+            item(
+                2,
+                "dk: max error 2e-2 > threshold 4e-3 (emulation error 2e-4)",
+                b,
+            ),
+            item(
+                3,
+                "dk: max error 5e-2 > threshold 4e-3 (emulation error 2e-4)",
+                a,
+            ),
+            item(
+                4,
+                "dk: max error inf > threshold 7e4 (emulation error 1e1)",
+                a,
+            ),
+            item(
+                5,
+                "dk: max error 1e-2 > threshold 3e-3 (emulation error 1e-4)",
+                "bf16 fallback mha fwd+bwd causal",
+            ),
+        ]);
+        let sizes: Vec<usize> = groups.iter().map(|g| g.items.len()).collect();
+        assert_eq!(sizes, [3, 1, 1]);
+        assert_eq!(
+            groups[0].classes(),
+            [(a.to_string(), 2), (b.to_string(), 1)]
+        );
     }
 }

@@ -22,6 +22,17 @@ pub struct Triaged {
     pub finding: Finding,
     /// `DIR: case N` of every member.
     pub cases: Vec<String>,
+    /// The members' whole classes (dtype, path, heads, passes, mask), with their counts.
+    pub classes: Vec<(String, usize)>,
+}
+
+/// The first `shown` of `all`, `; `-separated, and how many more there are.
+fn listing(all: &[String], shown: usize) -> String {
+    let head = all[..all.len().min(shown)].join("; ");
+    match all.len().saturating_sub(shown) {
+        0 => head,
+        more => format!("{head}; and {more} more"),
+    }
 }
 
 /// The whole triage.
@@ -73,7 +84,8 @@ impl Triage {
                 g.count
             );
             s += &format!(
-                "- signature: implementation `{}`, property `{}`, tensor `{}`, class `{}`{}, \
+                "- signature: implementation `{}`, property `{}`, tensor `{}`, dtype and passes \
+                 `{}`{}, \
                  pattern `{}`\n",
                 sig.implementation,
                 sig.property,
@@ -112,17 +124,11 @@ impl Triage {
             for e in &g.finding.evidence {
                 s += &format!("  - {e}\n");
             }
-            let shown: Vec<&str> = g.cases.iter().take(12).map(String::as_str).collect();
-            let more = g.cases.len().saturating_sub(shown.len());
-            s += &format!(
-                "- cases: {}{}\n",
-                shown.join("; "),
-                if more > 0 {
-                    format!("; and {more} more")
-                } else {
-                    String::new()
-                }
-            );
+            let spans: Vec<String> = (g.classes.iter())
+                .map(|(c, n)| format!("{n} x {c}"))
+                .collect();
+            s += &format!("- classes: {}\n", listing(&spans, 8));
+            s += &format!("- cases: {}\n", listing(&g.cases, 12));
         }
         s
     }

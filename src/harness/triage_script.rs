@@ -38,6 +38,15 @@ pub fn recorded_adapter(case: &Case, adapters: &Path) -> Option<(PathBuf, Vec<St
     path.is_file().then(|| (path, words[at + 1..].to_vec()))
 }
 
+/// The Python that writes the scripts: `SMALLSEQ_PYTHON` (a venv with numpy and safetensors,
+/// as `ci/python-kit.sh` makes), else `python3` from `PATH`.
+pub fn python() -> String {
+    std::env::var("SMALLSEQ_PYTHON")
+        .ok()
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| "python3".into())
+}
+
 /// Writes the standalone script of `capsule` to `dest`; the reason, in one sentence, where
 /// none can be written.
 pub fn write(
@@ -53,7 +62,8 @@ pub fn write(
                 .into(),
         );
     };
-    let mut cmd = Command::new("python3");
+    let python = python();
+    let mut cmd = Command::new(&python);
     cmd.arg(dir.join("standalone.py")).arg(capsule);
     cmd.arg("-o").arg(dest);
     match recorded_adapter(case, &dir) {
@@ -73,14 +83,20 @@ pub fn write(
     }
     let out = cmd
         .output()
-        .map_err(|e| format!("python3 could not be started: {e}"))?;
+        .map_err(|e| format!("{python} could not be started: {e}"))?;
     if out.status.success() {
         return Ok(());
     }
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.lines().last().unwrap_or("no message").trim();
+    let hint = if last.starts_with("ModuleNotFoundError") {
+        " (standalone.py needs numpy and safetensors: install them, or set SMALLSEQ_PYTHON \
+         to a Python that has them, e.g. the venv of ci/python-kit.sh)"
+    } else {
+        ""
+    };
     Err(format!(
-        "adapters/standalone.py failed ({}): {last}",
+        "adapters/standalone.py failed under {python} ({}): {last}{hint}",
         out.status
     ))
 }
