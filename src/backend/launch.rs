@@ -1,6 +1,7 @@
 //! What a GPU launch needs, shared by the CUDA and HIP backends: the kernel family, the
 //! launch scalars and the raw device pointers, and how a call's config becomes them.
 
+pub use super::score_terms::{BiasArgs, BiasKind, DropArgs};
 use crate::config::AttnConfig;
 pub use crate::error::Misaligned;
 use crate::workspace::Plan;
@@ -115,41 +116,8 @@ pub struct LaunchDims {
     pub window: (i32, i32),
     /// Dropout (`docs/semantics.md` §1.8); only the scalar fallback kernels take it.
     pub drop: DropArgs,
-}
-
-/// The scalar fallback kernels' dropout arguments: the generator's key and offset, the
-/// reference's keep threshold `⌈p · 2³²⌉` (0: no dropout) and the f32 factor of a kept element.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct DropArgs {
-    pub seed: u64,
-    pub offset: u64,
-    pub keep_at: i64,
-    pub rescale: f32,
-}
-
-impl DropArgs {
-    pub const NONE: DropArgs = DropArgs {
-        seed: 0,
-        offset: 0,
-        keep_at: 0,
-        rescale: 1.0,
-    };
-
-    pub fn of(d: &smallseq_reference::Dropout) -> DropArgs {
-        if !d.is_active() {
-            return DropArgs::NONE;
-        }
-        DropArgs {
-            seed: d.seed,
-            offset: d.offset,
-            keep_at: d.threshold() as i64,
-            rescale: d.rescale() as f32,
-        }
-    }
-
-    pub fn is_active(&self) -> bool {
-        self.keep_at > 0
-    }
+    /// The additive bias (§1.9); only the scalar fallback kernels take it.
+    pub bias: BiasArgs,
 }
 
 /// Raw device pointers of one launch; 0 where unused.
@@ -172,6 +140,10 @@ pub struct Ptrs {
     pub cu_kv: u64,
     pub off_q: u64,
     pub off_kv: u64,
+    /// The bias's f32 tensor or slopes ([`BiasArgs`]).
+    pub bias: u64,
+    /// dBias `[Bb, Hb, Sq, Sk]`, in the output type.
+    pub dbias: u64,
 }
 
 /// Mask code of the kernels.
@@ -211,6 +183,7 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
         drop: DropArgs::of(&p.dropout),
+        bias: BiasArgs::of(&p.bias),
     }
 }
 
@@ -240,6 +213,13 @@ impl LaunchDims {
             && self.window.1 < 0
             && self.max_lq <= SMALL_SEQ_MAX_ROWS
             && self.max_lk <= SMALL_SEQ_MAX_ROWS;
+        if self.drop.is_active() || self.bias.is_active() {
+            return Some(
+                "small-seq kernel: computes neither dropout nor bias (docs/semantics.md §1.8, \
+                 §1.9)"
+                    .into(),
+            );
+        }
         (!ok).then(|| {
             format!(
                 "small-seq kernel: needs H == Hkv, Dqk == Dv in {}, no window and slots of at \
@@ -266,8 +246,9 @@ impl LaunchDims {
         let fits = self.dqk == self.dv
             && gpu.tiled_fwd_dims().contains(&(self.dqk as usize))
             && self.max_lq >= TILED_MIN_QUERIES
-            // The tiled kernels leave dropout to the scalar ones.
-            && !self.drop.is_active();
+            // The tiled kernels leave dropout and bias to the scalar ones.
+            && !self.drop.is_active()
+            && !self.bias.is_active();
         fits.then(|| {
             (
                 format!("fallback_fwd_tc_{suffix}_d{}", self.dqk),
@@ -398,6 +379,7 @@ pub enum Kernel {
     FallbackBwdKv,
     TiledBwdQ,
     TiledBwdKv,
+    FallbackDbias,
 }
 
 impl Kernel {
@@ -412,6 +394,7 @@ impl Kernel {
             Kernel::FallbackBwdKv => "FallbackBwdKv",
             Kernel::TiledBwdQ => "TiledBwdQ",
             Kernel::TiledBwdKv => "TiledBwdKv",
+            Kernel::FallbackDbias => "FallbackDbias",
         }
     }
 }
@@ -437,6 +420,12 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             I64(d.drop.offset as i64),
             I64(d.drop.keep_at),
             F32(d.drop.rescale),
+            Ptr(p.bias),
+            I32(d.bias.kind as i32),
+            I32(d.bias.dims[0]),
+            I32(d.bias.dims[1]),
+            I32(d.bias.dims[2]),
+            I32(d.bias.dims[3]),
         ]
     };
     let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
@@ -454,7 +443,11 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.dk),
             Ptr(p.dv),
         ],
-        Kernel::FallbackBwdQ | Kernel::FallbackBwdKv | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
+        Kernel::FallbackBwdQ
+        | Kernel::FallbackBwdKv
+        | Kernel::FallbackDbias
+        | Kernel::TiledBwdQ
+        | Kernel::TiledBwdKv => {
             let inputs = [
                 Ptr(p.q),
                 Ptr(p.k),
@@ -464,10 +457,10 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
                 Ptr(p.delta),
                 Ptr(p.rowsum),
             ];
-            let outputs: &[Arg] = if matches!(k, Kernel::FallbackBwdQ | Kernel::TiledBwdQ) {
-                &[Ptr(p.dq)]
-            } else {
-                &[Ptr(p.dk), Ptr(p.dv)]
+            let outputs: &[Arg] = match k {
+                Kernel::FallbackBwdQ | Kernel::TiledBwdQ => &[Ptr(p.dq)],
+                Kernel::FallbackDbias => &[Ptr(p.dbias)],
+                _ => &[Ptr(p.dk), Ptr(p.dv)],
             };
             [&inputs[..], outputs].concat()
         }
@@ -477,6 +470,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
+        Kernel::FallbackDbias => v.extend(fallback_tail(d.bias.grad_rows())),
         Kernel::TiledFwd | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
             let tiles = match k {
                 Kernel::TiledBwdKv => d.tiled_key_tiles(),
@@ -530,7 +524,10 @@ pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
             ("dk", p.dk),
             ("dv", p.dv),
         ],
-        Kernel::FallbackFwd | Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => &[],
+        Kernel::FallbackFwd
+        | Kernel::FallbackBwdQ
+        | Kernel::FallbackBwdKv
+        | Kernel::FallbackDbias => &[],
     };
     match tensors.iter().find(|(_, a)| a % 16 != 0) {
         Some(&(tensor, addr)) => Err(Misaligned {
@@ -588,6 +585,7 @@ mod tests {
             mask: 0,
             window: (-1, -1),
             drop: DropArgs::NONE,
+            bias: BiasArgs::NONE,
         }
     }
 

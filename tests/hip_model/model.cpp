@@ -190,8 +190,9 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
 #include "../../kernels/fallback.cu"
 // The fallback kernels' dynamic shared memory: 4 wavefronts of (Dqk + Dv) floats at most.
 alignas(16) float fb_smem[FB_WPB * 2 * FB_MAXD];
-// The fallback kernels without dropout (the model judges against a reference without it).
-#define FB_NO_DROP (FbDrop{0ull, 0ull, 0ll, 1.f})
+// The fallback kernels without dropout or bias (the model judges against a reference without
+// them): their two arguments.
+#define FB_NO_DROP FbDrop{0ull, 0ull, 0ll, 1.f}, FbBias{nullptr, 0, 0, 0, 0, 0}
 
 #ifndef PT_MFMA
 #error "the model must see the matrix-core branch of portable.h"
