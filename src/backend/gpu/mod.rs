@@ -394,6 +394,18 @@ impl<R: DeviceApi> BackendInfo for GpuBackend<R> {
         self.rt.has_small_seq()
     }
 
+    /// The scalar fallback kernels compute it (kernels/fallback.cu, `fb_drop`); a call with
+    /// dropout launches them ([`LaunchDims::tiled_fwd`]).
+    fn computes_dropout(&self) -> bool {
+        true
+    }
+
+    /// The scalar fallback kernels add it and the dBias kernel reduces its gradient
+    /// (kernels/fallback.cu, `fb_bias`, `fb_dbias`).
+    fn computes_bias(&self) -> bool {
+        true
+    }
+
     fn provenance(&self) -> BTreeMap<String, String> {
         self.rt.provenance()
     }
