@@ -312,9 +312,10 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
           fb_score(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale, bias, f.slot, h, f.r, c, f.lq, f.lk) -
           lr);
       float p = Z > 0.f ? e / Z : 0.f;
-      // A dropped key's dP is exactly 0, not 0 times a product (as the reference).
+      // A dropped key's dP is exactly 0, not 0 times a product (as the reference); a kept one's
+      // is rounded before D is taken from it (no FMA: the dBias kernel forms the same dP).
       const float z = fb_drop(drop, f.slot, H, h, f.r, c);
-      const float dpv = z == 0.f ? 0.f : fb_dot<E>(ds, v + kr * Dv, Dv) * z;
+      const float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(ds, v + kr * Dv, Dv), z);
       dsum += (double)p * (double)dpv;
     }
   }
@@ -336,7 +337,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
           lr);
       float p = Z > 0.f ? e / Z : 0.f;
       const float z = fb_drop(drop, f.slot, H, h, f.r, c);
-      float dpv = z == 0.f ? 0.f : fb_dot<E>(ds, v + kr * Dv, Dv) * z;
+      float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(ds, v + kr * Dv, Dv), z);
       dsv = p * (dpv - D);
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
@@ -407,7 +408,7 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
               lr);
           float p = Z > 0.f ? e / Z : 0.f;
           const float z = fb_drop(drop, f.slot, H, h, r, c);
-          float dpv = z == 0.f ? 0.f : fb_dot<E>(vs, d_o + qr * Dv, Dv) * z;
+          float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(vs, d_o + qr * Dv, Dv), z);
           dsv = p * (dpv - delta[qr]);
           pr = p * z;  // dV takes the dropped, rescaled P
         }
@@ -479,8 +480,8 @@ PT_INLINE void fb_dbias(const typename E::T* q, const typename E::T* k, const ty
                                lr);
         const float p = Z > 0.f ? e / Z : 0.f;
         const float z = fb_drop(drop, slot, H, h, i, c);
-        const float dpv = z == 0.f ? 0.f : fb_dot_g<E>(d_o + qr * Dv, v + kr * Dv, Dv) * z;
-        acc += p * (dpv - delta[qr]);
+        const float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot_g<E>(d_o + qr * Dv, v + kr * Dv, Dv), z);
+        acc += pt_mul_rn(p, dpv - delta[qr]);  // dS rounded before the sum, as stored
       }
     }
     O::store(dbias + (long long)item * bias.sk, c, E::round(acc));

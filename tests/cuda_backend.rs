@@ -141,6 +141,19 @@ fn rel_err(got: &[f32], want: &[f64], valid: impl Fn(usize) -> bool) -> (f64, bo
     ((num / den.max(1e-30)).sqrt(), finite)
 }
 
+/// The case as the reference takes it, with its output gradient.
+fn problem(c: &Case) -> Problem<'_> {
+    Problem::new(
+        &c.cfg.params,
+        &c.layout,
+        c.q.view(),
+        c.k.view(),
+        c.v.view(),
+        Some(c.d_o.view()),
+    )
+    .unwrap()
+}
+
 fn run_case(be: &dyn Backend, c: &Case, path: Path) -> (FwdBufs, Option<BwdBufs>) {
     run_mixed(be, c, path, path)
 }
@@ -333,7 +346,10 @@ fn fuzz_capsules_pass() {
     let Some(be) = gpu("fuzz_capsules_pass") else {
         return;
     };
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capsules/cuda");
+    // The run's CARGO_MANIFEST_DIR first: a binary built elsewhere runs from another checkout
+    // (ci/h200-reach.sh).
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    let dir = std::path::Path::new(&root).join("tests/capsules/cuda");
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -374,15 +390,7 @@ fn cuda_matches_reference() {
         } else {
             Path::Fallback
         };
-        let prob = Problem::new(
-            &c.cfg.params,
-            &c.layout,
-            c.q.view(),
-            c.k.view(),
-            c.v.view(),
-            Some(c.d_o.view()),
-        )
-        .unwrap();
+        let prob = problem(&c);
         let (rf, rg) = smallseq_reference::forward_backward(&prob);
         let rg = rg.unwrap();
         // The device-faithful emulation's own errors: what a correct kernel with these
@@ -815,16 +823,7 @@ fn score_terms_match_the_reference_and_the_cpu() {
             };
             let what = format!("{dtype} p {p} {} {}", c.cfg.params.bias.name(), mask);
             cases += 1;
-            let prob = Problem::new(
-                &c.cfg.params,
-                &c.layout,
-                c.q.view(),
-                c.k.view(),
-                c.v.view(),
-                Some(c.d_o.view()),
-            )
-            .unwrap();
-            let (rf, rg) = smallseq_reference::forward_backward(&prob);
+            let (rf, rg) = smallseq_reference::forward_backward(&problem(&c));
             let rg = rg.unwrap();
             let (go, gb) = run_case(&be, &c, Path::Fallback);
             let (co, cb) = run_case(&cpu, &c, Path::Fallback);

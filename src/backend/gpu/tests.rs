@@ -171,6 +171,19 @@ fn fwd_bufs(c: &Case, ws: usize) -> FwdBufs {
     }
 }
 
+/// The backward's guarded outputs for `c`, NaN-poisoned, with a workspace of `ws` elements.
+fn bwd_bufs(c: &Case, ws: usize, dbias: Option<DevBuf>) -> BwdBufs {
+    let (tq, h, d) = c.q.dim();
+    let (tk, hk, dv) = c.v.dim();
+    BwdBufs {
+        dq: DevBuf::new(tq * h * d, f32::NAN),
+        dk: DevBuf::new(tk * hk * d, f32::NAN),
+        dv: DevBuf::new(tk * hk * dv, f32::NAN),
+        workspace: DevBuf::new(ws, f32::NAN),
+        dbias,
+    }
+}
+
 fn uploads(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
@@ -349,8 +362,7 @@ fn failures_are_judged_alike_on_every_runtime() {
 #[test]
 fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     let c = case(Dtype::Bf16, 64, &[(5, 7), (3, 2)]);
-    let (tq, h, d) = c.q.dim();
-    let (tk, hk, dv) = c.v.dim();
+    let (tq, h, _) = c.q.dim();
     let lse = Array2::<f32>::zeros((tq, h));
     let run = |p: &Plan| {
         let be = GpuBackend::from_runtime(Fake::new());
@@ -360,13 +372,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
             lse: lse.view(),
             d_o: c.q.view(),
         };
-        let mut out = BwdBufs {
-            dq: DevBuf::new(tq * h * d, f32::NAN),
-            dk: DevBuf::new(tk * hk * d, f32::NAN),
-            dv: DevBuf::new(tk * hk * dv, f32::NAN),
-            workspace: DevBuf::new(p.total, f32::NAN),
-            dbias: None,
-        };
+        let mut out = bwd_bufs(&c, p.total, None);
         let r = be.fallback_bwd(&args, &mut out);
         (r, be.runtime().calls())
     };
@@ -452,13 +458,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
         lse: lse.view(),
         d_o: c.q.view(),
     };
-    let mut out = BwdBufs {
-        dq: DevBuf::new(tq * h * d, f32::NAN),
-        dk: DevBuf::new(tk * hk * d, f32::NAN),
-        dv: DevBuf::new(tk * hk * dv, f32::NAN),
-        workspace: DevBuf::new(small.total, f32::NAN),
-        dbias: None,
-    };
+    let mut out = bwd_bufs(&c, small.total, None);
     // The body of each guarded buffer starts GUARD elements in: 256 bytes, still aligned; a
     // buffer that is not is refused by the vector kernels.
     assert_eq!(GUARD * 4 % 16, 0);
@@ -479,8 +479,7 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
     use smallseq_reference::AttnBias;
     let mut c = case(Dtype::Bf16, 64, &[(5, 7), (3, 2)]);
     c.config.params.bias = AttnBias::PostScale(std::sync::Arc::new(Array4::zeros((1, 2, 5, 7))));
-    let (tq, h, d) = c.q.dim();
-    let (tk, hk, dv) = c.v.dim();
+    let (tq, h, _) = c.q.dim();
     let lse = Array2::<f32>::zeros((tq, h));
     let full = plan(
         Direction::Bwd,
@@ -496,13 +495,7 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
             lse: lse.view(),
             d_o: c.q.view(),
         };
-        let mut out = BwdBufs {
-            dq: DevBuf::new(tq * h * d, f32::NAN),
-            dk: DevBuf::new(tk * hk * d, f32::NAN),
-            dv: DevBuf::new(tk * hk * dv, f32::NAN),
-            workspace: DevBuf::new(full.total, f32::NAN),
-            dbias,
-        };
+        let mut out = bwd_bufs(&c, full.total, dbias);
         let r = be.fallback_bwd(&args, &mut out);
         (r, be.runtime().calls())
     };
