@@ -78,6 +78,71 @@ PT_INLINE int fb_kv_head(int h, int group) {
 #endif
 }
 
+// Dropout (docs/semantics.md §1.8), bit for bit the reference's (reference/src/dropout.rs):
+// Philox 4x32-10 keyed by the seed, counter (n_lo, n_hi, r, c) with n = offset + slot * H + h,
+// element kept when the first word is at or above keep_at = ceil(p * 2^32) (0: no dropout). The
+// backward recomputes the forward's mask from the same arguments.
+struct FbDrop {
+  unsigned long long seed, offset;
+  long long keep_at;
+  float rescale;  // fl32(1 / (1 - p)); 0 at p = 1
+};
+
+PT_INLINE unsigned fb_philox_word0(unsigned k0, unsigned k1, unsigned x0, unsigned x1, unsigned x2,
+                                   unsigned x3) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const unsigned long long p0 = 0xD2511F53ull * x0, p1 = 0xCD9E8D57ull * x2;
+    const unsigned hi0 = (unsigned)(p0 >> 32), lo0 = (unsigned)p0;
+    const unsigned hi1 = (unsigned)(p1 >> 32), lo1 = (unsigned)p1;
+    x0 = hi1 ^ x1 ^ k0;
+    x1 = lo1;
+    x2 = hi0 ^ x3 ^ k1;
+    x3 = lo0;
+  }
+  return x0;
+}
+
+// The factor of P's element (r, c) of head h in slot `slot`: 1 without dropout, else the
+// rescale when kept and 0 when dropped.
+PT_INLINE float fb_drop(const FbDrop& d, int slot, int H, int h, int r, int c) {
+  if (d.keep_at <= 0) return 1.f;
+  const unsigned long long n = d.offset + (unsigned long long)slot * (unsigned long long)H + h;
+  const unsigned w = fb_philox_word0((unsigned)d.seed, (unsigned)(d.seed >> 32), (unsigned)n,
+                                     (unsigned)(n >> 32), (unsigned)r, (unsigned)c);
+  return (long long)w >= d.keep_at ? d.rescale : 0.f;
+}
+
+// The additive bias of the scores (docs/semantics.md §1.9), as the reference's AttnBias::at32
+// (reference/src/bias.rs): kind 1 a post-scale tensor [bb, hb, sq, sk] of f32 values, a
+// dimension of 1 broadcast; kind 2 ALiBi, one f32 slope per query head, -(slope * |r + lk - lq -
+// c|) rounded once; 0 none. Added to the rounded f32 score (s = fl(fl(dot * scale) + bias)); a
+// -inf entry hides its key as the mask does.
+struct FbBias {
+  const float* t;
+  int kind, bb, hb, sq, sk;
+};
+
+PT_INLINE float fb_bias(const FbBias& B, int slot, int h, int r, int c, int lq, int lk) {
+  if (B.kind == 1) {
+    const long long plane = (long long)(B.bb == 1 ? 0 : slot) * B.hb + (B.hb == 1 ? 0 : h);
+    return B.t[(plane * B.sq + r) * B.sk + c];
+  }
+  int dist = r + (lk - lq) - c;
+  dist = dist < 0 ? -dist : dist;
+  return -pt_mul_rn(B.t[h], (float)dist);
+}
+
+// The score of (r, c): the rounded scaled dot product plus the bias, no FMA between them.
+PT_INLINE float fb_score(float dot, float scale, const FbBias& B, int slot, int h, int r, int c,
+                         int lq, int lk) {
+  const float s = pt_mul_rn(dot, scale);
+  return B.kind == 0 ? s : s + fb_bias(B, slot, h, r, c, lq, lk);
+}
+
 // Keys visible to row r: [lo, hi] (empty when lo > hi).
 PT_INLINE void fb_range(int r, int lq, int lk, int mask, int wl, int wr, int& lo, int& hi) {
   lo = 0;
@@ -104,6 +169,14 @@ PT_INLINE float fb_dot(const float* xs, const typename E::T* y, int d) {
   return acc;
 }
 
+// fb_dot with x read from memory: the same products and order, so the same value.
+template <class E>
+PT_INLINE float fb_dot_g(const typename E::T* x, const typename E::T* y, int d) {
+  float acc = 0.f;
+  for (int i = 0; i < d; ++i) acc = fb_madd<E>(acc, E::load(x, i), E::load(y, i));
+  return acc;
+}
+
 template <class E>
 PT_INLINE void fb_to_smem(float* xs, const typename E::T* x, int d) {
   for (int i = pt_lane(); i < d; i += PT_WARP) xs[i] = E::load(x, i);
@@ -114,7 +187,8 @@ template <class E, class O>
 PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                       typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
                       const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk,
-                      int Dv, long long tq, float scale, int mask, int wl, int wr, float* smem) {
+                      int Dv, long long tq, float scale, int mask, int wl, int wr, FbDrop drop,
+                      FbBias bias, float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
@@ -128,12 +202,17 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
   fb_to_smem<E>(qs, q + (t * H + h) * Dqk, Dqk);
   pt_syncwarp();
   const float ninf = -pt_inf();
+  const bool hides = bias.kind != 0;
   // Pass 1: per-lane online max/sum, then combined.
   float m = ninf, l = 0.f;
   for (int c0 = lo; c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
     if (c <= hi) {
-      float s = pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale);
+      float s = fb_score(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale, bias,
+                         f.slot, h, f.r, c, f.lq, f.lk);
+      // A key hidden by a -inf bias takes no part (exp(-inf - -inf) would be NaN). Only with a
+      // bias: a case without one keeps its outputs bit for bit.
+      if (hides && s == ninf) continue;
       if (s > m) {
         l = l * pt_exp(m - s) + 1.f;
         m = s;
@@ -150,9 +229,13 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
   for (int c0 = lo; c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
     float p = 0.f;
-    if (c <= hi) {
-      float s = pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale);
+    const float s = c <= hi ? fb_score(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk),
+                                       scale, bias, f.slot, h, f.r, c, f.lq, f.lk)
+                            : ninf;
+    if (c <= hi && !(hides && s == ninf)) {
       p = E::round(pt_exp(s - M) / L);
+      // L sums every key; P·V takes only the kept ones, the rescale comes at the end.
+      if (fb_drop(drop, f.slot, H, h, f.r, c) == 0.f) p = 0.f;
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
     for (int cc = 0; cc < n; ++cc) {
@@ -166,6 +249,10 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
     }
   }
   typename O::T* orow = o + (t * H + h) * Dv;
+  if (drop.keep_at > 0) {
+#pragma unroll
+    for (int j = 0; j < FB_NJ; ++j) acc[j] *= drop.rescale;
+  }
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
     int d = lane + j * PT_WARP;
@@ -175,7 +262,8 @@ PT_INLINE void fb_fwd(const typename E::T* q, const typename E::T* k, const type
     if (d < Dv) O::store(orow, d, E::round(acc[j]));
 #endif
   }
-  if (lane == 0) lse[t * H + h] = lo <= hi ? M + pt_log(L) : ninf;
+  // A row whose every key is hidden (masked, or by a -inf bias) has L = 0 and lse = -inf.
+  if (lane == 0) lse[t * H + h] = (hides ? L > 0.f : lo <= hi) ? M + pt_log(L) : ninf;
 }
 
 // Backward, query side: Z = Σ exp(s - lse) and delta = Σ P·dP (workspace) and dq for every
@@ -185,7 +273,8 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
                         const typename E::T* d_o, const float* lse, float* delta, float* rowsum,
                         typename O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,
                         const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq,
-                        float scale, int mask, int wl, int wr, float* smem) {
+                        float scale, int mask, int wl, int wr, FbDrop drop, FbBias bias,
+                        float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tq * H) return;
@@ -207,7 +296,9 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
   for (int c0 = lo; live && c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
     if (c <= hi)
-      zsum += pt_exp(pt_mul_rn(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale) - lr);
+      zsum += pt_exp(fb_score(fb_dot<E>(qs, k + ((f.ok + c) * Hkv + hk) * Dqk, Dqk), scale, bias,
+                              f.slot, h, f.r, c, f.lq, f.lk) -
+                     lr);
   }
   const float Z = pt_warp_sum(zsum);
   // D in f64: every dS = P (dP - D) of a peaked row cancels against it, so its f32 rounding
@@ -217,9 +308,15 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     int c = c0 + lane;
     if (c <= hi) {
       long long kr = (f.ok + c) * Hkv + hk;
-      float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
+      float e = pt_exp(
+          fb_score(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale, bias, f.slot, h, f.r, c, f.lq, f.lk) -
+          lr);
       float p = Z > 0.f ? e / Z : 0.f;
-      dsum += (double)p * (double)fb_dot<E>(ds, v + kr * Dv, Dv);
+      // A dropped key's dP is exactly 0, not 0 times a product (as the reference); a kept one's
+      // is rounded before D is taken from it (no FMA: the dBias kernel forms the same dP).
+      const float z = fb_drop(drop, f.slot, H, h, f.r, c);
+      const float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(ds, v + kr * Dv, Dv), z);
+      dsum += (double)p * (double)dpv;
     }
   }
   const float D = (float)pt_warp_sum_d(dsum);
@@ -235,9 +332,12 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     float dsv = 0.f;
     if (c <= hi) {
       long long kr = (f.ok + c) * Hkv + hk;
-      float e = pt_exp(pt_mul_rn(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale) - lr);
+      float e = pt_exp(
+          fb_score(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale, bias, f.slot, h, f.r, c, f.lq, f.lk) -
+          lr);
       float p = Z > 0.f ? e / Z : 0.f;
-      float dpv = fb_dot<E>(ds, v + kr * Dv, Dv);
+      const float z = fb_drop(drop, f.slot, H, h, f.r, c);
+      float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(ds, v + kr * Dv, Dv), z);
       dsv = p * (dpv - D);
     }
     int n = hi - c0 + 1 < PT_WARP ? hi - c0 + 1 : PT_WARP;
@@ -266,7 +366,7 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
                          const float* rowsum, typename O::T* dk, typename O::T* dv, const int* cu_q,
                          const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,
                          int Hkv, int Dqk, int Dv, long long tk, float scale, int mask, int wl,
-                         int wr, float* smem) {
+                         int wr, FbDrop drop, FbBias bias, float* smem) {
   const int w = pt_tid() / PT_WARP, lane = pt_lane();
   long long item = pt_bid() * FB_WPB + w;
   if (item >= tk * Hkv) return;
@@ -303,11 +403,14 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
         float lr = lse[qr];
         if (c >= lo && c <= hi && lr != ninf) {
           const float Z = rowsum[qr];
-          float e = pt_exp(pt_mul_rn(fb_dot<E>(ks, q + qr * Dqk, Dqk), scale) - lr);
+          float e = pt_exp(
+              fb_score(fb_dot<E>(ks, q + qr * Dqk, Dqk), scale, bias, f.slot, h, r, c, lq, lk) -
+              lr);
           float p = Z > 0.f ? e / Z : 0.f;
-          float dpv = fb_dot<E>(vs, d_o + qr * Dv, Dv);
+          const float z = fb_drop(drop, f.slot, H, h, r, c);
+          float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(vs, d_o + qr * Dv, Dv), z);
           dsv = p * (dpv - delta[qr]);
-          pr = p;
+          pr = p * z;  // dV takes the dropped, rescaled P
         }
       }
       int n = lq - r0 < PT_WARP ? lq - r0 : PT_WARP;
@@ -334,6 +437,54 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
     int d = lane + j * PT_WARP;
     if (d < Dqk) O::store(dk + (t * Hkv + hk) * Dqk, d, E::round(FB_GROUP_PARTIALS ? ak[j] : ak[j] * scale));
     if (d < Dv) O::store(dv + (t * Hkv + hk) * Dv, d, E::round(av[j]));
+  }
+}
+
+// dBias of a post-scale bias: one work item per row (bb, hh, i) of the [Bb, Hb, Sq, Sk] tensor,
+// lanes over its keys. Each element sums the f32 dS of the slots and heads that read it, in slot
+// then head order (the CPU backend's store_dbias: deterministic, no atomics), and is rounded to
+// the input type once; an element no slot reads is 0. dS = P (dP - D) is recomputed exactly as
+// the query side forms it (same products, same order, its stored D and Z), so it is that
+// kernel's dS bit for bit; it runs after the query side.
+template <class E, class O>
+PT_INLINE void fb_dbias(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                        const typename E::T* d_o, const float* lse, const float* delta,
+                        const float* rowsum, typename O::T* dbias, const int* cu_q,
+                        const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,
+                        int Hkv, int Dqk, int Dv, long long rows, float scale, int mask, int wl,
+                        int wr, FbDrop drop, FbBias bias) {
+  const int w = pt_tid() / PT_WARP, lane = pt_lane();
+  const long long item = pt_bid() * FB_WPB + w;
+  if (item >= rows) return;  // rows = bb * hb * sq
+  const int i = (int)(item % bias.sq);
+  const int plane = (int)(item / bias.sq), bb = plane / bias.hb, hh = plane % bias.hb;
+  const float ninf = -pt_inf();
+  const int s0 = bias.bb == 1 ? 0 : bb, s1 = bias.bb == 1 ? b : bb + 1;
+  const int h0 = bias.hb == 1 ? 0 : hh, h1 = bias.hb == 1 ? H : hh + 1;
+  for (int c = lane; c < bias.sk; c += PT_WARP) {
+    float acc = 0.f;
+    for (int slot = s0; slot < s1; ++slot) {
+      const int lq = cu_q[slot + 1] - cu_q[slot], lk = cu_kv[slot + 1] - cu_kv[slot];
+      if (i >= lq || c >= lk) continue;
+      int lo, hi;
+      fb_range(i, lq, lk, mask, wl, wr, lo, hi);
+      if (c < lo || c > hi) continue;
+      const long long t = (long long)off_q[slot] + i, kt = (long long)off_kv[slot] + c;
+      for (int h = h0; h < h1; ++h) {
+        const long long qr = t * H + h, kr = kt * Hkv + fb_kv_head(h, H / Hkv);
+        const float lr = lse[qr];
+        if (lr == ninf) continue;
+        const float Z = rowsum[qr];
+        const float e = pt_exp(fb_score(fb_dot_g<E>(q + qr * Dqk, k + kr * Dqk, Dqk), scale, bias,
+                                        slot, h, i, c, lq, lk) -
+                               lr);
+        const float p = Z > 0.f ? e / Z : 0.f;
+        const float z = fb_drop(drop, slot, H, h, i, c);
+        const float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot_g<E>(d_o + qr * Dv, v + kr * Dv, Dv), z);
+        acc += pt_mul_rn(p, dpv - delta[qr]);  // dS rounded before the sum, as stored
+      }
+    }
+    O::store(dbias + (long long)item * bias.sk, c, E::round(acc));
   }
 }
 
@@ -1197,31 +1348,48 @@ FT_KERNELS(256)
 #endif
 
 
+// Dropout's arguments by value, in args_of's order (src/backend/launch.rs).
+#define FB_DROP_PARAMS \
+  unsigned long long drop_seed, unsigned long long drop_offset, long long drop_keep_at, float drop_rescale
+#define FB_DROP_ARG FbDrop{drop_seed, drop_offset, drop_keep_at, drop_rescale}
+// The bias's tensor (or slopes) and its kind and dims, in args_of's order.
+#define FB_BIAS_PARAMS \
+  const float *bias, int bias_kind, int bias_b, int bias_h, int bias_sq, int bias_sk
+#define FB_BIAS_ARG FbBias{bias, bias_kind, bias_b, bias_h, bias_sq, bias_sk}
+
 #define FB_KERNELS(SUF, E, O)                                                                  \
   PT_KERNEL void fallback_fwd_##SUF(const E::T* q, const E::T* k, const E::T* v, O::T* o,       \
                                     float* lse, const int* cu_q, const int* cu_kv,              \
                                     const int* off_q, const int* off_kv, int b, int H, int Hkv, \
                                     int Dqk, int Dv, long long tq, float scale, int mask,       \
-                                    int wl, int wr) {                                           \
+                                    int wl, int wr, FB_DROP_PARAMS, FB_BIAS_PARAMS) {           \
     fb_fwd<E, O>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk, Dv, tq, scale,    \
-                 mask, wl, wr, fb_smem);                                                        \
+                 mask, wl, wr, FB_DROP_ARG, FB_BIAS_ARG, fb_smem);                              \
   }                                                                                             \
   PT_KERNEL void fallback_bwd_q_##SUF(                                                          \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       float* delta, float* rowsum, O::T* dq, const int* cu_q, const int* cu_kv, const int* off_q,              \
       const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tq, float scale,     \
-      int mask, int wl, int wr) {                                                               \
+      int mask, int wl, int wr, FB_DROP_PARAMS, FB_BIAS_PARAMS) {                               \
     fb_bwd_q<E, O>(q, k, v, d_o, lse, delta, rowsum, dq, cu_q, cu_kv, off_q, off_kv, b, H, Hkv, Dqk,    \
-                   Dv, tq, scale, mask, wl, wr, fb_smem);                                       \
+                   Dv, tq, scale, mask, wl, wr, FB_DROP_ARG, FB_BIAS_ARG, fb_smem);             \
   }                                                                                             \
   PT_KERNEL void fallback_bwd_kv_##SUF(                                                         \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
       const float* delta, const float* rowsum, O::T* dk, O::T* dv, const int* cu_q,             \
       const int* cu_kv,                                                                         \
       const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv, long long tk, \
-      float scale, int mask, int wl, int wr) {                                                  \
+      float scale, int mask, int wl, int wr, FB_DROP_PARAMS, FB_BIAS_PARAMS) {                  \
     fb_bwd_kv<E, O>(q, k, v, d_o, lse, delta, rowsum, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, Hkv,    \
-                    Dqk, Dv, tk, scale, mask, wl, wr, fb_smem);                                 \
+                    Dqk, Dv, tk, scale, mask, wl, wr, FB_DROP_ARG, FB_BIAS_ARG, fb_smem);       \
+  }                                                                                             \
+  PT_KERNEL void fallback_dbias_##SUF(                                                          \
+      const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \
+      const float* delta, const float* rowsum, O::T* dbias, const int* cu_q, const int* cu_kv,  \
+      const int* off_q, const int* off_kv, int b, int H, int Hkv, int Dqk, int Dv,              \
+      long long rows, float scale, int mask, int wl, int wr, FB_DROP_PARAMS, FB_BIAS_PARAMS) {  \
+    fb_dbias<E, O>(q, k, v, d_o, lse, delta, rowsum, dbias, cu_q, cu_kv, off_q, off_kv, b, H,    \
+                   Hkv, Dqk, Dv, rows, scale, mask, wl, wr, FB_DROP_ARG, FB_BIAS_ARG);          \
   }
 
 FB_KERNELS(bf16, BF16, BF16)

@@ -1,12 +1,13 @@
 //! CUDA backend against the f64 reference and the CPU backend on random cases (skips without a
-//! device). `SMALLSEQ_BENCH=1` also runs the benchmark (`src/cli/bench.rs`).
+//! device), dropout and bias included (`docs/semantics.md` §1.8, §1.9). `SMALLSEQ_BENCH=1`
+//! also runs the benchmark (`src/cli/bench.rs`).
 #![cfg(feature = "cuda")]
 
 #[allow(dead_code)]
 #[path = "../src/cli/bench.rs"]
 mod bench;
 
-use ndarray::Array3;
+use ndarray::{Array3, Array4};
 use smallseq::backend::gpu::cuda::CudaBackend;
 use smallseq::backend::{cpu::CpuBackend, Backend, BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use smallseq::case_file::read_case;
@@ -16,7 +17,8 @@ use smallseq::harness::repro::rerun;
 use smallseq::harness::rng::{Draw, Rng};
 use smallseq::workspace::{plan, Direction, Shape};
 use smallseq::AttnConfig;
-use smallseq_reference::{Dtype, Layout, Mask, Problem, Side, Window};
+use smallseq_reference::{AttnBias, Dtype, Layout, Mask, Problem, Side, Window};
+use std::sync::Arc;
 
 struct Case {
     cfg: AttnConfig,
@@ -139,6 +141,19 @@ fn rel_err(got: &[f32], want: &[f64], valid: impl Fn(usize) -> bool) -> (f64, bo
     ((num / den.max(1e-30)).sqrt(), finite)
 }
 
+/// The case as the reference takes it, with its output gradient.
+fn problem(c: &Case) -> Problem<'_> {
+    Problem::new(
+        &c.cfg.params,
+        &c.layout,
+        c.q.view(),
+        c.k.view(),
+        c.v.view(),
+        Some(c.d_o.view()),
+    )
+    .unwrap()
+}
+
 fn run_case(be: &dyn Backend, c: &Case, path: Path) -> (FwdBufs, Option<BwdBufs>) {
     run_mixed(be, c, path, path)
 }
@@ -194,7 +209,11 @@ fn run_mixed(
         dk: DevBuf::new(tk * p.num_kv_heads * p.head_dim_qk, f32::NAN),
         dv: DevBuf::new(tk * p.num_kv_heads * p.head_dim_v, f32::NAN),
         workspace: DevBuf::new(bplan.total, f32::NAN),
-        dbias: None,
+        // Poisoned: a backend that computes bias writes every element.
+        dbias: p
+            .bias
+            .grad_shape()
+            .map(|s| DevBuf::new(s.iter().product(), f32::NAN)),
     };
     match bwd_path {
         Path::SmallSeq => be.small_seq_bwd(&ba, &mut bo).unwrap(),
@@ -327,7 +346,10 @@ fn fuzz_capsules_pass() {
     let Some(be) = gpu("fuzz_capsules_pass") else {
         return;
     };
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capsules/cuda");
+    // The run's CARGO_MANIFEST_DIR first: a binary built elsewhere runs from another checkout
+    // (ci/h200-reach.sh).
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    let dir = std::path::Path::new(&root).join("tests/capsules/cuda");
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -368,15 +390,7 @@ fn cuda_matches_reference() {
         } else {
             Path::Fallback
         };
-        let prob = Problem::new(
-            &c.cfg.params,
-            &c.layout,
-            c.q.view(),
-            c.k.view(),
-            c.v.view(),
-            Some(c.d_o.view()),
-        )
-        .unwrap();
+        let prob = problem(&c);
         let (rf, rg) = smallseq_reference::forward_backward(&prob);
         let rg = rg.unwrap();
         // The device-faithful emulation's own errors: what a correct kernel with these
@@ -579,4 +593,274 @@ fn bench_when_asked() {
         out,
     };
     bench::run(&args).unwrap();
+}
+
+/// The campaign's own dropout and bias cases (every p it draws, post-scale tensors of every
+/// broadcast shape and ALiBi) pass every property on the device, as on the CPU
+/// (tests/bias_cases.rs): forward and backward against the reference, dBias included.
+#[test]
+fn campaign_dropout_and_bias_cases_pass_every_property() {
+    use smallseq::config::Bias;
+    use smallseq::dispatch::Profile;
+    use smallseq::harness::campaign::case_seed;
+    use smallseq::harness::gen::{build, draw_geometry_for};
+    use smallseq::harness::props::Outcome;
+    let Some(be) = gpu("campaign_dropout_and_bias_cases_pass_every_property") else {
+        return;
+    };
+    let seed = 35;
+    eprintln!("campaign seed {seed}");
+    // Per class: p = 0.1, 0.5, 0.9, 1.0, a post-scale tensor, ALiBi.
+    let mut want = [6usize; 6];
+    let checker = Checker::isolated(&be);
+    let mut failed = Vec::new();
+    for i in 0..200_000u64 {
+        if want.iter().all(|&n| n == 0) {
+            break;
+        }
+        let cs = case_seed(seed, i);
+        let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
+        let p = g.config.params.dropout.p;
+        let class = match (&g.config.bias, p) {
+            (Bias::PostScale(_), _) => 4,
+            (Bias::Alibi, _) => 5,
+            (_, p) if p > 0.0 => [0.1, 0.5, 0.9, 1.0]
+                .iter()
+                .position(|&x| x == p)
+                .unwrap_or(0),
+            _ => continue,
+        };
+        if want[class] == 0 {
+            continue;
+        }
+        want[class] -= 1;
+        let case = build(&g, cs ^ 0xda7a).unwrap();
+        let run = checker.check(&case, i).unwrap();
+        for (prop, o) in &run.outcomes {
+            if let Outcome::Fail(f) = o {
+                failed.push(format!("case {i} (seed {cs}): {prop}: {f:?}"));
+            }
+        }
+    }
+    assert_eq!(
+        want, [0; 6],
+        "the campaign drew too few cases of some class"
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// `n` values of `dtype` drawn uniform in [-2, 2).
+fn uniform(r: &mut Rng, dtype: Dtype, shape: (usize, usize, usize)) -> Array3<f32> {
+    Array3::from_shape_simple_fn(shape, || {
+        dtype.round((r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0)
+    })
+}
+
+/// Dropout's keep mask on the device is the reference's, element for element: with Q = 0 every
+/// visible key has the same P, and a one-hot V (key c of a slot: dimension c) puts element
+/// (r, c) of the mask in o[r, h, c], 0 exactly where it drops.
+#[test]
+fn dropout_keep_mask_is_the_references() {
+    let Some(be) = gpu("dropout_keep_mask_is_the_references") else {
+        return;
+    };
+    let lens = [(1, 1), (5, 40), (33, 7), (17, 64), (2, 33)];
+    let layout = Layout::packed(&lens);
+    let (heads, kv_heads, d) = (4, 2, 64);
+    let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+    for dtype in [Dtype::Bf16, Dtype::F32] {
+        for (j, p) in [0.1, 0.5, 0.9, 1.0].into_iter().enumerate() {
+            let mut cfg = AttnConfig::new(dtype, heads, d, Mask::NoMask);
+            cfg.params.num_kv_heads = kv_heads;
+            cfg.params.dropout = smallseq_reference::Dropout {
+                p,
+                seed: 0x5eed_0000_0000_0001 + j as u64,
+                offset: (1 << 33) + 7 * j as u64,
+            };
+            let mut v = Array3::zeros((tk, kv_heads, d));
+            for slot in 0..layout.slots() {
+                for c in 0..layout.kv.len(slot) {
+                    let t = layout.kv.offset(slot) + c;
+                    for hk in 0..kv_heads {
+                        v[(t, hk, c)] = 1.0;
+                    }
+                }
+            }
+            let mut r = Rng::new(0x6ee9 + j as u64);
+            let c = Case {
+                k: uniform(&mut r, dtype, (tk, kv_heads, d)),
+                d_o: uniform(&mut r, dtype, (tq, heads, d)),
+                q: Array3::zeros((tq, heads, d)),
+                v,
+                cfg,
+                layout: layout.clone(),
+            };
+            let (fo, _) = run_case(&be, &c, Path::Fallback);
+            let drop = &c.cfg.params.dropout;
+            let (mut kept, mut wrong) = (0usize, Vec::new());
+            for slot in 0..layout.slots() {
+                let (lq, lk) = (layout.q.len(slot), layout.kv.len(slot));
+                for row in 0..lq {
+                    let t = layout.q.offset(slot) + row;
+                    for h in 0..heads {
+                        for col in 0..lk {
+                            let keep = drop.keep(slot, heads, h, row, col);
+                            let o = fo.o.body()[(t * heads + h) * d + col];
+                            kept += usize::from(keep);
+                            if (o != 0.0) != keep || !o.is_finite() {
+                                wrong.push((slot, h, row, col, o));
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(
+                wrong.is_empty(),
+                "{dtype} p {p}: {} elements differ: {:?}",
+                wrong.len(),
+                &wrong[..wrong.len().min(8)]
+            );
+            assert_eq!(kept == 0, p == 1.0, "{dtype} p {p}: {kept} kept");
+        }
+    }
+}
+
+/// The bias variants of [`score_terms_match_the_reference_and_the_cpu`]: post-scale tensors of
+/// each broadcast shape `[1|b, 1|H, Sq, Sk]` (larger than the slots need), with `-inf`
+/// entries (one slot's first row hidden whole) and `+inf` where the causal mask hides the key;
+/// ALiBi.
+fn biases(r: &mut Rng, dtype: Dtype, layout: &Layout, heads: usize) -> Vec<AttnBias> {
+    let (b, sq, sk) = (
+        layout.slots(),
+        layout.q.max_len() + 1,
+        layout.kv.max_len() + 2,
+    );
+    let mut v: Vec<AttnBias> = [(1, 1), (b, 1), (1, heads), (b, heads)]
+        .into_iter()
+        .map(|(bb, hb)| {
+            let mut t = Array4::from_shape_simple_fn((bb, hb, sq, sk), || {
+                dtype.round((r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0)
+            });
+            for ((_, _, row, col), x) in t.indexed_iter_mut() {
+                if col > row {
+                    // Hidden by the top-left causal mask of the cases that carry it.
+                    *x = if col % 3 == 0 { f32::INFINITY } else { *x };
+                } else if (row * 7 + col) % 5 == 0 {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            t.slice_mut(ndarray::s![.., .., 0, ..])
+                .fill(f32::NEG_INFINITY);
+            AttnBias::PostScale(Arc::new(t))
+        })
+        .collect();
+    v.push(AttnBias::Alibi(Arc::new(
+        (0..heads).map(|h| 0.5f32.powi(h as i32 + 1)).collect(),
+    )));
+    v
+}
+
+/// Dropout (p = 0.1, 0.5, 0.9, 1.0) and bias (every broadcast shape, ±inf entries, ALiBi),
+/// alone and together, forward and backward with dBias: the device's outputs are as close to
+/// the f64 reference as the CPU backend's (within the dtype's bound or twice the CPU's
+/// error), finite where the reference is, guards intact, every dBias element written.
+#[test]
+fn score_terms_match_the_reference_and_the_cpu() {
+    let Some(be) = gpu("score_terms_match_the_reference_and_the_cpu") else {
+        return;
+    };
+    let cpu = CpuBackend::default();
+    let seed = 0x35b1a5;
+    eprintln!("seed {seed:#x}");
+    let mut r = Rng::new(seed);
+    let lens = [(3, 5), (17, 17), (1, 9), (40, 33), (6, 1)];
+    let layout = Layout::packed(&lens);
+    let (heads, kv_heads) = (4, 2);
+    let (tq, tk) = (layout.q.tokens, layout.kv.tokens);
+    let mut fails = Vec::new();
+    let mut cases = 0;
+    for dtype in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+        let (d, dv) = if dtype == Dtype::F32 {
+            (40, 24)
+        } else {
+            (64, 64)
+        };
+        let mut variants: Vec<(f64, AttnBias)> = [0.1, 0.5, 0.9, 1.0]
+            .into_iter()
+            .map(|p| (p, AttnBias::None))
+            .collect();
+        for b in biases(&mut r, dtype, &layout, heads) {
+            variants.push((0.0, b.clone()));
+            variants.push((0.5, b));
+        }
+        for (i, (p, bias)) in variants.into_iter().enumerate() {
+            // The +inf entries sit above the diagonal: causal top-left for tensor biases.
+            let mask = if matches!(bias, AttnBias::PostScale(_)) {
+                Mask::Causal
+            } else {
+                [Mask::NoMask, Mask::CausalBottomRight][i % 2]
+            };
+            let mut cfg = AttnConfig::new(dtype, heads, d, mask);
+            cfg.params.num_kv_heads = kv_heads;
+            cfg.params.head_dim_v = dv;
+            cfg.params.dropout = smallseq_reference::Dropout {
+                p,
+                seed: r.next_u64(),
+                offset: r.next_u64() >> 20,
+            };
+            cfg.params.bias = bias;
+            cfg.params
+                .bias
+                .check(&layout, heads, mask, Window::NONE)
+                .unwrap();
+            let c = Case {
+                q: uniform(&mut r, dtype, (tq, heads, d)),
+                k: uniform(&mut r, dtype, (tk, kv_heads, d)),
+                v: uniform(&mut r, dtype, (tk, kv_heads, dv)),
+                d_o: uniform(&mut r, dtype, (tq, heads, dv)),
+                cfg,
+                layout: layout.clone(),
+            };
+            let what = format!("{dtype} p {p} {} {}", c.cfg.params.bias.name(), mask);
+            cases += 1;
+            let (rf, rg) = smallseq_reference::forward_backward(&problem(&c));
+            let rg = rg.unwrap();
+            let (go, gb) = run_case(&be, &c, Path::Fallback);
+            let (co, cb) = run_case(&cpu, &c, Path::Fallback);
+            let (gb, cb) = (gb.unwrap(), cb.unwrap());
+            let all = |_| true;
+            let pairs: Vec<(&str, &DevBuf, &DevBuf, &[f64])> = vec![
+                ("o", &go.o, &co.o, rf.o.as_slice().unwrap()),
+                ("lse", &go.lse, &co.lse, rf.lse.as_slice().unwrap()),
+                ("dq", &gb.dq, &cb.dq, rg.dq.as_slice().unwrap()),
+                ("dk", &gb.dk, &cb.dk, rg.dk.as_slice().unwrap()),
+                ("dv", &gb.dv, &cb.dv, rg.dv.as_slice().unwrap()),
+            ];
+            let mut pairs = pairs;
+            let dbias_ref;
+            if let (Some(g), Some(cc), Some(rd)) = (&gb.dbias, &cb.dbias, &rg.dbias) {
+                dbias_ref = rd.iter().copied().collect::<Vec<f64>>();
+                pairs.push(("dbias", g, cc, &dbias_ref));
+            } else if c.cfg.params.bias.grad_shape().is_some() {
+                fails.push(format!("{what}: no dbias"));
+            }
+            let tol: f64 = match dtype {
+                Dtype::Bf16 => 2e-2,
+                Dtype::F16 => 4e-3,
+                Dtype::F32 => 1e-4,
+            };
+            for (name, g, cc, want) in pairs {
+                let (eg, fin) = rel_err(g.body(), want, all);
+                let (ec, _) = rel_err(cc.body(), want, all);
+                let bound = tol.max(2.0 * ec);
+                if eg > bound || !fin || !g.corrupted_guards().is_empty() {
+                    fails.push(format!(
+                        "{what}: {name} rel {eg:.3e} (cpu {ec:.3e}, bound {bound:.3e}) finite {fin}"
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("{cases} cases, {} failures", fails.len());
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
 }

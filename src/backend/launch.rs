@@ -1,6 +1,7 @@
 //! What a GPU launch needs, shared by the CUDA and HIP backends: the kernel family, the
 //! launch scalars and the raw device pointers, and how a call's config becomes them.
 
+pub use super::score_terms::{BiasArgs, BiasKind, DropArgs};
 use crate::config::AttnConfig;
 pub use crate::error::Misaligned;
 use crate::workspace::Plan;
@@ -113,6 +114,10 @@ pub struct LaunchDims {
     /// 0: none/padding, 1: causal top-left, 2: causal bottom-right.
     pub mask: i32,
     pub window: (i32, i32),
+    /// Dropout (`docs/semantics.md` §1.8); only the scalar fallback kernels take it.
+    pub drop: DropArgs,
+    /// The additive bias (§1.9); only the scalar fallback kernels take it.
+    pub bias: BiasArgs,
 }
 
 /// Raw device pointers of one launch; 0 where unused.
@@ -135,6 +140,10 @@ pub struct Ptrs {
     pub cu_kv: u64,
     pub off_q: u64,
     pub off_kv: u64,
+    /// The bias's f32 tensor or slopes ([`BiasArgs`]).
+    pub bias: u64,
+    /// dBias `[Bb, Hb, Sq, Sk]`, in the output type.
+    pub dbias: u64,
 }
 
 /// Mask code of the kernels.
@@ -173,6 +182,8 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         scale: p.scale as f32,
         mask: mask_code(cfg),
         window: (window_i32(p.window.left), window_i32(p.window.right)),
+        drop: DropArgs::of(&p.dropout),
+        bias: BiasArgs::of(&p.bias),
     }
 }
 
@@ -202,6 +213,13 @@ impl LaunchDims {
             && self.window.1 < 0
             && self.max_lq <= SMALL_SEQ_MAX_ROWS
             && self.max_lk <= SMALL_SEQ_MAX_ROWS;
+        if self.drop.is_active() || self.bias.is_active() {
+            return Some(
+                "small-seq kernel: computes neither dropout nor bias (docs/semantics.md §1.8, \
+                 §1.9)"
+                    .into(),
+            );
+        }
         (!ok).then(|| {
             format!(
                 "small-seq kernel: needs H == Hkv, Dqk == Dv in {}, no window and slots of at \
@@ -227,7 +245,10 @@ impl LaunchDims {
         let suffix = self.dtype_suffix(false).ok()?;
         let fits = self.dqk == self.dv
             && gpu.tiled_fwd_dims().contains(&(self.dqk as usize))
-            && self.max_lq >= TILED_MIN_QUERIES;
+            && self.max_lq >= TILED_MIN_QUERIES
+            // The tiled kernels leave dropout and bias to the scalar ones.
+            && !self.drop.is_active()
+            && !self.bias.is_active();
         fits.then(|| {
             (
                 format!("fallback_fwd_tc_{suffix}_d{}", self.dqk),
@@ -358,6 +379,7 @@ pub enum Kernel {
     FallbackBwdKv,
     TiledBwdQ,
     TiledBwdKv,
+    FallbackDbias,
 }
 
 impl Kernel {
@@ -372,6 +394,7 @@ impl Kernel {
             Kernel::FallbackBwdKv => "FallbackBwdKv",
             Kernel::TiledBwdQ => "TiledBwdQ",
             Kernel::TiledBwdKv => "TiledBwdKv",
+            Kernel::FallbackDbias => "FallbackDbias",
         }
     }
 }
@@ -392,6 +415,17 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             I32(d.mask),
             I32(d.window.0),
             I32(d.window.1),
+            // Bit patterns: the kernels take them as unsigned 64-bit words.
+            I64(d.drop.seed as i64),
+            I64(d.drop.offset as i64),
+            I64(d.drop.keep_at),
+            F32(d.drop.rescale),
+            Ptr(p.bias),
+            I32(d.bias.kind as i32),
+            I32(d.bias.dims[0]),
+            I32(d.bias.dims[1]),
+            I32(d.bias.dims[2]),
+            I32(d.bias.dims[3]),
         ]
     };
     let small_tail = [I32(d.b), I32(d.heads), F32(d.scale), I32(d.mask)];
@@ -409,7 +443,11 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
             Ptr(p.dk),
             Ptr(p.dv),
         ],
-        Kernel::FallbackBwdQ | Kernel::FallbackBwdKv | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
+        Kernel::FallbackBwdQ
+        | Kernel::FallbackBwdKv
+        | Kernel::FallbackDbias
+        | Kernel::TiledBwdQ
+        | Kernel::TiledBwdKv => {
             let inputs = [
                 Ptr(p.q),
                 Ptr(p.k),
@@ -419,10 +457,10 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
                 Ptr(p.delta),
                 Ptr(p.rowsum),
             ];
-            let outputs: &[Arg] = if matches!(k, Kernel::FallbackBwdQ | Kernel::TiledBwdQ) {
-                &[Ptr(p.dq)]
-            } else {
-                &[Ptr(p.dk), Ptr(p.dv)]
+            let outputs: &[Arg] = match k {
+                Kernel::FallbackBwdQ | Kernel::TiledBwdQ => &[Ptr(p.dq)],
+                Kernel::FallbackDbias => &[Ptr(p.dbias)],
+                _ => &[Ptr(p.dk), Ptr(p.dv)],
             };
             [&inputs[..], outputs].concat()
         }
@@ -432,6 +470,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::SmallSeqFwd | Kernel::SmallSeqBwd => v.extend(small_tail),
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
+        Kernel::FallbackDbias => v.extend(fallback_tail(d.bias.grad_rows())),
         Kernel::TiledFwd | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
             let tiles = match k {
                 Kernel::TiledBwdKv => d.tiled_key_tiles(),
@@ -485,7 +524,10 @@ pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
             ("dk", p.dk),
             ("dv", p.dv),
         ],
-        Kernel::FallbackFwd | Kernel::FallbackBwdQ | Kernel::FallbackBwdKv => &[],
+        Kernel::FallbackFwd
+        | Kernel::FallbackBwdQ
+        | Kernel::FallbackBwdKv
+        | Kernel::FallbackDbias => &[],
     };
     match tensors.iter().find(|(_, a)| a % 16 != 0) {
         Some(&(tensor, addr)) => Err(Misaligned {
@@ -542,6 +584,8 @@ mod tests {
             scale: 1.0,
             mask: 0,
             window: (-1, -1),
+            drop: DropArgs::NONE,
+            bias: BiasArgs::NONE,
         }
     }
 

@@ -15,6 +15,8 @@ pub mod kernel_cache;
 pub mod launch;
 /// Backends by name: the one place they are built.
 pub mod registry;
+/// Dropout and bias as the GPU kernels take them (pure Rust).
+pub mod score_terms;
 
 pub use registry::{device_count, open, open_planted, open_with, Spec, NAMES};
 

@@ -265,6 +265,8 @@ mod imp {
                 scale: 1.0 / (d as f32).sqrt(),
                 mask: 0,
                 window: (-1, -1),
+                drop: smallseq::backend::launch::DropArgs::NONE,
+                bias: smallseq::backend::launch::BiasArgs::NONE,
             };
             let ptrs = |s: &Set| Ptrs {
                 q: p(&s.q),
@@ -282,6 +284,8 @@ mod imp {
                 cu_kv: cu_kv.device_ptr(&st).0,
                 off_q: cu_q.device_ptr(&st).0,
                 off_kv: cu_kv.device_ptr(&st).0,
+                bias: 0,
+                dbias: 0,
             };
             let all: Vec<Ptrs> = sets.iter().map(ptrs).collect();
             // A forward per set first, so the backward reads a real lse.

@@ -190,6 +190,9 @@ m_f32x4 mfma(V av, V bv, m_f32x4 cv, int kind) {
 #include "../../kernels/fallback.cu"
 // The fallback kernels' dynamic shared memory: 4 wavefronts of (Dqk + Dv) floats at most.
 alignas(16) float fb_smem[FB_WPB * 2 * FB_MAXD];
+// The fallback kernels without dropout or bias (the model judges against a reference without
+// them): their two arguments.
+#define FB_NO_DROP FbDrop{0ull, 0ull, 0ll, 1.f}, FbBias{nullptr, 0, 0, 0, 0, 0}
 
 #ifndef PT_MFMA
 #error "the model must see the matrix-core branch of portable.h"
@@ -609,14 +612,14 @@ static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int
   auto fwd = [&](long long) {
     fb_fwd<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
                  g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk,
-                 Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+                 Dv, g.tq, g.scale, mask, wl, wr, FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tq * H), fwd, why), "fallback fwd uniform: " + why);
   auto bq = [&](long long) {
     fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                    bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
                    g.off_q.data(),
-                   g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tq, g.scale, mask, wl, wr, fb_smem);
+                   g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tq, g.scale, mask, wl, wr, FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
   auto bkv = [&](long long) {
@@ -624,7 +627,7 @@ static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int
                     bu.delta.data(), bu.rowsum.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(),
                     g.cu_kv.data(),
                     g.off_q.data(), g.off_kv.data(), b, H, Hkv, Dqk, Dv, g.tk, g.scale, mask, wl,
-                    wr, fb_smem);
+                    wr, FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tk * Hkv), bkv, why), "fallback bwd_kv uniform: " + why);
   judge("fallback", g, bu);
@@ -654,14 +657,14 @@ static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int w
     fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                    bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
                    g.off_q.data(), g.off_kv.data(), b, H, Hkv, D, D, g.tq, g.scale, mask, wl, wr,
-                   fb_smem);
+                   FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tq * H), bq, why), "fallback bwd_q uniform: " + why);
   auto bkv = [&](long long) {
     fb_bwd_kv<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                     bu.delta.data(), bu.rowsum.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(),
                     g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, Hkv, D, D, g.tk,
-                    g.scale, mask, wl, wr, fb_smem);
+                    g.scale, mask, wl, wr, FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tk * Hkv), bkv, why), "fallback bwd_kv uniform: " + why);
   judge("tiled", g, bu);

@@ -33,7 +33,7 @@ pub mod nvrtc;
 use self::host::{bytes_of, bytes_of_mut, to_host};
 use self::plan::{launches, Dir, Refusal};
 use super::launch::{
-    args_of, check_aligned, dims_of, scratch_addr, Arg, Family, Gpu, LaunchDims, Ptrs,
+    args_of, check_aligned, dims_of, scratch_addr, Arg, BiasArgs, Family, Gpu, LaunchDims, Ptrs,
     WARPS_PER_BLOCK,
 };
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, DevBuf, FwdArgs, FwdBufs, MutationHooks};
@@ -116,6 +116,8 @@ impl<R: DeviceApi + std::fmt::Debug> std::fmt::Debug for GpuBackend<R> {
 struct Inputs<M> {
     tensors: Vec<M>,
     offsets: [M; 4],
+    /// The bias's f32 tensor or slopes, where the case has a bias.
+    bias: Option<M>,
 }
 
 impl<R: DeviceApi> GpuBackend<R> {
@@ -255,7 +257,15 @@ impl<R: DeviceApi> GpuBackend<R> {
             self.rt.upload("offsets_q", bytes_of(l.q.offsets()))?,
             self.rt.upload("offsets_kv", bytes_of(l.kv.offsets()))?,
         ];
-        Ok(Inputs { tensors, offsets })
+        let bias = match BiasArgs::host_values(&args.config.params.bias) {
+            Some(host) => Some(self.rt.upload("bias", bytes_of(&host))?),
+            None => None,
+        };
+        Ok(Inputs {
+            tensors,
+            offsets,
+            bias,
+        })
     }
 
     fn base_ptrs(&self, inp: &Inputs<R::Mem>) -> Ptrs {
@@ -268,6 +278,7 @@ impl<R: DeviceApi> GpuBackend<R> {
             cu_kv: a(&inp.offsets[1]),
             off_q: a(&inp.offsets[2]),
             off_kv: a(&inp.offsets[3]),
+            bias: inp.bias.as_ref().map_or(0, a),
             ..Ptrs::default()
         }
     }
@@ -338,8 +349,31 @@ impl<R: DeviceApi> GpuBackend<R> {
             p.delta = at(names::DELTA)?;
             p.rowsum = at(names::ROWSUM)?;
         }
+        // A post-scale bias's gradient is written whole (every element of [Bb, Hb, Sq, Sk]).
+        let dbias = match (d.bias.grad_rows(), out.dbias.as_ref()) {
+            (0, _) => None,
+            (rows, Some(buf)) if buf.len as i64 >= rows * d.bias.dims[3] as i64 => {
+                let (m, body) = self.upload_buf("dbias", buf)?;
+                p.dbias = body;
+                Some(m)
+            }
+            (rows, buf) => {
+                return Err(Error::Tensor {
+                    tensor: "dbias".into(),
+                    detail: format!(
+                        "the post-scale bias [{}] needs a buffer of {} elements, got {}",
+                        d.bias.dims.map(|x| x.to_string()).join(", "),
+                        rows * d.bias.dims[3] as i64,
+                        buf.map_or(0, |b| b.len)
+                    ),
+                })
+            }
+        };
         self.launch(family, Dir::Bwd, &d, &p)?;
         self.sync()?;
+        if let (Some(m), Some(buf)) = (&dbias, out.dbias.as_mut()) {
+            self.download_into("dbias", m, buf)?;
+        }
         self.download_into("dq", &dq, &mut out.dq)?;
         self.download_into("dk", &dk, &mut out.dk)?;
         self.download_into("dv", &dv, &mut out.dv)?;
@@ -358,6 +392,18 @@ impl<R: DeviceApi> BackendInfo for GpuBackend<R> {
 
     fn has_small_seq(&self) -> bool {
         self.rt.has_small_seq()
+    }
+
+    /// The scalar fallback kernels compute it (kernels/fallback.cu, `fb_drop`); a call with
+    /// dropout launches them ([`LaunchDims::tiled_fwd`]).
+    fn computes_dropout(&self) -> bool {
+        true
+    }
+
+    /// The scalar fallback kernels add it and the dBias kernel reduces its gradient
+    /// (kernels/fallback.cu, `fb_bias`, `fb_dbias`).
+    fn computes_bias(&self) -> bool {
+        true
     }
 
     fn provenance(&self) -> BTreeMap<String, String> {

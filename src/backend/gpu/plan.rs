@@ -4,8 +4,8 @@
 //! `ci/hip-compile-check.sh` compares with the code objects).
 
 use crate::backend::launch::{
-    args_of, Arg, Family, Gpu, Kernel, LaunchDims, Ptrs, SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS,
-    TILED_ROWS, WARPS_PER_BLOCK,
+    args_of, Arg, BiasArgs, BiasKind, DropArgs, Family, Gpu, Kernel, LaunchDims, Ptrs,
+    SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_ROWS, WARPS_PER_BLOCK,
 };
 use smallseq_reference::Dtype;
 
@@ -115,7 +115,8 @@ fn check_fallback(d: &LaunchDims) -> Result<(), Refusal> {
 /// - fallback forward: the tiled kernel where [`LaunchDims::tiled_fwd`] applies (one block per
 ///   head, slot and query tile), else the scalar one (one work item per query token and head);
 /// - fallback backward: the query side (with `delta`), then the key side: tiled where
-///   [`LaunchDims::tiled_bwd`] applies, else scalar.
+///   [`LaunchDims::tiled_bwd`] applies, else scalar; then, for a post-scale bias (never tiled),
+///   dBias, one work item per row of the bias tensor.
 ///
 /// # Errors
 /// [`Refusal::Unsupported`] for shapes the family does not take, [`Refusal::Grid`] for a grid
@@ -196,9 +197,13 @@ pub fn launches(
             let smem = WARPS_PER_BLOCK * 4 * (d.dqk + d.dv) as u32;
             let q = blocks(d.tq * d.heads as i64)?;
             let kv = blocks(d.tk * d.kv_heads as i64)?;
+            // dBias after the query side, whose D and Z it reads: one work item per row.
+            let db = blocks(d.bias.grad_rows())?;
+            let name_db = format!("fallback_dbias_{}", suffix(d, true)?);
             for (kernel, name, blocks) in [
                 (Kernel::FallbackBwdQ, name_q, q),
                 (Kernel::FallbackBwdKv, name_kv, kv),
+                (Kernel::FallbackDbias, name_db, db),
             ] {
                 if blocks > 0 {
                     v.push(one(kernel, name, blocks, smem));
@@ -236,6 +241,8 @@ fn dims_for_signature() -> LaunchDims {
         scale: 1.0,
         mask: 0,
         window: (-1, -1),
+        drop: DropArgs::NONE,
+        bias: BiasArgs::NONE,
     }
 }
 
@@ -271,6 +278,15 @@ pub fn kernels(gpu: Gpu) -> Vec<KernelInfo> {
             ..dims_for_signature()
         };
         add(one, Family::Fallback);
+        // The dBias kernel, launched only for a post-scale bias.
+        let biased = LaunchDims {
+            bias: BiasArgs {
+                kind: BiasKind::PostScale,
+                dims: [1, 1, 1, 1],
+            },
+            ..one
+        };
+        add(biased, Family::Fallback);
         for &dim in gpu.tiled_fwd_dims() {
             let (dqk, dv) = (dim as i32, dim as i32);
             let max_lq = TILED_ROWS;
@@ -335,7 +351,7 @@ mod tests {
                 ("f16_o32", "f16", "_o32"),
                 ("f32", "", ""),
             ] {
-                for k in ["fwd", "bwd_q", "bwd_kv"] {
+                for k in ["fwd", "bwd_q", "bwd_kv", "dbias"] {
                     want.push(("fallback", format!("fallback_{k}_{suf}")));
                 }
                 if suf == "f32" {
@@ -356,14 +372,14 @@ mod tests {
             }
             assert_eq!(kernel_names(gpu), want, "{gpu:?}");
         }
-        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 3 kernels, and
+        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 4 kernels, and
         // the tiled forward for 4 suffixes x 2 dims (HIP builds no tiled backward and no
         // tiled forward at D = 256: kernels/fallback.cu says why).
         let names = kernel_names(Gpu::Hip);
         assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
         assert_eq!(
             names.iter().filter(|(s, _)| *s == "fallback").count(),
-            15 + 4 * 2
+            20 + 4 * 2
         );
     }
 
@@ -463,6 +479,61 @@ mod tests {
             launches(Gpu::Cuda, Family::Fallback, Dir::Fwd, &gqa),
             Err(Refusal::Unsupported(_))
         ));
+    }
+
+    /// Dropout and bias go to the scalar kernels, where the tiled ones would take the call;
+    /// a post-scale bias adds the dBias launch, ALiBi (no gradient) does not.
+    #[test]
+    fn dropout_and_bias_take_the_scalar_kernels() {
+        let tiled = LaunchDims {
+            tq: 40,
+            tk: 24,
+            max_lq: 9,
+            max_lk: 9,
+            ..dims(Dtype::Bf16, false, 128)
+        };
+        let post = BiasArgs {
+            kind: BiasKind::PostScale,
+            dims: [1, 2, 9, 9],
+        };
+        let alibi = BiasArgs {
+            kind: BiasKind::Alibi,
+            dims: [1, 1, 1, 2],
+        };
+        let drop = DropArgs {
+            keep_at: 1 << 31,
+            rescale: 2.0,
+            ..DropArgs::NONE
+        };
+        let kinds = |d: &LaunchDims, dir| {
+            launches(Gpu::Cuda, Family::Fallback, dir, d)
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.kernel, l.blocks))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kinds(&tiled, Dir::Fwd), [(Kernel::TiledFwd, 2)]);
+        let scalar_bwd = [(Kernel::FallbackBwdQ, 20), (Kernel::FallbackBwdKv, 12)];
+        for d in [
+            LaunchDims { drop, ..tiled },
+            LaunchDims {
+                bias: alibi,
+                ..tiled
+            },
+        ] {
+            assert_eq!(kinds(&d, Dir::Fwd), [(Kernel::FallbackFwd, 20)]);
+            assert_eq!(kinds(&d, Dir::Bwd), scalar_bwd);
+            assert!(launches(Gpu::Hip, Family::SmallSeq, Dir::Fwd, &d).is_err());
+        }
+        let biased = LaunchDims {
+            bias: post,
+            ..tiled
+        };
+        // 1 x 2 x 9 rows of dBias, 4 per block.
+        let want = [scalar_bwd[0], scalar_bwd[1], (Kernel::FallbackDbias, 5)];
+        assert_eq!(kinds(&biased, Dir::Bwd), want);
+        let l = launches(Gpu::Hip, Family::Fallback, Dir::Bwd, &biased).unwrap();
+        assert_eq!(l[2].name, "fallback_dbias_bf16");
     }
 
     #[test]

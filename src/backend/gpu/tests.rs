@@ -171,6 +171,19 @@ fn fwd_bufs(c: &Case, ws: usize) -> FwdBufs {
     }
 }
 
+/// The backward's guarded outputs for `c`, NaN-poisoned, with a workspace of `ws` elements.
+fn bwd_bufs(c: &Case, ws: usize, dbias: Option<DevBuf>) -> BwdBufs {
+    let (tq, h, d) = c.q.dim();
+    let (tk, hk, dv) = c.v.dim();
+    BwdBufs {
+        dq: DevBuf::new(tq * h * d, f32::NAN),
+        dk: DevBuf::new(tk * hk * d, f32::NAN),
+        dv: DevBuf::new(tk * hk * dv, f32::NAN),
+        workspace: DevBuf::new(ws, f32::NAN),
+        dbias,
+    }
+}
+
 fn uploads(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
@@ -349,8 +362,7 @@ fn failures_are_judged_alike_on_every_runtime() {
 #[test]
 fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     let c = case(Dtype::Bf16, 64, &[(5, 7), (3, 2)]);
-    let (tq, h, d) = c.q.dim();
-    let (tk, hk, dv) = c.v.dim();
+    let (tq, h, _) = c.q.dim();
     let lse = Array2::<f32>::zeros((tq, h));
     let run = |p: &Plan| {
         let be = GpuBackend::from_runtime(Fake::new());
@@ -360,13 +372,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
             lse: lse.view(),
             d_o: c.q.view(),
         };
-        let mut out = BwdBufs {
-            dq: DevBuf::new(tq * h * d, f32::NAN),
-            dk: DevBuf::new(tk * hk * d, f32::NAN),
-            dv: DevBuf::new(tk * hk * dv, f32::NAN),
-            workspace: DevBuf::new(p.total, f32::NAN),
-            dbias: None,
-        };
+        let mut out = bwd_bufs(&c, p.total, None);
         let r = be.fallback_bwd(&args, &mut out);
         (r, be.runtime().calls())
     };
@@ -452,13 +458,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
         lse: lse.view(),
         d_o: c.q.view(),
     };
-    let mut out = BwdBufs {
-        dq: DevBuf::new(tq * h * d, f32::NAN),
-        dk: DevBuf::new(tk * hk * d, f32::NAN),
-        dv: DevBuf::new(tk * hk * dv, f32::NAN),
-        workspace: DevBuf::new(small.total, f32::NAN),
-        dbias: None,
-    };
+    let mut out = bwd_bufs(&c, small.total, None);
     // The body of each guarded buffer starts GUARD elements in: 256 bytes, still aligned; a
     // buffer that is not is refused by the vector kernels.
     assert_eq!(GUARD * 4 % 16, 0);
@@ -468,4 +468,70 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     }
     let _: &dyn Backend = &be;
     let _ = Kernel::SmallSeqBwd;
+}
+
+/// A post-scale bias: the backward uploads the tensor and dBias, launches the dBias kernel
+/// after the scalar kernels with both addresses, and downloads dBias; without a dBias buffer
+/// of the tensor's size it refuses before any launch. The backend says it computes both.
+#[test]
+fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
+    use ndarray::Array4;
+    use smallseq_reference::AttnBias;
+    let mut c = case(Dtype::Bf16, 64, &[(5, 7), (3, 2)]);
+    c.config.params.bias = AttnBias::PostScale(std::sync::Arc::new(Array4::zeros((1, 2, 5, 7))));
+    let (tq, h, _) = c.q.dim();
+    let lse = Array2::<f32>::zeros((tq, h));
+    let full = plan(
+        Direction::Bwd,
+        Some(crate::dispatch::Path::Fallback),
+        &shape(&c),
+    );
+    let run = |dbias: Option<DevBuf>| {
+        let be = GpuBackend::from_runtime(Fake::new());
+        assert!(be.computes_bias() && be.computes_dropout());
+        let args = BwdArgs {
+            fwd: fwd_args(&c, &full),
+            o: c.q.view(),
+            lse: lse.view(),
+            d_o: c.q.view(),
+        };
+        let mut out = bwd_bufs(&c, full.total, dbias);
+        let r = be.fallback_bwd(&args, &mut out);
+        (r, be.runtime().calls())
+    };
+    let (r, calls) = run(Some(DevBuf::new(2 * 5 * 7, f32::NAN)));
+    r.unwrap();
+    let ups = uploads(&calls);
+    assert!(ups.contains(&"bias".to_string()) && ups.last().unwrap() == "dbias");
+    let launches: Vec<(&str, &Vec<String>)> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Launch(n, _, a) => Some((n.as_str(), a)),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<&str> = launches.iter().map(|l| l.0).collect();
+    assert_eq!(
+        names,
+        [
+            "fallback_bwd_q_bf16_o32",
+            "fallback_bwd_kv_bf16_o32",
+            "fallback_dbias_bf16_o32"
+        ]
+    );
+    assert!(calls.contains(&Call::Download("dbias".into())));
+    for (short, why) in [(None, "got 0"), (Some(DevBuf::new(69, 0.0)), "got 69")] {
+        let (r, calls) = run(short);
+        match r {
+            Err(Error::Tensor { tensor, detail }) => {
+                assert_eq!(tensor, "dbias");
+                assert!(
+                    detail.contains("[1, 2, 5, 7]") && detail.contains(why),
+                    "{detail}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!calls.iter().any(|c| matches!(c, Call::Launch(..))));
+    }
 }
