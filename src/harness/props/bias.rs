@@ -239,11 +239,14 @@ pub fn judge(signs: &[Signs], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
 
 impl Checker<'_> {
     /// The property on the small-seq path, where the kernels round as the emulation does and
-    /// a sign imbalance can only come from a rounding of their own.
+    /// a sign imbalance can only come from a rounding of their own; and on the fallback path
+    /// of a backend whose fallback design is emulated
+    /// ([`crate::backend::fallback_rounding_budget_of`]), for the same reason.
     pub(super) fn rounding_bias(&self, cx: &CaseContext<'_>) -> Outcome {
         let base = cx.base;
-        let bias = |t: &str| bias_budget_of(self.runner.name(), t);
-        match base.fwd.path {
+        let name = self.runner.name();
+        let bias = |t: &str| bias_budget_of(name, t);
+        let small = match base.fwd.path {
             Some(Path::SmallSeq) => judge(
                 &signs(
                     cx.case,
@@ -255,7 +258,26 @@ impl Checker<'_> {
                 bias,
             ),
             _ => skip("not on the small-seq path"),
-        }
+        };
+        let on = base.fallback();
+        let emulated = CONFORMANCE_TENSORS
+            .iter()
+            .any(|t| crate::backend::fallback_rounding_budget_of(name, t).is_some());
+        let fallback = if emulated && (on.0 || on.1) {
+            judge(
+                &signs(
+                    cx.case,
+                    on,
+                    cx.actual,
+                    &cx.y.fallback.0,
+                    cx.y.fallback_undecided(),
+                ),
+                bias,
+            )
+        } else {
+            skip("not on an emulated fallback path")
+        };
+        super::conformance::either_path(small, fallback)
     }
 }
 

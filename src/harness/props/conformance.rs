@@ -26,8 +26,8 @@
 use super::checker::{CaseContext, Checker};
 use super::verdict::{skip, Failure, Outcome, Prop};
 use super::yardstick::Yardstick;
+use crate::backend::fallback_rounding_budget_of;
 use crate::case::{Case, Outputs};
-use crate::dispatch::Path;
 use crate::harness::conditioning::noise_decides;
 
 /// One tensor's per-element noise, and where known the emulation's value before its rounding
@@ -310,23 +310,75 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
     }
 }
 
+impl Yardstick {
+    /// The noise that decides roundings of the fallback emulation's outputs: the gradients'
+    /// conditioning allowance (cancelling dS); o and dv keep P in f32 in
+    /// [`smallseq_reference::emulate_fallback::FallbackDesign::CPU`], so no P rounding
+    /// noise is left out of them.
+    pub fn fallback_undecided(&self) -> Undecided<'_> {
+        let u = self.undecided();
+        Undecided {
+            o: None,
+            dv: None,
+            ..u
+        }
+    }
+}
+
 impl Checker<'_> {
-    /// The property: outputs off the emulation by more than an ulp, counted against
-    /// the backend's rate budgets.
+    /// The property: outputs off their path's emulation by more than an ulp, counted against
+    /// the backend's rate budgets (small-seq outputs against the kernels' emulation, fallback
+    /// outputs against the fallback's where the backend's fallback design is emulated).
     pub(super) fn emulation_conformance(&self, cx: &CaseContext<'_>) -> Outcome {
         let (case, base) = (cx.case, cx.base);
-        if CONFORMANCE_TENSORS
+        let name = self.runner.name();
+        let small = base.small_seq();
+        let small_outcome = if CONFORMANCE_TENSORS
             .iter()
             .all(|t| self.runner.rounding_budget(t).is_none())
         {
-            return skip("backend roundings not calibrated against the emulation");
+            skip("backend roundings not calibrated against the emulation")
+        } else if !small.0 {
+            skip("not on the small-seq path")
+        } else {
+            let counts = counts(case, small, cx.actual, &cx.y.emulated, cx.y.undecided());
+            judge(&counts, |t| self.runner.rounding_budget(t))
+        };
+        let on = base.fallback();
+        let fallback_outcome = if CONFORMANCE_TENSORS
+            .iter()
+            .all(|t| fallback_rounding_budget_of(name, t).is_none())
+        {
+            skip("backend's fallback design not emulated")
+        } else if !(on.0 || on.1) {
+            skip("not on the fallback path")
+        } else {
+            let y = &cx.y.fallback.0;
+            let counts = counts(case, on, cx.actual, y, cx.y.fallback_undecided());
+            judge(&counts, |t| fallback_rounding_budget_of(name, t))
+        };
+        either_path(small_outcome, fallback_outcome)
+    }
+}
+
+/// One verdict of a property judged on each path a case took: the worse failure, else a
+/// pass where either path was judged, else the small-seq path's reason to skip (the fallback's
+/// where the case never reached small-seq).
+pub(super) fn either_path(small: Outcome, fallback: Outcome) -> Outcome {
+    match (small, fallback) {
+        (Outcome::Fail(a), Outcome::Fail(b)) => {
+            Outcome::Fail(if b.margin > a.margin { b } else { a })
         }
-        if base.fwd.path != Some(Path::SmallSeq) {
-            return skip("not on the small-seq path");
+        (Outcome::Fail(f), _) | (_, Outcome::Fail(f)) => Outcome::Fail(f),
+        (Outcome::Pass, _) | (_, Outcome::Pass) => Outcome::Pass,
+        (s @ Outcome::Skip { .. }, f @ Outcome::Skip { .. }) => {
+            if let Outcome::Skip { reason } = &s {
+                if reason == "not on the small-seq path" {
+                    return f;
+                }
+            }
+            s
         }
-        let undecided = cx.y.undecided();
-        let counts = counts(case, base.small_seq(), cx.actual, &cx.y.emulated, undecided);
-        judge(&counts, |t| self.runner.rounding_budget(t))
     }
 }
 

@@ -8,6 +8,7 @@ use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllow
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use crate::stages::{timed, Stage};
 use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
+use smallseq_reference::emulate_fallback::{self, FallbackDesign};
 use smallseq_reference::{emulate_dbias, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
@@ -28,6 +29,9 @@ pub struct Yardstick {
     pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
     /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
     pub regimes: Vec<&'static str>,
+    /// The fallback path's f32 emulation of the CPU's design ([`FallbackDesign::CPU`]) and
+    /// its o and dv before their rounding, the yardstick of fallback-path outputs.
+    pub fallback: (Outputs, ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
     /// The design the order allowance is of, which also decides how a failure is worded.
     pub design: Design,
 }
@@ -80,7 +84,16 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
         emulate_dbias::dbias(&problem, case.config.dtype)
     })
     .map(|d| d.mapv(f64::from));
+    let (ff, fg) = timed(Stage::Emulation, || {
+        emulate_fallback::forward_backward(&problem, case.config.dtype, &FallbackDesign::CPU)
+    });
+    let fallback = (
+        emulated_outputs(&ff, fg.as_ref()),
+        ff.o_acc.mapv(f64::from),
+        fg.map(|g| g.dv_acc.mapv(f64::from)),
+    );
     Ok(Yardstick {
+        fallback,
         reference,
         emulated,
         emulated_acc: (
