@@ -97,11 +97,21 @@ pub enum Mutant {
     /// The CPU fallback reads a broadcast post-scale bias on the wrong axis: the slot picks
     /// the head plane and the head the batch plane (`[1, H, …]` read as `[H, 1, …]`).
     BiasBroadcastWrongAxis,
+    // Issue 35, item 3: a one-ulp loss in each backward reduction of the fallback, which only
+    // the fallback's emulation (not the f64 reference's error bounds) can see.
+    /// The CPU fallback's backward rounds its dQ accumulator to the input dtype at every key.
+    FallbackDqHalfAccumulation,
+    /// The CPU fallback's backward rounds its dK accumulators to the input dtype at every row.
+    FallbackDkHalfAccumulation,
+    /// The CPU fallback's backward rounds its dV accumulators to the input dtype at every row.
+    FallbackDvHalfAccumulation,
+    /// The CPU fallback's backward rounds D = Σ P·dP to the input dtype at every key.
+    FallbackDeltaHalfAccumulation,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 39] = [
+    pub const ALL: [Mutant; 43] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -144,6 +154,10 @@ impl Mutant {
         Mutant::SegmentConversionSlip,
         Mutant::PhiloxIndexSwapped,
         Mutant::BiasBroadcastWrongAxis,
+        Mutant::FallbackDqHalfAccumulation,
+        Mutant::FallbackDkHalfAccumulation,
+        Mutant::FallbackDvHalfAccumulation,
+        Mutant::FallbackDeltaHalfAccumulation,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -215,6 +229,10 @@ impl Mutant {
             Mutant::SegmentConversionSlip => "segment-conversion-slip",
             Mutant::PhiloxIndexSwapped => "philox-index-swapped",
             Mutant::BiasBroadcastWrongAxis => "bias-broadcast-wrong-axis",
+            Mutant::FallbackDqHalfAccumulation => "fallback-dq-half-accumulation",
+            Mutant::FallbackDkHalfAccumulation => "fallback-dk-half-accumulation",
+            Mutant::FallbackDvHalfAccumulation => "fallback-dv-half-accumulation",
+            Mutant::FallbackDeltaHalfAccumulation => "fallback-delta-half-accumulation",
         }
     }
 }

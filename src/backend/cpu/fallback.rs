@@ -157,7 +157,12 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
                         keys.push((c, k, pr, dp, z));
                     }
-                    let delta: f32 = keys.iter().map(|(_, _, pr, dp, _)| pr * dp).sum();
+                    let delta: f32 = if be.has(Mutant::FallbackDeltaHalfAccumulation) {
+                        keys.iter()
+                            .fold(0.0, |acc, (_, _, pr, dp, _)| dt.round(acc + pr * dp))
+                    } else {
+                        keys.iter().map(|(_, _, pr, dp, _)| pr * dp).sum()
+                    };
                     r.delta[i * heads + h] = delta;
                     let mut dq = vec![0f32; d];
                     for (c, k, pr, dp, z) in keys {
@@ -165,17 +170,21 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         if let Some(db) = r.ds.as_mut() {
                             db[(h * g.lq + i) * g.lk + c] = ds;
                         }
-                        dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
+                        // A 16-bit rounding of a partial sum, where a mutant plants one.
+                        let acc16 = |m: Mutant, x: &mut f32, y: f32| {
+                            *x = if be.has(m) { dt.round(*x + y) } else { *x + y }
+                        };
+                        dq.iter_mut().zip(&k).for_each(|(x, kk)| {
+                            acc16(Mutant::FallbackDqHalfAccumulation, x, ds * kk)
+                        });
                         let at = (c * heads + h) * d;
-                        r.dk[at..at + d]
-                            .iter_mut()
-                            .zip(&q)
-                            .for_each(|(x, qq)| *x += scale * ds * qq);
+                        r.dk[at..at + d].iter_mut().zip(&q).for_each(|(x, qq)| {
+                            acc16(Mutant::FallbackDkHalfAccumulation, x, scale * ds * qq)
+                        });
                         let at = (c * heads + h) * dvd;
-                        r.dv[at..at + dvd]
-                            .iter_mut()
-                            .zip(&d_o)
-                            .for_each(|(x, o)| *x += pr * z * o);
+                        r.dv[at..at + dvd].iter_mut().zip(&d_o).for_each(|(x, o)| {
+                            acc16(Mutant::FallbackDvHalfAccumulation, x, pr * z * o)
+                        });
                     }
                     let at = (i * heads + h) * d;
                     r.dq[at..at + d]
