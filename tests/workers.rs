@@ -469,8 +469,9 @@ fn a_fault_planted_on_one_device_costs_its_cases_not_the_other_devices() {
     let exe = env!("CARGO_BIN_EXE_smallseq");
     let run = |tag: &str, device: &str| {
         let dir = out_dir(tag);
-        let worker =
-            format!("{wrapper} {device} SMALLSEQ_MUTANT_FAULT=panic {exe} worker --backend cpu");
+        let worker = format!(
+            "{wrapper} {device} SMALLSEQ_MUTANT_FAULT=panic-always {exe} worker --backend cpu"
+        );
         let args = [
             "--backend",
             "exec",

@@ -33,6 +33,10 @@ pub enum PlantedFault {
     /// `panic!` on the first attempt at a case only: the rerun on a fresh worker completes,
     /// so the campaign calls the fault flaky. See [`PlantedFault::first_attempt`].
     PanicOnce,
+    /// `panic!` on every case: a device whose every launch faults (`ci/fault-on-device.sh`
+    /// plants it on one device, where a fault on some cases only would depend on which cases
+    /// the scheduler happens to send there).
+    PanicAlways,
 }
 
 /// The variable that plants a fault in a CPU worker.
@@ -50,8 +54,9 @@ impl PlantedFault {
             Some("abort") => Ok(Some(PlantedFault::Abort)),
             Some("hang") => Ok(Some(PlantedFault::Hang)),
             Some("panic-once") => Ok(Some(PlantedFault::PanicOnce)),
+            Some("panic-always") => Ok(Some(PlantedFault::PanicAlways)),
             Some(other) => Err(Error::config(format!(
-                "{FAULT_VAR}={other}: expected panic, abort, hang or panic-once"
+                "{FAULT_VAR}={other}: expected panic, abort, hang, panic-once or panic-always"
             ))),
         }
     }
@@ -64,13 +69,16 @@ impl PlantedFault {
             PlantedFault::Abort => "abort",
             PlantedFault::Hang => "hang",
             PlantedFault::PanicOnce => "panic-once",
+            PlantedFault::PanicAlways => "panic-always",
         }
     }
 
     /// Cases that trigger a planted fault: a query sequence of exactly 7 tokens (the kernel
-    /// mutants `SMALLSEQ_MUTANT_OOB_WRITE`, `_TRAP` and `_HANG` fire on the same cases).
-    pub fn triggers(case: &Case) -> bool {
-        (0..case.layout.slots()).any(|s| case.layout.q.len(s) == 7)
+    /// mutants `SMALLSEQ_MUTANT_OOB_WRITE`, `_TRAP` and `_HANG` fire on the same cases);
+    /// every case for [`PlantedFault::PanicAlways`].
+    pub fn triggers(self, case: &Case) -> bool {
+        self == PlantedFault::PanicAlways
+            || (0..case.layout.slots()).any(|s| case.layout.q.len(s) == 7)
     }
 
     /// Whether a triggering `case`, read from `case_file`, is the first attempt at its case;
@@ -125,6 +133,7 @@ impl PlantedFault {
             PlantedFault::PanicOnce => panic!(
                 "planted fault: {FAULT_VAR}=panic-once on the first attempt at a 7-token query"
             ),
+            PlantedFault::PanicAlways => panic!("planted fault: {FAULT_VAR}=panic-always"),
             PlantedFault::Abort => std::process::abort(),
             PlantedFault::Hang => loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -320,7 +329,7 @@ fn handle(
     };
     let case = cases.get(case_path)?;
     let opts = options_of(req, base)?;
-    if let Some(f) = planted.filter(|_| PlantedFault::triggers(case)) {
+    if let Some(f) = planted.filter(|f| f.triggers(case)) {
         if f.first_attempt(case, Path::new(case_path))? {
             f.fire();
         }
