@@ -264,16 +264,13 @@ impl Checker<'_> {
             .iter()
             .any(|t| crate::backend::fallback_rounding_budget_of(name, t).is_some());
         let fallback = if emulated && (on.0 || on.1) {
-            judge(
-                &signs(
-                    cx.case,
-                    on,
-                    cx.actual,
-                    &cx.y.fallback.0,
-                    cx.y.fallback_undecided(),
+            match cx.y.fallback(cx.case) {
+                Ok(y) => judge(
+                    &signs(cx.case, on, cx.actual, y, cx.y.fallback_undecided()),
+                    bias,
                 ),
-                bias,
-            )
+                Err(e) => skip(format!("fallback emulation not computed: {e}")),
+            }
         } else {
             skip("not on an emulated fallback path")
         };
