@@ -13,7 +13,7 @@
 //! key, P·V only the kept ones, the factor `fl32(1/(1 − p))` on the kept dP and dV's P; the
 //! bias's f32 value is added to each scaled score, a −∞ bias hides its key in the forward.
 
-use crate::emulate::{dot32, EmuForward, EmuGradients};
+use crate::emulate::{dot32, EmuForward, EmuGradients, Rows};
 use crate::problem::Problem;
 use crate::slot::SlotGeom;
 use crate::types::{visible, AttnParams, Dtype};
@@ -58,6 +58,15 @@ fn lane(t: &ndarray::ArrayView3<'_, f32>, row: usize, h: usize) -> Vec<f32> {
     t.slice(s![row, h, ..]).to_vec()
 }
 
+/// The keys and values of kv head `hk` of one slot, each row contiguous (read once per head,
+/// not once per query row).
+fn kv_rows(p: &Problem, sg: &SlotGeom, hk: usize) -> (Rows, Rows) {
+    (
+        Rows::of(&p.k, sg.off_kv, sg.lk, hk),
+        Rows::of(&p.v, sg.off_kv, sg.lk, hk),
+    )
+}
+
 /// The fallback's forward and, when `p.d_o` is present, backward, with the roundings of
 /// `design` for inputs of type `dtype`. The backward recomputes P from this forward's LSE.
 pub fn forward_backward(
@@ -98,6 +107,7 @@ pub fn forward_backward(
         let mut dvv = vec![0f32; sg.lk * nh * dv];
         for h in 0..nh {
             let hk = h / g;
+            let (kr, vr) = kv_rows(p, sg, hk);
             for i in 0..sg.lq {
                 let t = sg.off_q + i;
                 let lse = fwd.lse[[t, h]];
@@ -111,24 +121,28 @@ pub fn forward_backward(
                     if !visible(a.mask, a.window, i, c, sg.lq, sg.lk) {
                         continue;
                     }
-                    let k = lane(&p.k, sg.off_kv + c, hk);
-                    let v = lane(&p.v, sg.off_kv + c, hk);
                     let b = a.bias.at32(slot, h, i, c, sg.lq, sg.lk);
-                    let pr = (dot32(&q, &k) * a.scale as f32 + b - lse).exp();
+                    let pr = (dot32(&q, kr.row(c)) * a.scale as f32 + b - lse).exp();
                     let z = factor(a, slot, h, i, c);
-                    let dp = if z == 0.0 { 0.0 } else { dot32(&dor, &v) * z };
-                    keys.push((c, k, pr, dp, z));
+                    let dp = if z == 0.0 {
+                        0.0
+                    } else {
+                        dot32(&dor, vr.row(c)) * z
+                    };
+                    keys.push((c, pr, dp, z));
                 }
                 let delta: f32 = if design.delta_from_stored_o {
                     dot32(&dor, &fwd.o.slice(s![t, h, ..]).to_vec())
                 } else {
-                    keys.iter().map(|(_, _, pr, dp, _)| pr * dp).sum()
+                    keys.iter().map(|(_, pr, dp, _)| pr * dp).sum()
                 };
                 let scale = a.scale as f32;
                 let mut dq = vec![0f32; dqk];
-                for (c, k, pr, dp, z) in keys {
+                for (c, pr, dp, z) in keys {
                     let ds = pr * (dp - delta);
-                    dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
+                    dq.iter_mut()
+                        .zip(kr.row(c))
+                        .for_each(|(x, kk)| *x += ds * kk);
                     let at = (c * nh + h) * dqk;
                     dk[at..at + dqk]
                         .iter_mut()
@@ -181,6 +195,7 @@ fn forward_head(
     let hk = h / a.group_size();
     let dv = a.head_dim_v;
     let block = design.key_block.max(1);
+    let (kr, vr) = kv_rows(p, sg, hk);
     for i in 0..sg.lq {
         let t = sg.off_q + i;
         let q = lane(&p.q, t, h);
@@ -190,7 +205,7 @@ fn forward_head(
             let s: Vec<(usize, f32)> = (start..(start + block).min(sg.lk))
                 .filter(|&c| visible(a.mask, a.window, i, c, sg.lq, sg.lk))
                 .map(|c| {
-                    let sc = dot32(&q, &lane(&p.k, sg.off_kv + c, hk)) * a.scale as f32;
+                    let sc = dot32(&q, kr.row(c)) * a.scale as f32;
                     (c, sc + a.bias.at32(slot, h, i, c, sg.lq, sg.lk))
                 })
                 .filter(|&(_, x)| x != f32::NEG_INFINITY)
@@ -213,8 +228,9 @@ fn forward_head(
                     continue;
                 }
                 let e = if design.p16_for_pv { dtype.round(e) } else { e };
-                let v = lane(&p.v, sg.off_kv + c, hk);
-                acc.iter_mut().zip(&v).for_each(|(x, vv)| *x += e * vv);
+                acc.iter_mut()
+                    .zip(vr.row(c))
+                    .for_each(|(x, vv)| *x += e * vv);
             }
             m = m_new;
         }

@@ -157,9 +157,11 @@ pub fn signs(
                 signed_ulps: 0.0,
             };
             let (mut up, mut away, mut col) = (0i64, 0i64, 0usize);
-            let mut noise = undecided.flags(t, case.config.dtype);
-            for (a, e) in t.pairs() {
-                let decided_by_noise = noise.as_mut().and_then(Iterator::next) == Some(true);
+            let noise = undecided.decider(t.tensor, case.config.dtype);
+            let (actual, emulated, tokens) = t.flat();
+            for i in tokens.into_iter().flatten() {
+                let (a, e) = (actual[i], emulated[i]);
+                let decided_by_noise = noise.as_ref().is_some_and(|n| n.decides(i, e));
                 if !decided_by_noise && a.is_finite() && e.is_finite() && a != e {
                     let d = (a - e).signum();
                     up += d as i64;

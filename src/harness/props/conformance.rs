@@ -29,6 +29,7 @@ use super::yardstick::Yardstick;
 use crate::backend::fallback_rounding_budget_of;
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::noise_decides;
+use std::borrow::Cow;
 
 /// One tensor's per-element noise, and where known the emulation's value before its rounding
 /// to the dtype.
@@ -60,24 +61,40 @@ impl<'a> Undecided<'a> {
         }
     }
 
-    /// Per valid element of `t` (in [`Paired::pairs`] order), whether noise decides its
-    /// rounding; None where the tensor has no noise.
-    pub fn flags<'b>(
-        &'b self,
-        t: &'b Paired<'_>,
-        dtype: smallseq_reference::Dtype,
-    ) -> Option<impl Iterator<Item = bool> + 'b> {
-        let n = self.of(t.tensor)?;
-        let mut acc = n.acc.map(|a| t.over_valid(a));
-        Some(
-            t.over_valid(n.noise)
-                .zip(t.over_valid(t.emulated))
-                .map(move |(noise, y)| {
-                    let acc = acc.as_mut().and_then(Iterator::next);
-                    noise_decides(noise, acc, y, dtype)
-                }),
-        )
+    /// Whether noise decides the rounding of each element of `tensor`, by its index in
+    /// storage order ([`Paired::flat`]); None where the tensor has no noise.
+    pub fn decider(&self, tensor: &str, dtype: smallseq_reference::Dtype) -> Option<Decider<'a>> {
+        self.of(tensor).map(|n| Decider {
+            noise: flat(n.noise),
+            acc: n.acc.map(flat),
+            dtype,
+        })
     }
+}
+
+/// One tensor's noise in storage order, to ask element by element whether it decides a
+/// rounding ([`noise_decides`]).
+pub struct Decider<'a> {
+    noise: Cow<'a, [f64]>,
+    acc: Option<Cow<'a, [f64]>>,
+    dtype: smallseq_reference::Dtype,
+}
+
+impl Decider<'_> {
+    /// Whether noise decides the rounding of element `i`, whose emulated value is `y`.
+    pub fn decides(&self, i: usize, y: f64) -> bool {
+        let acc = self.acc.as_ref().and_then(|a| a.get(i).copied());
+        self.noise
+            .get(i)
+            .is_some_and(|&n| noise_decides(n, acc, y, self.dtype))
+    }
+}
+
+/// `x`'s elements in storage order: borrowed where `x` is in standard layout (the outputs
+/// and yardsticks are), else copied.
+fn flat(x: &ndarray::Array3<f64>) -> Cow<'_, [f64]> {
+    x.as_slice()
+        .map_or_else(|| Cow::Owned(x.iter().copied().collect()), Cow::Borrowed)
 }
 
 impl Yardstick {
@@ -175,6 +192,21 @@ impl Paired<'_> {
             .filter(|(_, v)| **v)
             .flat_map(|(a, _)| a.into_iter().copied())
     }
+
+    /// The actual and emulated values in storage order, and per valid token the range of its
+    /// elements: the counting loops index plain slices rather than walk nested iterators
+    /// (fallback tensors run to hundreds of thousands of elements a case).
+    pub fn flat(&self) -> (Cow<'_, [f64]>, Cow<'_, [f64]>, Vec<std::ops::Range<usize>>) {
+        let per_token = self.actual.len() / self.actual.shape()[0].max(1);
+        let tokens = self
+            .valid
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v)
+            .map(|(t, _)| t * per_token..(t + 1) * per_token)
+            .collect();
+        (flat(self.actual), flat(self.emulated), tokens)
+    }
 }
 
 /// The output tensors the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
@@ -230,7 +262,7 @@ pub fn counts(
     paired(case, small, actual, emulated)
         .iter()
         .map(|t| {
-            let mut noise = undecided.flags(t, case.config.dtype);
+            let noise = undecided.decider(t.tensor, case.config.dtype);
             let mut c = Count {
                 tensor: t.tensor,
                 elements: 0,
@@ -238,8 +270,10 @@ pub fn counts(
                 row: t.row,
                 excluded: 0,
             };
-            for (x, y) in t.pairs() {
-                if noise.as_mut().and_then(Iterator::next) == Some(true) {
+            let (actual, emulated, tokens) = t.flat();
+            for i in tokens.into_iter().flatten() {
+                let (x, y) = (actual[i], emulated[i]);
+                if noise.as_ref().is_some_and(|n| n.decides(i, y)) {
                     c.excluded += 1;
                     continue;
                 }
