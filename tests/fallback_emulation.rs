@@ -62,3 +62,44 @@ fn cpu_fallback_outputs_are_the_emulation_bit_for_bit() {
     );
     assert_eq!(differ, 0, "first: {first_differing:?}");
 }
+
+/// Issue 35 item 3's power: each one-ulp-loss mutant (a partial sum rounded to the input
+/// dtype at every step of one reduction, either path) fails some property within 400 cases
+/// on each of seeds 1, 2 and 3 (measured: within 50, `docs/judgement.md`).
+#[test]
+fn one_ulp_loss_mutants_are_killed_on_three_seeds() {
+    use smallseq::harness::props::{Checker, Outcome};
+    use smallseq::mutants::{Defects, Mutant};
+    let losses = [
+        Mutant::FallbackPvHalfAccumulation,
+        Mutant::FallbackRowsumHalfAccumulation,
+        Mutant::FallbackDqHalfAccumulation,
+        Mutant::FallbackDkHalfAccumulation,
+        Mutant::FallbackDvHalfAccumulation,
+        Mutant::FallbackDeltaHalfAccumulation,
+        Mutant::PvHalfAccumulation,
+        Mutant::RowsumHalfAccumulation,
+        Mutant::DqHalfAccumulation,
+        Mutant::DkHalfAccumulation,
+        Mutant::DvHalfAccumulation,
+        Mutant::DeltaHalfAccumulation,
+    ];
+    for m in losses {
+        let be = CpuBackend::mutant(Defects::of(&[m]));
+        let checker = Checker::isolated(&be);
+        for seed in 1..=3 {
+            let killed = (0..400u64).find(|&i| {
+                let cs = case_seed(seed, i);
+                let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
+                let case = build(&g, cs ^ 0xda7a).unwrap();
+                checker.check(&case, i).is_ok_and(|run| {
+                    run.outcomes
+                        .iter()
+                        .any(|(_, o)| matches!(o, Outcome::Fail(_)))
+                })
+            });
+            eprintln!("{m} seed {seed}: killed at case {killed:?}");
+            assert!(killed.is_some(), "{m} survives 400 cases on seed {seed}");
+        }
+    }
+}
