@@ -97,11 +97,36 @@ pub enum Mutant {
     /// The CPU fallback reads a broadcast post-scale bias on the wrong axis: the slot picks
     /// the head plane and the head the batch plane (`[1, H, …]` read as `[H, 1, …]`).
     BiasBroadcastWrongAxis,
+    // Issue 35, item 3: a one-ulp loss in each reduction of both paths (a partial sum rounded
+    // to the input dtype at every step, `src/backend/cpu/sums.rs`), which only the paths'
+    // emulations (not the f64 reference's error bounds) can be counted on to see.
+    /// The CPU fallback's forward rounds its P·V accumulator to the input dtype at every key.
+    FallbackPvHalfAccumulation,
+    /// The CPU fallback's forward rounds its softmax row sum to the input dtype at every key.
+    FallbackRowsumHalfAccumulation,
+    /// The CPU fallback's backward rounds its dQ accumulator to the input dtype at every key.
+    FallbackDqHalfAccumulation,
+    /// The CPU fallback's backward rounds its dK accumulators to the input dtype at every row.
+    FallbackDkHalfAccumulation,
+    /// The CPU fallback's backward rounds its dV accumulators to the input dtype at every row.
+    FallbackDvHalfAccumulation,
+    /// The CPU fallback's backward rounds D = Σ P·dP to the input dtype at every key.
+    FallbackDeltaHalfAccumulation,
+    /// The small-seq forward rounds its P·V accumulator to the input dtype at every key.
+    PvHalfAccumulation,
+    /// The small-seq forward rounds its softmax row sum to the input dtype at every key.
+    RowsumHalfAccumulation,
+    /// The small-seq backward rounds its dK accumulators to the input dtype at every row.
+    DkHalfAccumulation,
+    /// The small-seq backward rounds its dV accumulators to the input dtype at every row.
+    DvHalfAccumulation,
+    /// The small-seq backward rounds D = Σ P·dP to the input dtype at every key.
+    DeltaHalfAccumulation,
 }
 
 impl Mutant {
     /// The whole catalogue.
-    pub const ALL: [Mutant; 39] = [
+    pub const ALL: [Mutant; 50] = [
         Mutant::CuSeqlensOffByOne,
         Mutant::KvHeadModulo,
         Mutant::GqaNoSum,
@@ -144,6 +169,17 @@ impl Mutant {
         Mutant::SegmentConversionSlip,
         Mutant::PhiloxIndexSwapped,
         Mutant::BiasBroadcastWrongAxis,
+        Mutant::FallbackPvHalfAccumulation,
+        Mutant::FallbackRowsumHalfAccumulation,
+        Mutant::FallbackDqHalfAccumulation,
+        Mutant::FallbackDkHalfAccumulation,
+        Mutant::FallbackDvHalfAccumulation,
+        Mutant::FallbackDeltaHalfAccumulation,
+        Mutant::PvHalfAccumulation,
+        Mutant::RowsumHalfAccumulation,
+        Mutant::DkHalfAccumulation,
+        Mutant::DvHalfAccumulation,
+        Mutant::DeltaHalfAccumulation,
     ];
 
     /// The define that plants this bug in the GPU kernels (`kernels/small_seq.cu`,
@@ -215,6 +251,17 @@ impl Mutant {
             Mutant::SegmentConversionSlip => "segment-conversion-slip",
             Mutant::PhiloxIndexSwapped => "philox-index-swapped",
             Mutant::BiasBroadcastWrongAxis => "bias-broadcast-wrong-axis",
+            Mutant::FallbackPvHalfAccumulation => "fallback-pv-half-accumulation",
+            Mutant::FallbackRowsumHalfAccumulation => "fallback-rowsum-half-accumulation",
+            Mutant::FallbackDqHalfAccumulation => "fallback-dq-half-accumulation",
+            Mutant::FallbackDkHalfAccumulation => "fallback-dk-half-accumulation",
+            Mutant::FallbackDvHalfAccumulation => "fallback-dv-half-accumulation",
+            Mutant::FallbackDeltaHalfAccumulation => "fallback-delta-half-accumulation",
+            Mutant::PvHalfAccumulation => "pv-half-accumulation",
+            Mutant::RowsumHalfAccumulation => "rowsum-half-accumulation",
+            Mutant::DkHalfAccumulation => "dk-half-accumulation",
+            Mutant::DvHalfAccumulation => "dv-half-accumulation",
+            Mutant::DeltaHalfAccumulation => "delta-half-accumulation",
         }
     }
 }

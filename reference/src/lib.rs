@@ -8,6 +8,7 @@
 //!   ([`equations`]) applied to each (slot, head) block sliced out by [`slot`];
 //! - [`naive`]: an independent plain-loop f64 implementation to cross-check it;
 //! - [`emulate`]: the kernels' f32/dtype roundings, the same-precision yardstick;
+//! - [`emulate_fallback`]: the fallback's online softmax in f32, per declared design;
 //! - [`ds_scale`]: how dS keeps its value as a 16-bit operand (a power of two per block);
 //! - [`dropout`]: which elements of P drop (Philox 4×32-10), shared by all of the above.
 
@@ -15,6 +16,7 @@ mod attention;
 pub mod dropout;
 pub mod ds_scale;
 pub mod emulate;
+pub mod emulate_fallback;
 pub mod equations;
 mod gemm;
 

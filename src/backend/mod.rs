@@ -180,6 +180,24 @@ pub fn rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
     }
 }
 
+/// The `emulation_conformance` rate budget of backend `backend`'s fallback-path output
+/// `tensor`, judged against the f32 fallback emulation of the backend's design
+/// (`smallseq_reference::emulate_fallback`).
+///
+/// - `cpu` (and `te625-model`): its fallback is the design `FallbackDesign::CPU` (blocks of 64
+///   keys, P in f32 for P·V and dV, D = Σ P·dP) and performs the emulation's f32 operations in
+///   the same order, so every element agrees bitwise (`smallseq calibrate --backend cpu`,
+///   docs/judgement.md): 1 %, the small-seq budget, at least one row.
+/// - `cuda`, `hip`: their fallback kernels (`kernels/fallback.cu`) round P to 16 bits in the
+///   tiled kernel and sum in another order; not calibrated against an emulation of their
+///   design, not judged.
+pub fn fallback_rounding_budget_of(backend: &str, tensor: &str) -> Option<f64> {
+    match (backend, tensor) {
+        ("cpu" | "te625-model", "o" | "dq" | "dk" | "dv") => Some(0.01),
+        _ => None,
+    }
+}
+
 /// Who a backend is and what it can do: its name, device and build, and the capabilities the
 /// harness asks about before and after a launch.
 pub trait BackendInfo: Send + Sync {

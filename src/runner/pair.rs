@@ -25,6 +25,14 @@ impl Pair {
         )
     }
 
+    /// Whether the forward and the backward ran on the fallback path.
+    pub fn fallback(&self) -> (bool, bool) {
+        (
+            self.fwd.path == Some(Path::Fallback),
+            self.bwd.as_ref().and_then(|b| b.path) == Some(Path::Fallback),
+        )
+    }
+
     pub fn outputs(&self) -> Outputs {
         Outputs {
             o: Some(self.fwd.o.mapv(f64::from)),

@@ -10,6 +10,7 @@
 //! A bias (`docs/semantics.md` §1.9) is added to each f32 score after the scale; dBias sums
 //! the f32 dS of the slots and heads sharing an entry.
 
+use super::sums::{add, axpy, sum, Losses};
 use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::error::Result;
@@ -31,6 +32,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         .map(|i| be.slot(a.layout, i))
         .collect();
     let rescale = p.dropout.rescale() as f32;
+    let loss = Losses::fallback(be, dt);
     let results: Vec<SlotFwd> = slots
         .par_iter()
         .enumerate()
@@ -71,12 +73,11 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         acc.iter_mut().for_each(|x| *x *= alpha);
                         for (c, sc) in s {
                             let e = (sc - m_new).exp();
-                            l += e;
+                            l = add(l, e, loss.rowsum);
                             if be.dropout_factor(p, slot, h, i, c) == 0.0 {
                                 continue;
                             }
-                            let v = be.load(dt, &a.v, g.ok + c, hk);
-                            acc.iter_mut().zip(&v).for_each(|(x, vv)| *x += e * vv);
+                            axpy(&mut acc, e, &be.load(dt, &a.v, g.ok + c, hk), loss.pv);
                         }
                         m = m_new;
                     }
@@ -126,6 +127,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
     let slots: Vec<SlotGeom> = (0..f.layout.slots())
         .map(|i| be.slot(f.layout, i))
         .collect();
+    let loss = Losses::fallback(be, dt);
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .enumerate()
@@ -157,7 +159,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
                         keys.push((c, k, pr, dp, z));
                     }
-                    let delta: f32 = keys.iter().map(|(_, _, pr, dp, _)| pr * dp).sum();
+                    let delta = sum(keys.iter().map(|(_, _, pr, dp, _)| pr * dp), loss.delta);
                     r.delta[i * heads + h] = delta;
                     let mut dq = vec![0f32; d];
                     for (c, k, pr, dp, z) in keys {
@@ -165,17 +167,11 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         if let Some(db) = r.ds.as_mut() {
                             db[(h * g.lq + i) * g.lk + c] = ds;
                         }
-                        dq.iter_mut().zip(&k).for_each(|(x, kk)| *x += ds * kk);
+                        axpy(&mut dq, ds, &k, loss.dq);
                         let at = (c * heads + h) * d;
-                        r.dk[at..at + d]
-                            .iter_mut()
-                            .zip(&q)
-                            .for_each(|(x, qq)| *x += scale * ds * qq);
+                        axpy(&mut r.dk[at..at + d], scale * ds, &q, loss.dk);
                         let at = (c * heads + h) * dvd;
-                        r.dv[at..at + dvd]
-                            .iter_mut()
-                            .zip(&d_o)
-                            .for_each(|(x, o)| *x += pr * z * o);
+                        axpy(&mut r.dv[at..at + dvd], pr * z, &d_o, loss.dv);
                     }
                     let at = (i * heads + h) * d;
                     r.dq[at..at + d]

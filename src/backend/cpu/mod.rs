@@ -7,6 +7,7 @@
 
 mod fallback;
 mod small_seq;
+mod sums;
 
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::dispatch::gate::GateDefects;

@@ -3,6 +3,7 @@
 //! f32 accumulation, the scale applied once after the dot product, P and dS rounded to the
 //! input dtype before the second products, outputs rounded at store, D = Σ P·dP.
 
+use super::sums::{axpy, sum, Losses};
 use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BackendInfo, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
@@ -63,7 +64,7 @@ fn scores(
         .collect()
 }
 
-fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
+fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>, loss: &Losses) -> Tile {
     let mut m = Vec::with_capacity(s.len());
     let mut l = Vec::with_capacity(s.len());
     for row in &s {
@@ -84,12 +85,13 @@ fn softmax_stats(be: &CpuBackend, s: Vec<Vec<Option<f32>>>) -> Tile {
             mx
         };
         // Per-tile partial sums, tile 0 then tile 1, as the kernel's butterflies produce them.
-        let sum = row
-            .chunks(TILE)
-            .map(|t| t.iter().flatten().map(|&x| (x - mx).exp()).sum::<f32>())
-            .sum::<f32>();
+        let total = sum(
+            row.chunks(TILE)
+                .map(|t| sum(t.iter().flatten().map(|&x| (x - mx).exp()), loss.rowsum)),
+            loss.rowsum,
+        );
         m.push(mx);
-        l.push(sum);
+        l.push(total);
     }
     Tile { s, m, l }
 }
@@ -125,6 +127,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         return Ok(());
     }
     let slots: Vec<SlotGeom> = (0..b).map(|i| be.slot(a.layout, i)).collect();
+    let loss = Losses::small_seq(be, dt);
     if let Some((i, g)) = slots
         .iter()
         .enumerate()
@@ -151,7 +154,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         be.load(dt, &a.v, row, hk)
                     })
                     .collect();
-                let t = softmax_stats(be, scores(be, a, g, h, hk));
+                let t = softmax_stats(be, scores(be, a, g, h, hk), &loss);
                 for r in 0..g.lq {
                     res.lse[r * heads + h] = be.lse_of(t.m[r], t.l[r]);
                     let orow = &mut res.o[(r * heads + h) * dv..(r * heads + h + 1) * dv];
@@ -171,7 +174,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         } else {
                             dt.round(pr)
                         };
-                        acc.iter_mut().zip(&vals[c]).for_each(|(x, v)| *x += pr * v);
+                        axpy(&mut acc, pr, &vals[c], loss.pv);
                     }
                     orow.iter_mut()
                         .zip(acc)
@@ -216,6 +219,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         return Err(capacity_error(i, g));
     }
     let lse_flat: Vec<f32> = a.lse.iter().copied().collect();
+    let loss = Losses::small_seq(be, dt);
     let results: Vec<SlotBwd> = slots
         .par_iter()
         .map(|g| {
@@ -243,7 +247,7 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     }
                     let pi = &pr[i * lk..(i + 1) * lk];
                     let dp: Vec<f32> = (0..lk).map(|c| dot(&d_o[i], &v[c])).collect();
-                    let delta = pi.iter().zip(&dp).map(|(x, y)| x * y).sum::<f32>();
+                    let delta = sum(pi.iter().zip(&dp).map(|(x, y)| x * y), loss.delta);
                     r.delta[i * heads + h] = delta;
                     for c in 0..lk {
                         raw[i * lk + c] = pi[c] * (dp[c] - delta);
@@ -261,23 +265,16 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         scale
                     };
                     let mut dq = vec![0f32; d];
+                    let d_o16: Vec<f32> = d_o[i].iter().map(|&o| dt.round(o)).collect();
                     for c in 0..lk {
                         let ds = ds_op[i * lk + c];
-                        if be.has(Mutant::DqHalfAccumulation) {
-                            dq.iter_mut()
-                                .zip(&k[c])
-                                .for_each(|(x, kk)| *x = dt.round(*x + ds * kk));
-                        } else {
-                            dq.iter_mut().zip(&k[c]).for_each(|(x, kk)| *x += ds * kk);
-                        }
+                        axpy(&mut dq, ds, &k[c], loss.dq);
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
-                        dk.iter_mut().zip(&q[i]).for_each(|(x, qq)| *x += ds * qq);
+                        axpy(dk, ds, &q[i], loss.dk);
                         if c < P_STORE_COLS {
                             let pv = dt.round(pr[i * lk + c]);
                             let dv = &mut r.dv[(c * heads + h) * dvd..(c * heads + h + 1) * dvd];
-                            dv.iter_mut()
-                                .zip(&d_o[i])
-                                .for_each(|(x, o)| *x += pv * dt.round(*o));
+                            axpy(dv, pv, &d_o16, loss.dv);
                         }
                     }
                     let dst = &mut r.dq[(i * heads + h) * d..(i * heads + h + 1) * d];

@@ -157,9 +157,11 @@ pub fn signs(
                 signed_ulps: 0.0,
             };
             let (mut up, mut away, mut col) = (0i64, 0i64, 0usize);
-            let mut noise = undecided.flags(t, case.config.dtype);
-            for (a, e) in t.pairs() {
-                let decided_by_noise = noise.as_mut().and_then(Iterator::next) == Some(true);
+            let noise = undecided.decider(t.tensor, case.config.dtype);
+            let (actual, emulated, tokens) = t.flat();
+            for i in tokens.into_iter().flatten() {
+                let (a, e) = (actual[i], emulated[i]);
+                let decided_by_noise = noise.as_ref().is_some_and(|n| n.decides(i, e));
                 if !decided_by_noise && a.is_finite() && e.is_finite() && a != e {
                     let d = (a - e).signum();
                     up += d as i64;
@@ -239,11 +241,14 @@ pub fn judge(signs: &[Signs], budget: impl Fn(&str) -> Option<f64>) -> Outcome {
 
 impl Checker<'_> {
     /// The property on the small-seq path, where the kernels round as the emulation does and
-    /// a sign imbalance can only come from a rounding of their own.
+    /// a sign imbalance can only come from a rounding of their own; and on the fallback path
+    /// of a backend whose fallback design is emulated
+    /// ([`crate::backend::fallback_rounding_budget_of`]), for the same reason.
     pub(super) fn rounding_bias(&self, cx: &CaseContext<'_>) -> Outcome {
         let base = cx.base;
-        let bias = |t: &str| bias_budget_of(self.runner.name(), t);
-        match base.fwd.path {
+        let name = self.runner.name();
+        let bias = |t: &str| bias_budget_of(name, t);
+        let small = match base.fwd.path {
             Some(Path::SmallSeq) => judge(
                 &signs(
                     cx.case,
@@ -255,7 +260,23 @@ impl Checker<'_> {
                 bias,
             ),
             _ => skip("not on the small-seq path"),
-        }
+        };
+        let on = base.fallback();
+        let emulated = CONFORMANCE_TENSORS
+            .iter()
+            .any(|t| crate::backend::fallback_rounding_budget_of(name, t).is_some());
+        let fallback = if emulated && (on.0 || on.1) {
+            match cx.y.fallback(cx.case) {
+                Ok(y) => judge(
+                    &signs(cx.case, on, cx.actual, y, cx.y.fallback_undecided()),
+                    bias,
+                ),
+                Err(e) => skip(format!("fallback emulation not computed: {e}")),
+            }
+        } else {
+            skip("not on an emulated fallback path")
+        };
+        super::conformance::either_path(small, fallback)
     }
 }
 

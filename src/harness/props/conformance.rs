@@ -26,9 +26,10 @@
 use super::checker::{CaseContext, Checker};
 use super::verdict::{skip, Failure, Outcome, Prop};
 use super::yardstick::Yardstick;
+use crate::backend::fallback_rounding_budget_of;
 use crate::case::{Case, Outputs};
-use crate::dispatch::Path;
 use crate::harness::conditioning::noise_decides;
+use std::borrow::Cow;
 
 /// One tensor's per-element noise, and where known the emulation's value before its rounding
 /// to the dtype.
@@ -60,24 +61,40 @@ impl<'a> Undecided<'a> {
         }
     }
 
-    /// Per valid element of `t` (in [`Paired::pairs`] order), whether noise decides its
-    /// rounding; None where the tensor has no noise.
-    pub fn flags<'b>(
-        &'b self,
-        t: &'b Paired<'_>,
-        dtype: smallseq_reference::Dtype,
-    ) -> Option<impl Iterator<Item = bool> + 'b> {
-        let n = self.of(t.tensor)?;
-        let mut acc = n.acc.map(|a| t.over_valid(a));
-        Some(
-            t.over_valid(n.noise)
-                .zip(t.over_valid(t.emulated))
-                .map(move |(noise, y)| {
-                    let acc = acc.as_mut().and_then(Iterator::next);
-                    noise_decides(noise, acc, y, dtype)
-                }),
-        )
+    /// Whether noise decides the rounding of each element of `tensor`, by its index in
+    /// storage order ([`Paired::flat`]); None where the tensor has no noise.
+    pub fn decider(&self, tensor: &str, dtype: smallseq_reference::Dtype) -> Option<Decider<'a>> {
+        self.of(tensor).map(|n| Decider {
+            noise: flat(n.noise),
+            acc: n.acc.map(flat),
+            dtype,
+        })
     }
+}
+
+/// One tensor's noise in storage order, to ask element by element whether it decides a
+/// rounding ([`noise_decides`]).
+pub struct Decider<'a> {
+    noise: Cow<'a, [f64]>,
+    acc: Option<Cow<'a, [f64]>>,
+    dtype: smallseq_reference::Dtype,
+}
+
+impl Decider<'_> {
+    /// Whether noise decides the rounding of element `i`, whose emulated value is `y`.
+    pub fn decides(&self, i: usize, y: f64) -> bool {
+        let acc = self.acc.as_ref().and_then(|a| a.get(i).copied());
+        self.noise
+            .get(i)
+            .is_some_and(|&n| noise_decides(n, acc, y, self.dtype))
+    }
+}
+
+/// `x`'s elements in storage order: borrowed where `x` is in standard layout (the outputs
+/// and yardsticks are), else copied.
+fn flat(x: &ndarray::Array3<f64>) -> Cow<'_, [f64]> {
+    x.as_slice()
+        .map_or_else(|| Cow::Owned(x.iter().copied().collect()), Cow::Borrowed)
 }
 
 impl Yardstick {
@@ -175,6 +192,21 @@ impl Paired<'_> {
             .filter(|(_, v)| **v)
             .flat_map(|(a, _)| a.into_iter().copied())
     }
+
+    /// The actual and emulated values in storage order, and per valid token the range of its
+    /// elements: the counting loops index plain slices rather than walk nested iterators
+    /// (fallback tensors run to hundreds of thousands of elements a case).
+    pub fn flat(&self) -> (Cow<'_, [f64]>, Cow<'_, [f64]>, Vec<std::ops::Range<usize>>) {
+        let per_token = self.actual.len() / self.actual.shape()[0].max(1);
+        let tokens = self
+            .valid
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v)
+            .map(|(t, _)| t * per_token..(t + 1) * per_token)
+            .collect();
+        (flat(self.actual), flat(self.emulated), tokens)
+    }
 }
 
 /// The output tensors the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
@@ -230,7 +262,7 @@ pub fn counts(
     paired(case, small, actual, emulated)
         .iter()
         .map(|t| {
-            let mut noise = undecided.flags(t, case.config.dtype);
+            let noise = undecided.decider(t.tensor, case.config.dtype);
             let mut c = Count {
                 tensor: t.tensor,
                 elements: 0,
@@ -238,8 +270,10 @@ pub fn counts(
                 row: t.row,
                 excluded: 0,
             };
-            for (x, y) in t.pairs() {
-                if noise.as_mut().and_then(Iterator::next) == Some(true) {
+            let (actual, emulated, tokens) = t.flat();
+            for i in tokens.into_iter().flatten() {
+                let (x, y) = (actual[i], emulated[i]);
+                if noise.as_ref().is_some_and(|n| n.decides(i, y)) {
                     c.excluded += 1;
                     continue;
                 }
@@ -310,23 +344,79 @@ pub fn judge(counts: &[Count], budget: impl Fn(&str) -> Option<f64>) -> Outcome 
     }
 }
 
+impl Yardstick {
+    /// The noise that decides roundings of the fallback emulation's outputs: the gradients'
+    /// conditioning allowance (cancelling dS); o and dv keep P in f32 in
+    /// [`smallseq_reference::emulate_fallback::FallbackDesign::CPU`], so no P rounding
+    /// noise is left out of them.
+    pub fn fallback_undecided(&self) -> Undecided<'_> {
+        let u = self.undecided();
+        Undecided {
+            o: None,
+            dv: None,
+            ..u
+        }
+    }
+}
+
 impl Checker<'_> {
-    /// The property: outputs off the emulation by more than an ulp, counted against
-    /// the backend's rate budgets.
+    /// The property: outputs off their path's emulation by more than an ulp, counted against
+    /// the backend's rate budgets (small-seq outputs against the kernels' emulation, fallback
+    /// outputs against the fallback's where the backend's fallback design is emulated).
     pub(super) fn emulation_conformance(&self, cx: &CaseContext<'_>) -> Outcome {
         let (case, base) = (cx.case, cx.base);
-        if CONFORMANCE_TENSORS
+        let name = self.runner.name();
+        let small = base.small_seq();
+        let small_outcome = if CONFORMANCE_TENSORS
             .iter()
             .all(|t| self.runner.rounding_budget(t).is_none())
         {
-            return skip("backend roundings not calibrated against the emulation");
+            skip("backend roundings not calibrated against the emulation")
+        } else if !small.0 {
+            skip("not on the small-seq path")
+        } else {
+            let counts = counts(case, small, cx.actual, &cx.y.emulated, cx.y.undecided());
+            judge(&counts, |t| self.runner.rounding_budget(t))
+        };
+        let on = base.fallback();
+        let fallback_outcome = if CONFORMANCE_TENSORS
+            .iter()
+            .all(|t| fallback_rounding_budget_of(name, t).is_none())
+        {
+            skip("backend's fallback design not emulated")
+        } else if !(on.0 || on.1) {
+            skip("not on the fallback path")
+        } else {
+            match cx.y.fallback(case) {
+                Ok(y) => {
+                    let counts = counts(case, on, cx.actual, y, cx.y.fallback_undecided());
+                    judge(&counts, |t| fallback_rounding_budget_of(name, t))
+                }
+                Err(e) => skip(format!("fallback emulation not computed: {e}")),
+            }
+        };
+        either_path(small_outcome, fallback_outcome)
+    }
+}
+
+/// One verdict of a property judged on each path a case took: the worse failure, else a
+/// pass where either path was judged, else the small-seq path's reason to skip (the fallback's
+/// where the case never reached small-seq).
+pub(super) fn either_path(small: Outcome, fallback: Outcome) -> Outcome {
+    match (small, fallback) {
+        (Outcome::Fail(a), Outcome::Fail(b)) => {
+            Outcome::Fail(if b.margin > a.margin { b } else { a })
         }
-        if base.fwd.path != Some(Path::SmallSeq) {
-            return skip("not on the small-seq path");
+        (Outcome::Fail(f), _) | (_, Outcome::Fail(f)) => Outcome::Fail(f),
+        (Outcome::Pass, _) | (_, Outcome::Pass) => Outcome::Pass,
+        (s @ Outcome::Skip { .. }, f @ Outcome::Skip { .. }) => {
+            if let Outcome::Skip { reason } = &s {
+                if reason == "not on the small-seq path" {
+                    return f;
+                }
+            }
+            s
         }
-        let undecided = cx.y.undecided();
-        let counts = counts(case, base.small_seq(), cx.actual, &cx.y.emulated, undecided);
-        judge(&counts, |t| self.runner.rounding_budget(t))
     }
 }
 

@@ -8,6 +8,7 @@ use crate::harness::conditioning::{allowances, Design, GradAllowance, OrderAllow
 use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
 use crate::stages::{timed, Stage};
 use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
+use smallseq_reference::emulate_fallback::{self, FallbackDesign};
 use smallseq_reference::{emulate_dbias, forward_backward, Dtype};
 
 /// What a case's outputs are judged by, computed once per case.
@@ -28,11 +29,30 @@ pub struct Yardstick {
     pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
     /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
     pub regimes: Vec<&'static str>,
+    /// The fallback path's f32 emulation of the CPU's design ([`FallbackDesign::CPU`]), the
+    /// yardstick of fallback-path outputs: computed on first use ([`Yardstick::fallback`]),
+    /// so small-seq cases and backends whose fallback is not emulated never pay for it.
+    fallback: std::sync::OnceLock<Outputs>,
     /// The design the order allowance is of, which also decides how a failure is worded.
     pub design: Design,
 }
 
 impl Yardstick {
+    /// The fallback emulation of `case` (the case this yardstick is of), computed once and
+    /// shared by the properties that judge fallback-path outputs.
+    pub fn fallback(&self, case: &Case) -> Result<&Outputs> {
+        if let Some(y) = self.fallback.get() {
+            return Ok(y);
+        }
+        let problem = case.problem()?;
+        let (ff, fg) = timed(Stage::Emulation, || {
+            emulate_fallback::forward_backward(&problem, case.config.dtype, &FallbackDesign::CPU)
+        });
+        Ok(self
+            .fallback
+            .get_or_init(|| emulated_outputs(&ff, fg.as_ref())))
+    }
+
     /// `actual` judged tensor by tensor; `order` takes the per-row rule's allowance for
     /// another summation order (without it, the rule as the emulation alone would set it).
     pub fn judge(&self, case: &Case, actual: &Outputs, order: bool) -> Vec<Judgement> {
@@ -81,6 +101,7 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
     })
     .map(|d| d.mapv(f64::from));
     Ok(Yardstick {
+        fallback: std::sync::OnceLock::new(),
         reference,
         emulated,
         emulated_acc: (
