@@ -194,9 +194,9 @@ impl Paired<'_> {
     }
 
     /// The actual and emulated values in storage order, and per valid token the range of its
-    /// elements: the counting loops index plain slices rather than walk nested iterators
+    /// elements ([`Flat`]): the counting loops index plain slices rather than walk nested iterators
     /// (fallback tensors run to hundreds of thousands of elements a case).
-    pub fn flat(&self) -> (Cow<'_, [f64]>, Cow<'_, [f64]>, Vec<std::ops::Range<usize>>) {
+    pub fn flat(&self) -> Flat<'_> {
         let per_token = self.actual.len() / self.actual.shape()[0].max(1);
         let tokens = self
             .valid
@@ -208,6 +208,10 @@ impl Paired<'_> {
         (flat(self.actual), flat(self.emulated), tokens)
     }
 }
+
+/// A tensor pair's actual and emulated values in storage order, and the element ranges of its
+/// valid tokens.
+pub type Flat<'a> = (Cow<'a, [f64]>, Cow<'a, [f64]>, Vec<std::ops::Range<usize>>);
 
 /// The output tensors the small-seq path computed (`fwd_small`: o; `bwd_small`: dq, dk, dv),
 /// each paired with the emulation's.
