@@ -1,23 +1,5 @@
 //! The `smallseq` command.
 
-/// `println!` that survives a closed stdout: `smallseq fuzz … | head` must still check its
-/// cases and write its reports (a failed write panicked, and the campaign was lost before its
-/// first case).
-macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
-}
-
-/// `eprintln!` that survives a closed stderr, as [`say!`].
-macro_rules! tell {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($t)*);
-    }};
-}
-
 mod cli;
 
 use clap::{Parser, Subcommand};
@@ -109,7 +91,9 @@ fn main() -> ExitCode {
                 std::process::exit(cli::EXIT_INTERRUPTED);
             }
             if !stop.swap(true, Ordering::SeqCst) {
-                tell!("smallseq: stopping: finishing the current case, then writing the report");
+                eprintln!(
+                    "smallseq: stopping: finishing the current case, then writing the report"
+                );
             }
         });
     }
@@ -139,7 +123,7 @@ fn main() -> ExitCode {
                     msg = format!("{msg}: {c}");
                 }
             }
-            tell!("smallseq: {msg}");
+            eprintln!("smallseq: {msg}");
             ExitCode::from(cli::EXIT_USAGE as u8)
         }
     }

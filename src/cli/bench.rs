@@ -206,14 +206,10 @@ mod imp {
         let p = |s: &CudaSlice<u16>| s.device_ptr(&st).0;
         let pf = |s: &CudaSlice<f32>| s.device_ptr(&st).0;
         let mut figures: Vec<Figure> = Vec::new();
-        say!("device arch {}", smallseq::backend::BackendInfo::arch(&be));
-        say!(
+        println!("device arch {}", smallseq::backend::BackendInfo::arch(&be));
+        println!(
             "{:28} {:22} {:>10} {:>9} {:>7}",
-            "workload",
-            "kernel",
-            "us",
-            "GB/s",
-            "copy%"
+            "workload", "kernel", "us", "GB/s", "copy%"
         );
         for w in workloads() {
             if let Some(f) = &args.filter {
@@ -343,7 +339,7 @@ mod imp {
                     gb_s: bytes as f64 / us / 1e3,
                     copy_fraction: copy_same / us,
                 };
-                say!(
+                println!(
                     "{:28} {:22} {:>10.1} {:>9.0} {:>6.1}%",
                     f.workload,
                     f.kernel,

@@ -99,11 +99,11 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     let be = match backend::open(&args.backend) {
         Ok(b) => b,
         Err(e) => {
-            tell!("smallseq: {e}");
+            eprintln!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
-    tell!(
+    eprintln!(
         "smallseq calibrate: backend {} ({}), {} cases, seed {}",
         be.name(),
         be.arch(),
@@ -176,15 +176,9 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         }
     }
     bar.finish_and_clear();
-    say!(
+    println!(
         "{:22} {:>8} {:>10} {:>9} {:>9} {:>9} {:>10}",
-        "dtype d tensor",
-        "tensors",
-        "elements",
-        "excluded",
-        "mean %",
-        "max %",
-        "max margin"
+        "dtype d tensor", "tensors", "elements", "excluded", "mean %", "max %", "max margin"
     );
     let mut max = 0.0f64;
     let mut max_margin = None::<f64>;
@@ -193,7 +187,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         if let Some(m) = r.max_margin {
             max_margin = Some(max_margin.map_or(m, |x| x.max(m)));
         }
-        say!(
+        println!(
             "{k:22} {:>8} {:>10} {:>9} {:>9.3} {:>9.3} {:>10}",
             r.tensors,
             r.elements,
@@ -212,7 +206,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 })
         })
         .collect();
-    say!(
+    println!(
         "{small} small-seq cases of {}; largest rate {:.3} % (current budgets: {}, at least one \
          row); largest margin {}",
         args.cases,
@@ -236,12 +230,12 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             format!("{t} {:.3} %", 100.0 * worst)
         })
         .collect();
-    say!("largest rate per tensor: {}", per_tensor.join(", "));
-    say!(
+    println!("largest rate per tensor: {}", per_tensor.join(", "));
+    println!(
         "\nrounding bias (sign test at false-alarm rate {:e} per tensor; budget = excess over a half):",
         bias::FALSE_ALARM
     );
-    say!(
+    println!(
         "{:22} {:>8} {:>11} {:>7} {:>11} {:>10} {:>10}",
         "dtype d tensor",
         "tensors",
@@ -253,7 +247,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     );
     for (k, r) in rates.iter().filter(|(_, r)| r.bias.tensors > 0) {
         let b = &r.bias;
-        say!(
+        println!(
             "{k:22} {:>8} {:>11} {:>7.1} {:>11} {:>10} {:>10}",
             b.tensors,
             b.voting_rows,
@@ -281,7 +275,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             })
         })
         .collect();
-    say!("largest excess per tensor: {}", per_tensor.join(", "));
+    println!("largest excess per tensor: {}", per_tensor.join(", "));
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
             .with_context(|| format!("writing {}", out.display()))?;
