@@ -51,6 +51,13 @@ fn dot_and_abs(a: ArrayView1<f32>, b: ArrayView1<f32>) -> (f64, f64) {
     })
 }
 
+/// The envelope's weight of one dS in the allowance for another order (docs/judgement.md §2):
+/// `|dS| + P·(|dP| + |D| + Σ_d |dO·O|)`, for P, dP and D each held in 16 bits and D formed from
+/// the stored O (`d_from_o` is that sum of magnitudes).
+pub(crate) fn envelope_ds_weight(ds: f64, prob: f64, dp: f64, big_d: f64, d_from_o: f64) -> f64 {
+    ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o)
+}
+
 /// `|a|` in f64, in standard layout (what [`row_of`] and [`row_mut`] read).
 fn abs64(a: &Array3<f32>) -> Array3<f64> {
     let values: Vec<f64> = a.iter().map(|x| f64::from(*x).abs()).collect();
@@ -372,7 +379,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dbn[(at, hb, col)] += w_ds;
                 dbo[(at, hb, col)] += match design {
                     Design::Project => ds.abs(),
-                    Design::Envelope => ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o),
+                    Design::Envelope => envelope_ds_weight(ds, prob, dp, big_d, d_from_o),
                 };
             }
             let ka_c = row_of(&ka, c, hk);

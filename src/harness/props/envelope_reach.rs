@@ -8,9 +8,10 @@
 //! inside. Outputs past the range only in such rows, which pass once those elements are set to
 //! the reference, are that design's range limit.
 
-use super::range_verdict::{describe, past_range, RangeLimit};
+use super::range_verdict::{describe, excused_passing, past_range, RangeLimit};
 use super::yardstick::Yardstick;
-use crate::case::{Case, Outputs};
+use crate::case::{dot64, Case, Outputs};
+use crate::harness::conditioning::envelope_ds_weight;
 use ndarray::{s, Array3};
 use std::collections::HashSet;
 
@@ -39,10 +40,6 @@ fn row(x: &Array3<f32>, t: usize, h: usize) -> Vec<f64> {
         .iter()
         .map(|&v| f64::from(v))
         .collect()
-}
-
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// One query head's 16-bit partial of a grouped dK or dV row: its f64 value and the sum of
@@ -110,21 +107,16 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
     let mut reach = Reach::default();
     for r in case.visible_rows().filter(|r| !r.keys.is_empty()) {
         let (q, g) = (row(&case.q, r.token, r.head), row(d_o, r.token, r.head));
-        let o_row = o.slice(s![r.token, r.head, ..]).to_vec();
-        let d = dot(&g, &o_row);
-        let d_abs: f64 = g.iter().zip(&o_row).map(|(a, b)| (a * b).abs()).sum();
+        let d_o_r = d_o.slice(s![r.token, r.head, ..]);
+        let o_r = o.slice(s![r.token, r.head, ..]);
+        let terms = d_o_r.iter().zip(o_r).map(|(a, b)| f64::from(*a) * b);
+        let (d, d_from_o) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
         let m = lse[[r.token, r.head]];
-        let (lq, lk) = (case.layout.q.len(r.slot), case.layout.kv.len(r.slot));
-        let first_key = case.layout.kv.offset(r.slot);
         for &j in &r.keys {
-            let (k, v) = (row(&case.k, j, r.kv_head), row(&case.v, j, r.kv_head));
-            let bias = p.bias.at(r.slot, r.head, r.row, j - first_key, lq, lk);
-            let pij = (p.scale * dot(&q, &k) + bias - m).exp();
-            let dp = dot(&g, &v);
+            let pij = case.probability(&r, j, m);
+            let dp = dot64(d_o_r, case.v.slice(s![j, r.kv_head, ..]));
             let ds = pij * (dp - d);
-            // The envelope's noise of dS (docs/judgement.md §2): P, dP and D each rounded,
-            // D taken from the stored O.
-            let w = ds.abs() + pij * (dp.abs() + d.abs() + d_abs);
+            let w = envelope_ds_weight(ds, pij, dp, d, d_from_o);
             if ds.abs() + 2.0 * u * w >= max {
                 reach.dq.insert((r.token, r.head));
                 reach.dk.insert((j, r.kv_head));
@@ -178,13 +170,9 @@ pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Ra
                 n += 1;
             }
         }
-        if n > 0 {
-            counts.push(format!("{name} at {n} element(s)"));
-        }
+        counts.push((name, n));
     }
-    if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
-        return None;
-    }
+    let what = excused_passing(case, y, &excused, &counts)?;
     let dt = case.config.dtype;
     let because = format!(
         "all in rows fed by an intermediate that a common design stores in {dt}: {} reaches \
@@ -192,6 +180,6 @@ pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Ra
          the envelope may overflow there)",
         reach.intermediate, reach.largest
     );
-    let what = describe(case, &counts.join(", "), &because);
+    let what = describe(case, &what, &because);
     Some(RangeLimit { excused, what })
 }

@@ -9,7 +9,7 @@
 //! runs with these elements excused the same way (`relation::relation_verdict`).
 
 use super::envelope_reach;
-use super::range_verdict::{describe, past_range, RangeLimit};
+use super::range_verdict::{describe, excused_passing, past_range, RangeLimit};
 use super::yardstick::{emulated_outputs, Yardstick};
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::Design;
@@ -108,14 +108,9 @@ fn excused_by(
         ("dv", excused.dv.as_mut(), &y.reference.dv, &emulated.dv),
     ] {
         if let (Some(a), Some(r), Some(e)) = (a, r, e) {
-            let n = excuse(a, r, e, max);
-            if n > 0 {
-                counts.push(format!("{name} at {n} element(s)"));
-            }
+            counts.push((name, excuse(a, r, e, max)));
         }
     }
-    if counts.is_empty() || y.judge(case, &excused, true).iter().any(|j| !j.passed()) {
-        return None;
-    }
-    Some((excused, counts.join(", ")))
+    let what = excused_passing(case, y, &excused, &counts)?;
+    Some((excused, what))
 }

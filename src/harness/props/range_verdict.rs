@@ -2,6 +2,7 @@
 //! emulated designs, `envelope_reach.rs` for an undeclared one): the test of a value past the
 //! range, the excused outputs, and the verdict's sentence.
 
+use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
 use ndarray::Array3;
 
@@ -15,6 +16,26 @@ pub(super) fn past_range(x: f64, max: f64) -> bool {
 pub(super) struct RangeLimit {
     pub excused: Outputs,
     pub what: String,
+}
+
+/// What one design's rule excused, as the verdict names it (`dq at 64 element(s), …`): `None`
+/// when nothing was excused or the excused outputs still fail the judge (then the failure is
+/// no range limit of that design).
+pub(super) fn excused_passing(
+    case: &Case,
+    y: &Yardstick,
+    excused: &Outputs,
+    counts: &[(&str, usize)],
+) -> Option<String> {
+    let named: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} at {n} element(s)"))
+        .collect();
+    if named.is_empty() || y.judge(case, excused, true).iter().any(|j| !j.passed()) {
+        return None;
+    }
+    Some(named.join(", "))
 }
 
 /// The verdict's sentence: what lies past the range, why a design loses it (`because`: which
