@@ -10,6 +10,7 @@
 #    broadcast, -inf entries, ALiBi, forward and backward with dBias) and of a 20-case fuzz
 #    campaign, beside
 # 3. a 3-minute `smallseq fuzz --backend cuda` campaign (seed 3535).
+# REACH_TEST_TIMEOUT (s) and REACH_FUZZ_TIME change the first two limits.
 # Time: at most 180 s, then at most 245 s for 2 and 3 together (timeouts), about 7 minutes.
 # Writes $OUT/log.txt (the summary), tests.log, memcheck-tests.log, memcheck-fuzz.log,
 # fuzz.log and fuzz-report.tar.gz.
@@ -34,7 +35,7 @@ fi
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 
 # 1. The GPU tests; the test binary finds tests/capsules/cuda from CARGO_MANIFEST_DIR.
-CARGO_MANIFEST_DIR=$PWD SMALLSEQ_REQUIRE_GPU=1 timeout -k 10 180 "$carry/cuda_backend" \
+CARGO_MANIFEST_DIR=$PWD SMALLSEQ_REQUIRE_GPU=1 timeout -k 10 "${REACH_TEST_TIMEOUT:-180}" "$carry/cuda_backend" \
   --test-threads 1 > "$out/tests.log" 2>&1
 say "GPU tests: exit $? ($(grep -E '^test result' "$out/tests.log" | tail -1))"
 grep -E '^test .* (ok|FAILED|ignored)$|^SKIP|worst rel err|cases, [0-9]+ failures|campaign seed|^seed ' \
@@ -55,9 +56,9 @@ grep -E '^test .* (ok|FAILED|ignored)$|^SKIP|worst rel err|cases, [0-9]+ failure
   echo "memcheck exit $?" >> "$out/memcheck-fuzz.log"
 ) &
 sanpid=$!
-timeout -k 10 240 "$ss" fuzz --backend cuda --time 3m --seed 3535 --shrink-time 5s --force \
+timeout -k 10 240 "$ss" fuzz --backend cuda --time "${REACH_FUZZ_TIME:-3m}" --seed 3535 --shrink-time 5s --force \
   --out /tmp/reach-fuzz > "$out/fuzz.log" 2>&1
-say "fuzz (3 min, seed 3535): exit $?; $(grep -m1 'cases in' "$out/fuzz.log")"
+say "fuzz (${REACH_FUZZ_TIME:-3m}, seed 3535): exit $?; $(grep -m1 'cases in' "$out/fuzz.log")"
 tail -30 "$out/fuzz.log" | tee -a "$log" > /dev/null
 tar czf "$out/fuzz-report.tar.gz" -C /tmp reach-fuzz/report.json reach-fuzz/summary.md 2>/dev/null
 wait "$sanpid"

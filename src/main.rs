@@ -1,5 +1,9 @@
 //! The `smallseq` command.
 
+#[macro_use]
+#[path = "cli/say.rs"]
+mod say;
+
 mod cli;
 
 use clap::{Parser, Subcommand};
@@ -91,9 +95,7 @@ fn main() -> ExitCode {
                 std::process::exit(cli::EXIT_INTERRUPTED);
             }
             if !stop.swap(true, Ordering::SeqCst) {
-                eprintln!(
-                    "smallseq: stopping: finishing the current case, then writing the report"
-                );
+                tell!("smallseq: stopping: finishing the current case, then writing the report");
             }
         });
     }
@@ -123,7 +125,7 @@ fn main() -> ExitCode {
                     msg = format!("{msg}: {c}");
                 }
             }
-            eprintln!("smallseq: {msg}");
+            tell!("smallseq: {msg}");
             ExitCode::from(cli::EXIT_USAGE as u8)
         }
     }

@@ -968,3 +968,23 @@ fn fuzz_refuses_a_zero_time_budget_and_closes_with_its_verdict() {
     );
     assert!(dir.join("report.html").is_file());
 }
+
+/// `smallseq fuzz … | head`: with both output streams closed before the first line, the
+/// campaign still checks its cases, writes its reports and exits with its verdict (a write to
+/// a closed pipe panicked before the first case, exit 101, nothing written).
+#[test]
+fn a_campaign_whose_output_pipes_close_still_reports() {
+    let out = tmp("closed-pipes");
+    let mut child = bin()
+        .args(["fuzz", "--cases", "12", "--seed", "3", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+    assert!(out.join("report.json").is_file());
+}

@@ -3,6 +3,11 @@
 //! also runs the benchmark (`src/cli/bench.rs`).
 #![cfg(feature = "cuda")]
 
+#[allow(unused_macros)]
+#[macro_use]
+#[path = "../src/cli/say.rs"]
+mod say;
+
 #[allow(dead_code)]
 #[path = "../src/cli/bench.rs"]
 mod bench;

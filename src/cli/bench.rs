@@ -206,10 +206,14 @@ mod imp {
         let p = |s: &CudaSlice<u16>| s.device_ptr(&st).0;
         let pf = |s: &CudaSlice<f32>| s.device_ptr(&st).0;
         let mut figures: Vec<Figure> = Vec::new();
-        println!("device arch {}", smallseq::backend::BackendInfo::arch(&be));
-        println!(
+        say!("device arch {}", smallseq::backend::BackendInfo::arch(&be));
+        say!(
             "{:28} {:22} {:>10} {:>9} {:>7}",
-            "workload", "kernel", "us", "GB/s", "copy%"
+            "workload",
+            "kernel",
+            "us",
+            "GB/s",
+            "copy%"
         );
         for w in workloads() {
             if let Some(f) = &args.filter {
@@ -339,7 +343,7 @@ mod imp {
                     gb_s: bytes as f64 / us / 1e3,
                     copy_fraction: copy_same / us,
                 };
-                println!(
+                say!(
                     "{:28} {:22} {:>10.1} {:>9.0} {:>6.1}%",
                     f.workload,
                     f.kernel,

@@ -99,11 +99,11 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     let be = match backend::open(&args.backend) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
-    eprintln!(
+    tell!(
         "smallseq calibrate: backend {} ({}), {} cases, seed {}",
         be.name(),
         be.arch(),
@@ -176,9 +176,15 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         }
     }
     bar.finish_and_clear();
-    println!(
+    say!(
         "{:22} {:>8} {:>10} {:>9} {:>9} {:>9} {:>10}",
-        "dtype d tensor", "tensors", "elements", "excluded", "mean %", "max %", "max margin"
+        "dtype d tensor",
+        "tensors",
+        "elements",
+        "excluded",
+        "mean %",
+        "max %",
+        "max margin"
     );
     let mut max = 0.0f64;
     let mut max_margin = None::<f64>;
@@ -187,7 +193,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
         if let Some(m) = r.max_margin {
             max_margin = Some(max_margin.map_or(m, |x| x.max(m)));
         }
-        println!(
+        say!(
             "{k:22} {:>8} {:>10} {:>9} {:>9.3} {:>9.3} {:>10}",
             r.tensors,
             r.elements,
@@ -206,7 +212,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
                 })
         })
         .collect();
-    println!(
+    say!(
         "{small} small-seq cases of {}; largest rate {:.3} % (current budgets: {}, at least one \
          row); largest margin {}",
         args.cases,
@@ -230,12 +236,12 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             format!("{t} {:.3} %", 100.0 * worst)
         })
         .collect();
-    println!("largest rate per tensor: {}", per_tensor.join(", "));
-    println!(
+    say!("largest rate per tensor: {}", per_tensor.join(", "));
+    say!(
         "\nrounding bias (sign test at false-alarm rate {:e} per tensor; budget = excess over a half):",
         bias::FALSE_ALARM
     );
-    println!(
+    say!(
         "{:22} {:>8} {:>11} {:>7} {:>11} {:>10} {:>10}",
         "dtype d tensor",
         "tensors",
@@ -247,7 +253,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
     );
     for (k, r) in rates.iter().filter(|(_, r)| r.bias.tensors > 0) {
         let b = &r.bias;
-        println!(
+        say!(
             "{k:22} {:>8} {:>11} {:>7.1} {:>11} {:>10} {:>10}",
             b.tensors,
             b.voting_rows,
@@ -275,7 +281,7 @@ pub fn run(args: &CalibrateArgs) -> Result<i32> {
             })
         })
         .collect();
-    println!("largest excess per tensor: {}", per_tensor.join(", "));
+    say!("largest excess per tensor: {}", per_tensor.join(", "));
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&rates)?)
             .with_context(|| format!("writing {}", out.display()))?;

@@ -86,11 +86,11 @@ pub fn run(args: &CaseArgs) -> Result<i32> {
     let CaseCommand::New(a) = &args.command;
     match new_case(a) {
         Ok(line) => {
-            println!("{line}");
+            say!("{line}");
             Ok(0)
         }
         Err(msg) => {
-            eprintln!("smallseq case new: {msg}");
+            tell!("smallseq case new: {msg}");
             Ok(super::EXIT_USAGE)
         }
     }

@@ -40,7 +40,7 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
     let recorded = match Recorded::of(&case, &args.case.display().to_string()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
@@ -64,7 +64,7 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
         match smallseq::backend::open_planted("cpu", &recorded.planted) {
             Ok(be) => be.gate_defects(),
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         }
@@ -76,7 +76,7 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
         if !args.env.is_empty() {
             shown.env = args.env.iter().cloned().collect();
         }
-        println!(
+        say!(
             "the capsule's dispatch inputs (flags override them): {}",
             shown.describe()
         );
@@ -93,14 +93,16 @@ pub fn run(args: &ExplainArgs) -> Result<i32> {
         &RuntimeFacts::new(case.config.layout, &case.layout),
     );
     if args.json {
-        println!("{}", decision.to_json());
+        say!("{}", decision.to_json());
     } else {
-        println!(
+        say!(
             "path: {} (profile {}, arch {})",
-            decision.path, decision.profile, d.arch
+            decision.path,
+            decision.profile,
+            d.arch
         );
         for r in &decision.reasons {
-            println!("  {:<12} {}", r.code.name(), r.detail);
+            say!("  {:<12} {}", r.code.name(), r.detail);
         }
     }
     Ok(0)

@@ -84,7 +84,7 @@ pub fn seed_or_clock(seed: Option<u64>) -> u64 {
 
 pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     if args.jobs == Some(0) {
-        eprintln!("smallseq: --jobs 0: at least one case must run at a time");
+        tell!("smallseq: --jobs 0: at least one case must run at a time");
         return Ok(super::EXIT_USAGE);
     }
     if let Err(code) = super::refuse_previous("fuzz", &args.out, &[], args.force) {
@@ -94,14 +94,14 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         match target::open_planted(&args.target, args.profile, args.jobs, &args.plant) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         };
     let runner = target.runner();
     if let target::Target::InProcess(be) = &target {
         if jobs > 1 && !be.concurrent_cases() {
-            eprintln!(
+            tell!(
                 "smallseq: --jobs {jobs}: backend {} in this process checks one case at a time \
                  (add --isolate for one worker process per job)",
                 be.name()
@@ -112,7 +112,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     if args.cases.is_none() && args.time.is_zero() {
         // As `--cases 0` is refused: a campaign that checks nothing must not read as passed
         // (a CI line whose templated budget came out as 0s would turn green).
-        eprintln!("smallseq: --time 0s: the campaign would check no case (give a time above 0, or --cases N)");
+        tell!("smallseq: --time 0s: the campaign would check no case (give a time above 0, or --cases N)");
         return Ok(super::EXIT_USAGE);
     }
     let seed = seed_or_clock(args.seed);
@@ -126,7 +126,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         .arch
         .clone()
         .unwrap_or_else(|| "arch unknown".into());
-    eprintln!(
+    tell!(
         "smallseq fuzz: backend {} ({arch}), profile {}, seed {seed}, budget {budget}, {jobs} \
          job(s){}, out {}",
         runner.name(),
@@ -140,7 +140,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     );
     if let target::Target::Workers(pool) = &target {
         let placement: Vec<String> = pool.placement().iter().map(|d| d.to_string()).collect();
-        eprintln!(
+        tell!(
             "smallseq fuzz: {} worker(s) `{}` on device(s) {}; case timeout {}",
             placement.len(),
             runner.worker_command().unwrap_or_default().join(" "),
@@ -151,12 +151,12 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             }
         );
         for line in runner.caps().not_covered() {
-            eprintln!("smallseq fuzz: not covered: {line}");
+            tell!("smallseq fuzz: not covered: {line}");
         }
     }
     let mut env = EnvView::from_process();
     for var in apply_profile_defaults(args.profile, &mut env) {
-        eprintln!(
+        tell!(
             "smallseq fuzz: {} is unset; using {var} (set it to 0 to test TE with the path off; \
              capsules record it)",
             var.split('=').next().unwrap_or_default()
@@ -164,7 +164,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     }
     if !args.plant.is_empty() {
         let names: Vec<&str> = args.plant.iter().map(|m| m.name()).collect();
-        eprintln!("smallseq fuzz: planted bugs: {}", names.join(", "));
+        tell!("smallseq fuzz: planted bugs: {}", names.join(", "));
     }
     if let Err(code) = super::prepare_out("fuzz", &args.out, &[], args.force) {
         return Ok(code);
@@ -179,7 +179,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     );
     checker.design = args.design;
     let design = checker.design();
-    eprintln!(
+    tell!(
         "smallseq fuzz: judged against design {design}: {}",
         design.summary()
     );
@@ -200,7 +200,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     let mut report = campaign.run(&stop, &mut |p: Progress| {
         if let Err(e) = partial.offer(p.report) {
             if !std::mem::replace(&mut warned, true) {
-                eprintln!("smallseq fuzz: partial report not written: {e}");
+                tell!("smallseq fuzz: partial report not written: {e}");
             }
         }
         show(p);
@@ -210,11 +210,11 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     summarize(&report, &args.out);
     let te = campaign.checker.runner.name() == "te625-model" && !target.in_workers();
     if te && report.interrupted {
-        eprintln!("smallseq fuzz: interrupted: TE #625 defect attribution skipped");
+        tell!("smallseq fuzz: interrupted: TE #625 defect attribution skipped");
     } else if te {
         name_te625_defects(&report, &args.out, &campaign.checker.opts)?;
     }
-    println!(
+    say!(
         "{}",
         verdict_line(&report, &args.out, args.fail_on_range_limit)
     );
@@ -254,7 +254,7 @@ pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
             );
             match &bar {
                 Some(b) => b.println(line),
-                None => eprintln!("{line}"),
+                None => tell!("{line}"),
             }
             seen_failures += 1;
         }
@@ -268,7 +268,7 @@ pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
                 b.set_message(msg);
             }
             None if last.elapsed() >= Duration::from_secs(10) => {
-                eprintln!("progress: {msg}");
+                tell!("progress: {msg}");
                 last = Instant::now();
             }
             None => {}
@@ -279,11 +279,11 @@ pub fn progress_printer(budget: Budget) -> impl FnMut(Progress) {
 /// Attributes the failures to the model's defects; prints the table, writes `te625.json` and
 /// appends the table to `summary.md`.
 fn name_te625_defects(report: &Report, out: &std::path::Path, opts: &RunOptions) -> Result<()> {
-    eprintln!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
+    tell!("smallseq fuzz: attributing failures to TE #625 defects (differential replay)");
     let findings = te625::attribute(report, out, opts, 60, &mut attribution_progress())?;
-    println!("TE #625 defects:");
+    say!("TE #625 defects:");
     for f in &findings {
-        println!(
+        say!(
             "  {:<24} {:<4} {:>5}  {}",
             f.defect,
             if f.found() { "yes" } else { "no" },
@@ -327,9 +327,11 @@ fn attribution_progress() -> impl FnMut(te625::Step) {
                 }
             }
         } else if s.done == s.total || last.elapsed() >= Duration::from_secs(10) {
-            eprintln!(
+            tell!(
                 "smallseq fuzz: TE #625 attribution: {} {}/{}",
-                s.phase, s.done, s.total
+                s.phase,
+                s.done,
+                s.total
             );
             last = Instant::now();
         }
@@ -363,7 +365,7 @@ fn verdict_line(r: &Report, out: &std::path::Path, fail_on_range_limit: bool) ->
 }
 
 fn summarize(r: &Report, out: &std::path::Path) {
-    println!(
+    say!(
         "{} cases in {:.1}s ({:.1} cases/s), seed {}, backend {}, profile {}{}",
         r.cases,
         r.elapsed_s,
@@ -374,26 +376,34 @@ fn summarize(r: &Report, out: &std::path::Path) {
         if r.interrupted { " (interrupted)" } else { "" }
     );
     for (name, c) in &r.properties {
-        println!(
+        say!(
             "  {name:<22} pass {:>6}  fail {:>4}  skip {:>6}",
-            c.pass, c.fail, c.skip
+            c.pass,
+            c.fail,
+            c.skip
         );
     }
     let missed = r.classes_missed();
     if !missed.is_empty() {
-        println!("  classes not hit: {}", missed.join(", "));
+        say!("  classes not hit: {}", missed.join(", "));
     }
     for f in &r.range_limits {
-        println!(
+        say!(
             "RANGE LIMIT case {} [{}]: {}\n  repro: {}",
-            f.case, f.property, f.detail, f.repro
+            f.case,
+            f.property,
+            f.detail,
+            f.repro
         );
     }
     for f in &r.failures {
-        println!(
+        say!(
             "FAIL case {} [{}]: {}\n  repro: {}",
-            f.case, f.property, f.detail, f.repro
+            f.case,
+            f.property,
+            f.detail,
+            f.repro
         );
     }
-    println!("report: {}", out.join("report.json").display());
+    say!("report: {}", out.join("report.json").display());
 }

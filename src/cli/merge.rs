@@ -27,7 +27,7 @@ pub fn run(args: &MergeArgs) -> Result<i32> {
         _ => d == &args.out,
     };
     if let Some(d) = args.dirs.iter().find(|d| same(d)) {
-        eprintln!(
+        tell!(
             "smallseq merge: --out {} is one of the shards to merge; give another folder",
             d.display()
         );
@@ -39,12 +39,12 @@ pub fn run(args: &MergeArgs) -> Result<i32> {
     let rep = match merge(&args.dirs, &args.out) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
     write_reports(&args.out, &rep)?;
-    println!(
+    say!(
         "merged {} shard(s): {} cases, {} failure(s); report: {}",
         args.dirs.len(),
         rep.cases,

@@ -53,7 +53,7 @@ pub fn repro_program() -> String {
 /// gives the usage exit status; says when the file leaves `scale` to its default.
 pub fn open_case(path: &std::path::Path) -> Result<smallseq::Case, i32> {
     let case = smallseq::case_file::read_case(path).map_err(|e| {
-        eprintln!("smallseq: {e}");
+        tell!("smallseq: {e}");
         EXIT_USAGE
     })?;
     let config = case.meta.get("smallseq.config");
@@ -62,7 +62,7 @@ pub fn open_case(path: &std::path::Path) -> Result<smallseq::Case, i32> {
         .is_some_and(|v| v.get("scale").is_some());
     if !has_scale {
         let p = &case.config.params;
-        eprintln!(
+        tell!(
             "smallseq: {}: no scale in smallseq.config: using the default 1/sqrt(head_dim_qk) \
              = 1/sqrt({}) = {}",
             path.display(),
@@ -110,7 +110,7 @@ pub fn refuse_previous(
         .map(|d| previous_report_files(d).len())
         .sum();
     if previous > 0 && !force {
-        eprintln!(
+        tell!(
             "smallseq {command}: {} holds the report of a previous run ({previous} file(s)); \
              pass --force to replace it, or give another --out",
             out.display()
@@ -141,20 +141,20 @@ pub fn prepare_out(
         match clean_previous(d) {
             Ok(r) => removed += r.len(),
             Err(e) => {
-                eprintln!("smallseq {command}: --force: {e}");
+                tell!("smallseq {command}: --force: {e}");
                 return Err(EXIT_USAGE);
             }
         }
     }
     if removed > 0 {
-        eprintln!(
+        tell!(
             "smallseq {command}: --force: removed {removed} file(s) a previous run wrote in {} \
              (its reports and capsules; other files are left)",
             out.display()
         );
     }
     if let Err(e) = std::fs::create_dir_all(out) {
-        eprintln!(
+        tell!(
             "smallseq {command}: cannot create the output folder {}: {e}",
             out.display()
         );

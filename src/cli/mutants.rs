@@ -96,7 +96,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         Some(n) => Budget::Cases(n),
         None => Budget::Time(args.time),
     };
-    eprintln!(
+    tell!(
         "smallseq mutants: {} mutants, seed {}, budget {budget} each",
         list.len(),
         args.seed
@@ -179,7 +179,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
             kills,
             cases_to_kill_by: first,
         };
-        eprintln!("  {:<28} {}", m.name(), row.result());
+        tell!("  {:<28} {}", m.name(), row.result());
         Ok(row)
     };
     // The CPU mutants run in parallel; a GPU runs one campaign at a time.
@@ -188,10 +188,10 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
     } else {
         list.par_iter().map(one).collect::<Result<_>>()?
     };
-    println!(
+    say!(
         "| mutant | result | cases to kill | property | killed by (cases failed, first) | shrunk slots | shrunk max tokens |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    say!("|---|---|---|---|---|---|---|");
     let opt = |x: Option<String>| x.unwrap_or_else(|| "-".into());
     for r in &rows {
         let by: Vec<String> = r
@@ -202,7 +202,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
                 format!("{p} {n} ({first})")
             })
             .collect();
-        println!(
+        say!(
             "| {} | {} | {} | {} | {} | {} | {} |",
             r.mutant,
             r.result(),
@@ -214,7 +214,7 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         );
     }
     // Each property's own power: the mutants it kills, whether or not it failed first.
-    println!("\n| property | mutants killed |\n|---|---:|");
+    say!("\n| property | mutants killed |\n|---|---:|");
     let mut power: BTreeMap<&str, usize> = Prop::ALL.iter().map(|p| (p.name(), 0)).collect();
     for r in &rows {
         for p in r.kills.keys() {
@@ -222,14 +222,14 @@ pub fn run(args: &MutantsArgs, stop: &AtomicBool) -> Result<i32> {
         }
     }
     for (p, n) in &power {
-        println!("| {p} | {n} |");
+        say!("| {p} | {n} |");
     }
     let killed = rows.iter().filter(|r| r.killed).count();
     let interrupted = rows.iter().filter(|r| r.interrupted).count();
     let mut ctk: Vec<u64> = rows.iter().filter_map(|r| r.cases_to_kill).collect();
     ctk.sort_unstable();
     let median = ctk.get(ctk.len() / 2).copied().unwrap_or(0);
-    println!(
+    say!(
         "killed {killed}/{} ; median cases to kill {median}{}",
         rows.len(),
         if interrupted > 0 {

@@ -55,9 +55,9 @@ pub fn run(args: &BenchReferenceArgs) -> Result<i32> {
     cases.par_iter().try_for_each(one)?;
     let all = cases.len() as f64 / t.elapsed().as_secs_f64();
     let threads = rayon::current_num_threads();
-    println!("standard case (16 slots, L in 1..=17, H=16, D=128, bf16), forward+backward:");
-    println!("  1 thread:   {single:.1} cases/s");
-    println!(
+    say!("standard case (16 slots, L in 1..=17, H=16, D=128, bf16), forward+backward:");
+    say!("  1 thread:   {single:.1} cases/s");
+    say!(
         "  {threads} threads: {all:.1} cases/s ({:.1} per thread)",
         all / threads as f64
     );

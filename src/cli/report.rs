@@ -28,11 +28,11 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
     let page = match runs_page(&args.runs, order) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
     write_atomic(&args.out, &page)?;
-    println!("wrote {} ({} runs)", args.out.display(), args.runs.len());
+    say!("wrote {} ({} runs)", args.out.display(), args.runs.len());
     Ok(0)
 }

@@ -48,19 +48,19 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
     // faulted (the recorded worker, else the recorded backend), and fails if it faults again.
     let fault_backend = case.meta.get(FAULT).and_then(|_| recorded_backend(&case));
     if let (None, Some(b)) = (&args.backend, &fault_backend) {
-        println!("the capsule records a worker fault and no outputs to judge: rerunning it on --backend {b}");
+        say!("the capsule records a worker fault and no outputs to judge: rerunning it on --backend {b}");
     }
     let Some(name) = args.backend.as_ref().or(fault_backend.as_ref()) else {
         let diag = judge_stored(&case)?;
         for l in &diag.lines {
-            println!("{l}");
+            say!("{l}");
         }
         return Ok(if diag.failed { 1 } else { 0 });
     };
     let recorded = match Recorded::of(&case, &args.capsule.display().to_string()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
@@ -72,7 +72,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             if args.current_env {
                 let mut env = EnvView::from_process();
                 let set = apply_profile_defaults(profile, &mut env);
-                println!(
+                say!(
                     "replaying salt {}{}; dispatch variables and kernel defines from this shell \
                      (--current-env){}",
                     r.salt,
@@ -91,7 +91,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
                 let env = EnvView::from_pairs(r.env.clone());
                 let mut shown = r.clone();
                 shown.profile = profile.name().into();
-                println!(
+                say!(
                     "replaying the capsule's inputs: {} (--current-env uses this shell's \
                      environment instead)",
                     shown.describe()
@@ -102,7 +102,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         None => {
             let mut env = EnvView::from_process();
             let set = apply_profile_defaults(profile, &mut env);
-            println!(
+            say!(
                 "the capsule records no replay inputs (written by an older smallseq): dispatch \
                  variables from this shell, salt 0{}",
                 defaulted_text(&set)
@@ -121,7 +121,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
     let be;
     let checker = if workers {
         if !planted.is_empty() && !target::is_gpu(name) {
-            eprintln!(
+            tell!(
                 "smallseq: the capsule's planted bugs ({}) run in this process: drop --isolate",
                 planted_text(&planted).trim_start_matches(", planted ")
             );
@@ -132,7 +132,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
                 .ok()
                 .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
                 .unwrap_or_else(|| "fault".into());
-            println!("the capsule records a worker {kind}; rerunning in a worker process");
+            say!("the capsule records a worker {kind}; rerunning in a worker process");
         }
         let targs = TargetArgs {
             backend: name.clone(),
@@ -151,12 +151,12 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             replayed_worker_env(&case)
         };
         for (k, v) in &env {
-            println!("replaying the capsule's worker environment: {k}={v}");
+            say!("replaying the capsule's worker environment: {k}={v}");
         }
         t = match target::open_with_env(&targs, profile, Some(1), env) {
             Ok((t, _)) => t,
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         };
@@ -165,7 +165,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         be = match backend::open_planted(name, &planted) {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         };
@@ -177,7 +177,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
     checker.design = Some(smallseq::harness::conditioning::Design::of_case(&case));
     let arch = checker.runner.caps().arch.clone().unwrap_or_default();
     if let Some(r) = replay.as_ref().filter(|r| r.arch != arch) {
-        println!(
+        say!(
             "note: the capsule's gate was asked about arch {}; this backend is {arch} (a \
              device's arch cannot be replayed)",
             r.arch
@@ -185,7 +185,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
     }
     let diag = rerun(&checker, &case, salt)?;
     for l in &diag.lines {
-        println!("{l}");
+        say!("{l}");
     }
     Ok(if diag.failed { 1 } else { 0 })
 }

@@ -57,7 +57,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 pub fn run(args: &RunArgs) -> Result<i32> {
     if same_file(&args.case, &args.out) {
-        eprintln!(
+        tell!(
             "smallseq: --out {} is the input case file: write the outputs to another file",
             args.out.display()
         );
@@ -87,7 +87,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         let be = match backend::open(&args.backend) {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         };
@@ -99,7 +99,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         let pair = match run_pair(be.as_ref(), &case, &opts) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("smallseq: {e}");
+                tell!("smallseq: {e}");
                 return Ok(super::EXIT_USAGE);
             }
         };
@@ -124,7 +124,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     .filter(|(_, some)| *some)
     .map(|(n, _)| *n)
     .collect();
-    println!(
+    say!(
         "wrote {}: the inputs of {} and outputs {} from {}{}",
         args.out.display(),
         args.case.display(),

@@ -54,14 +54,14 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     let items = match triage::load(&args.dirs) {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("smallseq triage: {e}");
+            tell!("smallseq triage: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
     let groups = triage::group(items);
     let work = out.join("triage");
     if let Err(e) = std::fs::create_dir_all(&work) {
-        eprintln!("smallseq triage: cannot create {}: {e}", work.display());
+        tell!("smallseq triage: cannot create {}: {e}", work.display());
         return Ok(super::EXIT_USAGE);
     }
     let bar = ProgressBar::new(groups.len() as u64);
@@ -76,7 +76,7 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         if !bar.is_hidden() {
             bar.tick();
         } else {
-            eprintln!(
+            tell!(
                 "triage: group {}/{}: {} {} ({} case(s))",
                 i + 1,
                 groups.len(),
@@ -96,12 +96,12 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     let (json, md) = match t.write(&out) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("smallseq triage: {e}");
+            tell!("smallseq triage: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
     for (i, g) in t.groups.iter().enumerate() {
-        println!(
+        say!(
             "{}. {} x {} {} [{}] on {}: {}",
             i + 1,
             g.count,
@@ -112,8 +112,8 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             g.finding.verdict.label()
         );
     }
-    println!("triage: {}", t.summary());
-    println!("wrote {} and {}", md.display(), json.display());
+    say!("triage: {}", t.summary());
+    say!("wrote {} and {}", md.display(), json.display());
     let open = t.count(Verdict::Defect) + t.count(Verdict::HarnessError);
     Ok(if open > 0 { 1 } else { 0 })
 }

@@ -24,7 +24,7 @@ pub fn run(args: &WorkerArgs) -> Result<i32> {
     let (be, devices) = match open(args) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("smallseq: {e}");
+            tell!("smallseq: {e}");
             return Ok(super::EXIT_USAGE);
         }
     };
