@@ -267,7 +267,7 @@ mod tests {
     fn two_fallback_kernels(names_kernel: bool) -> HookedCpu {
         let mut be = HookedCpu::new();
         if names_kernel {
-            be.kernel_name = Some(|l| {
+            be.kernel_name = Some(|_, l| {
                 if l.q.max_len() >= 3 {
                     "tiled"
                 } else {

@@ -80,7 +80,9 @@ type BwdHook = Box<dyn Fn(&BwdArgs, &mut BwdBufs) + Send + Sync>;
 /// The CPU backend, its fallback launches' outputs passed through `after_fwd`/`after_bwd`.
 pub(super) struct HookedCpu {
     pub cpu: CpuBackend,
-    pub kernel_name: Option<fn(&Layout) -> String>,
+    pub kernel_name: Option<fn(&AttnConfig, &Layout) -> String>,
+    /// Whether it declares the CPU's bias (off: the tests of refused biases use it so).
+    pub computes_bias: bool,
     pub after_fwd: FwdHook,
     pub after_bwd: BwdHook,
 }
@@ -90,6 +92,7 @@ impl HookedCpu {
         HookedCpu {
             cpu: CpuBackend::default(),
             kernel_name: None,
+            computes_bias: false,
             after_fwd: Box::new(|_, _| {}),
             after_bwd: Box::new(|_, _| {}),
         }
@@ -106,8 +109,11 @@ impl BackendInfo for HookedCpu {
     fn has_small_seq(&self) -> bool {
         true
     }
-    fn fallback_fwd_kernel(&self, _: &AttnConfig, layout: &Layout) -> Option<String> {
-        self.kernel_name.map(|f| f(layout))
+    fn computes_bias(&self) -> bool {
+        self.computes_bias
+    }
+    fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
+        self.kernel_name.map(|f| f(config, layout))
     }
 }
 
