@@ -2,13 +2,16 @@
 """numpy_reference with a planted defect, for the tests of adapters/standalone.py and of
 the campaign's judgement (tests/bias_cases.rs).
 
-    python3 adapters/tests/planted.py --plant last-key|batch|dbias
+    python3 adapters/tests/planted.py --plant last-key|batch|dbias|undeclared-dbias
 
 - last-key: slot 0's queries never see its last key (an off-by-one in the key length);
 - batch: O is scaled by 1 + (slots - 1) / 64, so it changes when a batch is split;
-- dbias: dBias is scaled by 5/4 (every other output is right).
+- dbias: dBias is scaled by 5/4 (every other output is right);
+- undeclared-dbias: no defect, but caps.dbias is left out, as in an adapter written before it:
+  the campaign must not ask for dBias (the kit would refuse it as undeclared).
 """
 
+import dataclasses
 import os
 import sys
 
@@ -22,7 +25,7 @@ import smallseq_adapter as kit  # noqa: E402
 
 def adapter(argv=None) -> kit.Adapter:
     ap = kit.arg_parser(__doc__)
-    ap.add_argument("--plant", required=True, choices=["last-key", "batch", "dbias"])
+    ap.add_argument("--plant", required=True, choices=["last-key", "batch", "dbias", "undeclared-dbias"])
     args = ap.parse_args([] if argv is None else argv)
     base = numpy_reference.adapter()
 
@@ -44,7 +47,8 @@ def adapter(argv=None) -> kit.Adapter:
             out[kit.DBIAS] = kit.round_to_dtype(out[kit.DBIAS] * 1.25, case.config.dtype)
         return out
 
-    return kit.Adapter(f"planted-{args.plant}", "test", base.caps, run, dict(base.provenance),
+    caps = dataclasses.replace(base.caps, dbias=False) if args.plant == "undeclared-dbias" else base.caps
+    return kit.Adapter(f"planted-{args.plant}", "test", caps, run, dict(base.provenance),
                        no_key_lse=args.no_key_lse)
 
 
