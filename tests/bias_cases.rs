@@ -177,7 +177,10 @@ fn python_kit() -> Option<String> {
         .output()
         .is_ok_and(|o| o.status.success());
     let configured = std::env::var("SMALLSEQ_PYTHON").is_ok_and(|p| !p.trim().is_empty());
-    assert!(ok || !configured, "SMALLSEQ_PYTHON={py} lacks numpy or safetensors");
+    assert!(
+        ok || !configured,
+        "SMALLSEQ_PYTHON={py} lacks numpy or safetensors"
+    );
     ok.then_some(py)
 }
 
@@ -191,7 +194,16 @@ fn exec_campaign(py: &str, adapter: &str, tag: &str) -> (Option<i32>, serde_json
     let worker = format!("{py} {}/{adapter}", root.display());
     let o = Command::new(env!("CARGO_BIN_EXE_smallseq"))
         .args(["fuzz", "--backend", "exec", "--worker", &worker])
-        .args(["--cases", "120", "--seed", "6", "--jobs", "2", "--shrink-time", "0s"])
+        .args([
+            "--cases",
+            "120",
+            "--seed",
+            "6",
+            "--jobs",
+            "2",
+            "--shrink-time",
+            "0s",
+        ])
         .arg("--out")
         .arg(&out)
         .output()
@@ -220,8 +232,16 @@ fn an_exec_worker_that_declares_dbias_has_it_judged() {
     assert_eq!(code, Some(0), "{}", r["failures"]);
     let numeric = r["properties"]["numeric_agreement"].clone();
     let judged = r["margins"]["dbias"]["n"].as_u64().unwrap_or(0);
-    assert!(judged >= 5, "dBias judged in {judged} cases: {}", r["margins"]);
-    assert!(!not_covered(&r).contains("caps.dbias"), "{}", not_covered(&r));
+    assert!(
+        judged >= 5,
+        "dBias judged in {judged} cases: {}",
+        r["margins"]
+    );
+    assert!(
+        !not_covered(&r).contains("caps.dbias"),
+        "{}",
+        not_covered(&r)
+    );
 
     let (code, r) = exec_campaign(&py, "adapters/tests/planted.py --plant dbias", "planted");
     assert_eq!(code, Some(1), "a wrong dBias must fail the campaign");
@@ -239,7 +259,11 @@ fn an_exec_worker_that_declares_dbias_has_it_judged() {
     );
     assert_eq!(code, Some(0), "{}", r["failures"]);
     assert!(r["margins"].get("dbias").is_none(), "{}", r["margins"]);
-    assert!(not_covered(&r).contains("caps.dbias"), "{}", not_covered(&r));
+    assert!(
+        not_covered(&r).contains("caps.dbias"),
+        "{}",
+        not_covered(&r)
+    );
     // The same cases ran and passed, bias cases included, judged without dBias.
     assert_eq!(r["properties"]["numeric_agreement"], numeric);
 }
