@@ -327,7 +327,8 @@ class TorchSdpa:
         return self.unpad(case, acc, want)
 
     def unpad(self, case, res, want):
-        out = kit.from_padded_outputs(case, {n: a for n, a in res.items() if n in kit.OUTPUTS and (n in want or n == "o")})
+        padded = {n: a for n, a in res.items() if n in kit.OUTPUTS and (n in want or n == "o")}
+        out = kit.from_padded_outputs(case, padded)
         if "dbias" in res:
             out["dbias"] = res["dbias"]  # the bias tensor's own shape: nothing to unpad
         return out
