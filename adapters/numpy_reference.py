@@ -8,8 +8,9 @@ dim, padded offsets, backward and LSE. Rows with no visible key: O = 0, LSE = -i
 gradient. Don't-care tokens: never read, written 0 (-inf for LSE).
 BSHD cases are the THD cases whose slots all hold S tokens (the kit flattens them).
 The bias of §1.9 (a post-scale tensor of any broadcast, ALiBi) is added after the scale; a -inf
-entry hides its key, and a row it hides entirely is a row with no visible key. No dBias (the kit
-returns none).
+entry hides its key, and a row it hides entirely is a row with no visible key. dBias of a
+post-scale bias: dS summed over the slots and heads that read each entry (0 where no slot reads
+one, or where the key is hidden), in f64, rounded once to the input dtype (declared as dbias).
 Cannot express: dropout (§1.8's Philox mask is not implemented here), `unsupported`, and
 anything about paths or workspaces.
 """
@@ -55,7 +56,8 @@ def attention64(case: kit.Case, want: frozenset) -> dict:
     hkv = c.num_kv_heads
     out = kit.no_query_outputs(case)  # every row the loop below does not reach keeps these
     o, lse, dq, dk, dv = (out[n] for n in kit.OUTPUTS)
-    grads = bool(want & {"dq", "dk", "dv"})
+    grads = bool(want & {"dq", "dk", "dv", kit.DBIAS})
+    dbias = out.get(kit.DBIAS)  # [Bb, Hb, Sq, Sk] zeros with a post-scale bias
     for i in range(case.sq.slots):
         lq, lk = int(case.sq.lens[i]), int(case.skv.lens[i])
         if lq == 0 or lk == 0:
@@ -77,6 +79,11 @@ def attention64(case: kit.Case, want: frozenset) -> dict:
             # heads h = j*g .. j*g+g-1 share kv head j: sum the group
             dk[ok : ok + lk] = dke.reshape(lk, hkv, g, -1).sum(axis=2)
             dv[ok : ok + lk] = dve.reshape(lk, hkv, g, -1).sum(axis=2)
+            if dbias is not None:
+                # semantics §1.9: the plane slot i reads gets its dS (0 at hidden keys, P = 0
+                # there), summed over the heads when one plane serves them all.
+                b = i if dbias.shape[0] > 1 else 0
+                dbias[b, :, :lq, :lk] += ds if dbias.shape[1] > 1 else ds.sum(axis=0, keepdims=True)
     return {name: a for name, a in out.items() if name in want}
 
 
@@ -91,6 +98,7 @@ def adapter(argv=None) -> kit.Adapter:
     caps = kit.Caps(
         dtypes=list(kit.DTYPES), masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
         max_tokens=1 << 16, backward=True, lse=True, padded_offsets=True, arch="cpu", bias=True,
+        dbias=True,
     )
     prov = {"implementation": "adapters/numpy_reference.py (f64, rounded once)"}
     return kit.Adapter("numpy-reference", f"numpy {np.__version__}", caps, attention, prov,

@@ -62,14 +62,17 @@ MASKS = (
     "padding_causal_bottom_right",
 )
 OUTPUTS = ("o", "lse", "dq", "dk", "dv")
+# dBias (semantics.md §1.9): the gradient of a post-scale bias, [Bb, Hb, Sq, Sk] as the case's
+# `bias` tensor; asked for only from adapters that declare `Caps.dbias`.
+DBIAS = "dbias"
+WANT_NAMES = OUTPUTS + (DBIAS,)
 INPUT_NAMES = ("q", "k", "v", "d_o")
 OFFSET_NAMES = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
-# The bias of semantics.md §1.9: a post-scale tensor [Bb, Hb, Sq, Sk] or ALiBi's slopes [H];
-# and dBias, which smallseq's reference and CPU backend store (the kit's adapters return none).
+# The bias of semantics.md §1.9: a post-scale tensor [Bb, Hb, Sq, Sk] or ALiBi's slopes [H].
 BIAS_NAMES = ("bias", "alibi_slopes")
 BIAS_TYPES = ("none", "post_scale_bias", "alibi")
 BIAS_SHAPES = ("1hss", "11ss", "b1ss", "bhss")
-KNOWN_TENSORS = INPUT_NAMES + OFFSET_NAMES + OUTPUTS + BIAS_NAMES + ("dbias",)
+KNOWN_TENSORS = INPUT_NAMES + OFFSET_NAMES + WANT_NAMES + BIAS_NAMES
 CONFIG_KEYS = (
     "dtype",
     "num_heads",
@@ -782,16 +785,20 @@ def from_padded_outputs(case: "Case", res: Dict[str, np.ndarray], lse_layout: st
 
 def no_query_outputs(case: "Case") -> Dict[str, np.ndarray]:
     """The outputs of a case without a single query token (b = 0 or only empty query slots):
-    nothing to launch, every output is the zero-out value of semantics §1."""
+    nothing to launch, every output is the zero-out value of semantics §1 (and dBias, with a
+    post-scale bias, 0: no slot reads an entry)."""
     c = case.config
     tq, tk = case.sq.tokens, case.skv.tokens
-    return {
+    out = {
         "o": np.zeros((tq, c.num_heads, c.head_dim_v)),
         "lse": np.full((tq, c.num_heads), -np.inf),
         "dq": np.zeros((tq, c.num_heads, c.head_dim_qk)),
         "dk": np.zeros((tk, c.num_kv_heads, c.head_dim_qk)),
         "dv": np.zeros((tk, c.num_kv_heads, c.head_dim_v)),
     }
+    if case.bias is not None:
+        out[DBIAS] = np.zeros(case.bias.shape)
+    return out
 
 
 def segment_ids(side: Side) -> np.ndarray:
@@ -977,7 +984,9 @@ class Caps:
     small_seq: bool = False  # whether `arch` has a small-seq kernel (read with `arch`)
     devices: int = 1
     dropout: bool = False  # computes the Philox dropout of semantics.md §1.8
-    bias: bool = False  # computes semantics.md §1.9's post-scale bias and ALiBi (no dbias)
+    bias: bool = False  # computes semantics.md §1.9's post-scale bias and ALiBi
+    # returns dBias of a post-scale bias (semantics.md §1.9) when a request's want names "dbias"
+    dbias: bool = False
     # the numeric design the implementation follows (docs/judgement.md, "Declared designs"): "project" holds it
     # to smallseq's own roundings; None (undeclared) judges it against every common design
     design: Optional[str] = None
@@ -1025,8 +1034,10 @@ class Adapter:
     """What `serve` needs: the handshake's fields and the function computing one case.
 
     `run(case, want)` returns a dict with the wanted names among o `[Tq,H,Dv]`,
-    lse `[Tq,H]` (natural log; `lse_to_thd` converts), dq, dk, dv. `setup`, if given, runs
-    once before the handshake (import the framework there, after the kit has taken stdout)."""
+    lse `[Tq,H]` (natural log; `lse_to_thd` converts), dq, dk, dv, and dbias `[Bb,Hb,Sq,Sk]`
+    (the shape of `case.bias`; wanted only from an adapter declaring `Caps.dbias`, on a case
+    with a post-scale bias and a d_o). `setup`, if given, runs once before the handshake
+    (import the framework there, after the kit has taken stdout)."""
 
     name: str
     version: str
@@ -1037,9 +1048,9 @@ class Adapter:
     setup: Optional[Callable[["Adapter"], None]] = None
 
 
-def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[str], adapter: Adapter):
-    """Checks the adapter's outputs against the case's shapes and maps the declared no-key
-    LSE convention; returns the tensors to write and how many LSE entries were mapped."""
+def output_shapes(case: Case) -> Dict[str, Tuple[int, ...]]:
+    """The shape of each output `case` has (semantics.md §2.1): dbias only with a post-scale
+    bias, as its `bias` tensor is ([Bb, Hb, Sq, Sk], Sq and Sk as stored)."""
     c = case.config
     tq, tk = case.sq.tokens, case.skv.tokens
     shapes = {
@@ -1049,8 +1060,26 @@ def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[s
         "dk": (tk, c.num_kv_heads, c.head_dim_qk),
         "dv": (tk, c.num_kv_heads, c.head_dim_v),
     }
+    if case.bias is not None:
+        shapes[DBIAS] = tuple(case.bias.shape)
+    return shapes
+
+
+def no_dbias_reason(case: Case) -> str:
+    """Why `case` has no dBias to return (its bias is not a post-scale tensor)."""
+    if case.config.bias == "alibi":
+        return "the case's bias is alibi, whose slopes take no gradient (semantics.md §1.9)"
+    return f"the case has no post_scale_bias (bias = {case.config.bias})"
+
+
+def finish_outputs(case: Case, produced: Dict[str, np.ndarray], want: Iterable[str], adapter: Adapter):
+    """Checks the adapter's outputs against the case's shapes and maps the declared no-key
+    LSE convention; returns the tensors to write and how many LSE entries were mapped."""
+    shapes = output_shapes(case)
     out, mapped = {}, 0
     for name in want:
+        if name not in shapes:
+            raise Invalid(f"want names {name}, but {no_dbias_reason(case)}")
         if name not in produced:
             raise Internal(f"the adapter did not produce {name}")
         arr = np.asarray(produced[name])
@@ -1143,8 +1172,9 @@ def _request_fields(req: dict, adapter: Adapter):
         if not isinstance(req.get(key), str) or not req[key]:
             raise Invalid(f"request field {key} must be a non-empty path")
     want = req.get("want")
-    if not isinstance(want, list) or not want or not all(w in OUTPUTS for w in want):
-        raise Invalid(f"request field want = {json.dumps(want)}: expected a non-empty list of {', '.join(OUTPUTS)}")
+    if not isinstance(want, list) or not want or not all(w in WANT_NAMES for w in want):
+        raise Invalid(
+            f"request field want = {json.dumps(want)}: expected a non-empty list of {', '.join(WANT_NAMES)}")
     if len(set(want)) != len(want):
         raise Invalid(f"request field want = {json.dumps(want)} repeats a name")
     env = req.get("env") or {}
@@ -1171,9 +1201,13 @@ def handle(req: dict, adapter: Adapter) -> dict:
         raise Unsupported(why)
     if "lse" in want and not adapter.caps.lse:
         raise Unsupported("lse is outside the declared capabilities")
-    grads = [w for w in want if w in ("dq", "dk", "dv")]
+    if DBIAS in want and case.bias is None:
+        raise Invalid(f"want names dbias, but {no_dbias_reason(case)}")
+    grads = [w for w in want if w in ("dq", "dk", "dv", DBIAS)]
     if grads and not adapter.caps.backward:
         raise Unsupported("backward is outside the declared capabilities")
+    if DBIAS in want and not adapter.caps.dbias:
+        raise Unsupported("dbias is outside the declared capabilities")
     if grads and case.d_o is None:
         raise Invalid(f"want names {', '.join(grads)} but the case has no d_o")
     with _env(env):

@@ -40,9 +40,16 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   float: the case's bias (any broadcast, or ALiBi's bottom-right distances per slot) where the
   case's mask lets a key through, -inf elsewhere. A real row whose every key the bias hides
   would be a NaN row in SDPA; §1.9 says it has no visible key, so it is run like a pad row
-  (key 0, d_o 0: nothing reaches dK, dV) and written O = 0, LSE = -inf, dQ = 0. No dBias.
+  (key 0, d_o 0: nothing reaches dK, dV) and written O = 0, LSE = -inf, dQ = 0.
+- dBias (post-scale bias; math and efficient declare dbias): the float mask is built in torch
+  from a leaf tensor, the case's bias `[Bb, Hb, Sq, Sk]` with requires_grad: sliced to the
+  padded batch, expanded to `[B, H, Sq, Sk]`, -inf where the case's mask or the bias hides a
+  key, 0 at key 0 of pad and hidden rows (`torch.where`, so those entries take no gradient).
+  `torch.autograd.grad` then gives dBias with the sum over the broadcast slots and heads done
+  by autograd. cudnn declares no dbias: torch's cuDNN backward returns dQ, dK and dV only
+  (its attn_mask is passed without requires_grad). ALiBi has no dBias (§1.9).
 
-Cannot express: dropout; bias and windows on flash (no mask); top-left/bottom-right causal with
+Cannot express: dropout; bias and windows on flash (no mask); dBias on cudnn; top-left/bottom-right causal with
 Lq != Lk on flash (unsupported per case); GQA on efficient (SDPA refuses it); f32 on flash
 and cudnn; head dims outside the list in `caps_for`.
 """
@@ -67,8 +74,10 @@ def caps_for(kernel: str) -> kit.Caps:
         dtypes=["bf16", "f16", "f32"], masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True,
         max_tokens=1 << 16, backward=True, lse=kernel != "math", padded_offsets=True,
     )
-    # A float attn_mask carries the bias; flash takes no mask.
+    # A float attn_mask carries the bias; flash takes no mask. Its gradient: math (autograd
+    # through the decomposition) and efficient (the kernel's grad_bias); not cudnn (see the header).
     caps.bias = kernel != "flash"
+    caps.dbias = kernel in ("math", "efficient")
     if kernel == "efficient":
         caps.gqa = False
         caps.head_dims = FUSED_DIMS
@@ -88,25 +97,39 @@ def pad_row_mask(case: kit.Case, sq: int, sk: int) -> np.ndarray:
     return m[:, None]
 
 
-def bias_mask(case: kit.Case, sq: int, sk: int):
-    """`(mask, hidden)`: the `[B, H, Sq, Sk]` f32 additive attn_mask of the case's bias (see the
-    header) and `[B, H, Sq]` bool, the real rows the bias hides entirely (run as pad rows, their
-    outputs written as §1.3 says by `hide_rows`)."""
-    c = case.config
-    b_n, h_n = case.sq.slots, c.num_heads
-    seen = case.padded_mask(sq, sk)  # [B, Sq, Sk]
-    bias = np.zeros((b_n, h_n, sq, sk))
-    for b in range(b_n):
+def padded_bias(case: kit.Case, sq: int, sk: int) -> np.ndarray:
+    """[B, H, Sq, Sk] f64: what semantics.md §1.9 adds to each slot's scores, 0 past its lengths."""
+    bias = np.zeros((case.sq.slots, case.config.num_heads, sq, sk))
+    for b in range(case.sq.slots):
         lq, lk = int(case.sq.lens[b]), int(case.skv.lens[b])
         bias[b, :, :lq, :lk] = case.bias_of(b)
-    vis = seen[:, None] & (bias != -np.inf)
-    mask = np.where(vis, np.where(vis, bias, 0.0), -np.inf)
+    return bias
+
+
+def mask_parts(case: kit.Case, sq: int, sk: int):
+    """`(vis, key0, hidden)` of the bias mask (see the header): `vis [B, H, Sq, Sk]`, the keys
+    the case's mask and bias let through; `key0 [B, H, Sq, Sk]`, key 0 of the pad rows and of
+    the rows the bias hides entirely (0 in the mask, so that SDPA sees no fully masked row);
+    `hidden [B, H, Sq]`, those hidden rows (written as §1.3 says by `hide_rows`)."""
+    b_n, h_n = case.sq.slots, case.config.num_heads
+    seen = case.padded_mask(sq, sk)  # [B, Sq, Sk]
+    vis = seen[:, None] & (padded_bias(case, sq, sk) != -np.inf)
     hidden = seen.any(axis=2)[:, None] & ~vis.any(axis=3)
+    key0 = np.zeros((b_n, h_n, sq, sk), dtype=bool)
     if sk:
         pad = np.zeros((b_n, h_n, sq), dtype=bool)
         for b in range(b_n):
             pad[b, :, int(case.sq.lens[b]) :] = True
-        mask[..., 0] = np.where(pad | hidden, 0.0, mask[..., 0])
+        key0[..., 0] = pad | hidden
+    return vis, key0, hidden
+
+
+def bias_mask(case: kit.Case, sq: int, sk: int):
+    """`(mask, hidden)`: the `[B, H, Sq, Sk]` f32 additive attn_mask of the case's bias (see the
+    header) and `[B, H, Sq]` bool, the real rows the bias hides entirely (`mask_parts`)."""
+    vis, key0, hidden = mask_parts(case, sq, sk)
+    bias = padded_bias(case, sq, sk)
+    mask = np.where(key0, 0.0, np.where(vis, np.where(vis, bias, 0.0), -np.inf))
     return mask.astype(np.float32), hidden
 
 
@@ -187,15 +210,33 @@ class TorchSdpa:
             todo.extend(n for n, _ in node.next_functions)
         raise kit.Internal(f"no ScaledDotProduct node behind O on the {self.kernel} kernel")
 
-    def call(self, case, q, k, v, d_o, mask, is_causal, want):
-        """One SDPA call on padded [B, S, H, D] numpy arrays; returns numpy [B, S, ...]."""
+    def dtype(self, case):
         torch = self.torch
+        return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[case.config.dtype]
+
+    def bias_leaf_mask(self, case, sq, sk):
+        """`(mask, leaf, hidden)`: `bias_mask` built in torch from `leaf`, the case's bias tensor
+        `[Bb, Hb, Sq', Sk']` in the input dtype with requires_grad (see the header)."""
+        torch = self.torch
+        dt = self.dtype(case)
+        vis, key0, hidden = mask_parts(case, sq, sk)
+        leaf = torch.from_numpy(np.ascontiguousarray(case.bias)).to(self.dev).to(dt).requires_grad_(True)
+        full = leaf[:, :, :sq, :sk].expand(case.sq.slots, case.config.num_heads, sq, sk)
+        on = lambda x: torch.from_numpy(x).to(self.dev)  # noqa: E731
+        m = torch.where(on(vis), full, torch.full((), -np.inf, dtype=dt, device=self.dev))
+        m = torch.where(on(key0), torch.zeros((), dtype=dt, device=self.dev), m)
+        return m, leaf, hidden
+
+    def call(self, case, q, k, v, d_o, mask, is_causal, want, leaf=None):
+        """One SDPA call on padded [B, S, H, D] numpy arrays; returns numpy [B, S, ...]. `mask`
+        is numpy or, with `leaf` (the bias whose gradient is dbias), a torch tensor."""
+        torch = self.torch
+        dt = self.dtype(case)
         c = case.config
-        dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[c.dtype]
-        grads = bool(want & {"dq", "dk", "dv"})
+        grads = bool(want & {"dq", "dk", "dv", "dbias"})
         need_graph = grads or ("lse" in want and self.kernel != "math")
         tq, tk, tv = (self.tensor(x, dt, need_graph).transpose(1, 2) for x in (q, k, v))
-        m = torch.from_numpy(mask).to(self.dev) if mask is not None else None
+        m = torch.from_numpy(mask).to(self.dev) if isinstance(mask, np.ndarray) else mask
         if m is not None and m.dtype != torch.bool:
             m = m.to(dt)  # SDPA takes a float mask in the query's dtype
         res = {}
@@ -209,8 +250,14 @@ class TorchSdpa:
                 res["lse"] = self.lse_of(out).float().cpu().numpy()
             if grads:
                 g = self.tensor(d_o, dt, False).transpose(1, 2)
-                dq, dk, dv = torch.autograd.grad(out, (tq, tk, tv), g)
-                res.update({n: t.transpose(1, 2).float().cpu().numpy() for n, t in (("dq", dq), ("dk", dk), ("dv", dv))})
+                inputs = (tq, tk, tv) if leaf is None else (tq, tk, tv, leaf)
+                got = torch.autograd.grad(out, inputs, g, allow_unused=True)
+                res.update({n: t.transpose(1, 2).float().cpu().numpy() for n, t in zip(("dq", "dk", "dv"), got)})
+                if leaf is not None:
+                    if got[3] is None:
+                        raise kit.Internal(f"torch {self.kernel} returned no attn_mask gradient: "
+                                           "this kernel cannot declare dbias")
+                    res["dbias"] = got[3].float().cpu().numpy()
             torch.cuda.synchronize() if self.dev.type == "cuda" else None
         res["o"] = out.detach().transpose(1, 2).float().cpu().numpy()
         return res
@@ -224,12 +271,16 @@ class TorchSdpa:
         sq, sk = case.sq.max_len, case.skv.max_len
         d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
         d_o = kit.to_padded(d_o, case.sq, sq, "zero")
-        if c.bias != "none":
+        leaf, hidden = None, None
+        if "dbias" in want:
+            mask, leaf, hidden = self.bias_leaf_mask(case, sq, sk)
+        elif c.bias != "none":
             mask, hidden = bias_mask(case, sq, sk)
-            b, h, r = np.nonzero(hidden)
-            d_o[b, r, h] = 0.0  # a hidden row adds nothing to dK, dV
         else:
-            mask, hidden = pad_row_mask(case, sq, sk), None
+            mask = pad_row_mask(case, sq, sk)
+        if hidden is not None:
+            b, h, r = np.nonzero(hidden)
+            d_o[b, r, h] = 0.0  # a hidden row adds nothing to dK, dV (nor to dBias)
         res = self.call(
             case,
             kit.to_padded(case.q, case.sq, sq),  # pad query rows are real rows to SDPA: no poison
@@ -239,6 +290,7 @@ class TorchSdpa:
             mask,
             False,
             want,
+            leaf,
         )
         if hidden is not None:
             hide_rows(res, hidden)
@@ -275,7 +327,11 @@ class TorchSdpa:
         return self.unpad(case, acc, want)
 
     def unpad(self, case, res, want):
-        return kit.from_padded_outputs(case, {n: a for n, a in res.items() if n in want or n == "o"})
+        padded = {n: a for n, a in res.items() if n in kit.OUTPUTS and (n in want or n == "o")}
+        out = kit.from_padded_outputs(case, padded)
+        if "dbias" in res:
+            out["dbias"] = res["dbias"]  # the bias tensor's own shape: nothing to unpad
+        return out
 
 
 def adapter(argv=None) -> kit.Adapter:

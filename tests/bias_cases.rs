@@ -1,7 +1,8 @@
 //! The scores' additive bias through case files and the campaign (issue 35, item 2;
 //! `docs/semantics.md` §1.9): the generator's bias cases round-trip through their case files
 //! with their dBias, a file that breaks a rule is refused naming the tensor, the index and the
-//! value, and the CPU backend passes every property on them.
+//! value, and the CPU backend passes every property on them. An outside worker that declares
+//! `caps.dbias` (the adapter kit's numpy reference) has its dBias judged.
 
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::case::Case;
@@ -13,6 +14,8 @@ use smallseq::harness::gen::{build, draw_geometry_for};
 use smallseq::harness::props::Checker;
 use smallseq::harness::rng::Rng;
 use smallseq_reference::AttnBias;
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 
 /// The first `n` cases of a campaign of `seed` whose bias §1.9 defines (a post-scale tensor
@@ -162,4 +165,105 @@ fn with_bias_key(case: &Case, value: &str) -> Vec<u8> {
         text.replace(&format!("\"bias\":{bias}"), &format!("\"bias\":{value}")),
     );
     safetensors::serialize(st.tensors(), &Some(meta)).unwrap()
+}
+
+/// The Python the adapters run under (`SMALLSEQ_PYTHON`, else python3), if it has numpy and
+/// safetensors. Where `SMALLSEQ_PYTHON` names one (as `.ci/run` does, from ci/python-kit.sh),
+/// it must have them.
+fn python_kit() -> Option<String> {
+    let py = smallseq::harness::triage_script::python();
+    let ok = Command::new(&py)
+        .args(["-c", "import numpy, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let configured = std::env::var("SMALLSEQ_PYTHON").is_ok_and(|p| !p.trim().is_empty());
+    assert!(
+        ok || !configured,
+        "SMALLSEQ_PYTHON={py} lacks numpy or safetensors"
+    );
+    ok.then_some(py)
+}
+
+/// An exec campaign of seed 6 (120 cases, 7 of them with a post-scale bias and a backward)
+/// through `adapter` (a path under the repository, with its arguments): its exit status and
+/// report.
+fn exec_campaign(py: &str, adapter: &str, tag: &str) -> (Option<i32>, serde_json::Value) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("smallseq-dbias-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let worker = format!("{py} {}/{adapter}", root.display());
+    let o = Command::new(env!("CARGO_BIN_EXE_smallseq"))
+        .args(["fuzz", "--backend", "exec", "--worker", &worker])
+        .args([
+            "--cases",
+            "120",
+            "--seed",
+            "6",
+            "--jobs",
+            "2",
+            "--shrink-time",
+            "0s",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(out.join("report.json")).unwrap_or_else(|e| {
+        panic!(
+            "{tag}: no report ({e}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    let _ = std::fs::remove_dir_all(&out);
+    (o.status.code(), serde_json::from_str(&text).unwrap())
+}
+
+/// `caps.dbias` end to end: the numpy reference declares it and passes with its dBias judged;
+/// the same reference with dBias scaled by 5/4 fails on dBias alone; and with the capability
+/// left out (an adapter written before it) the campaign does not ask for dBias and says so.
+#[test]
+fn an_exec_worker_that_declares_dbias_has_it_judged() {
+    let Some(py) = python_kit() else {
+        println!("SKIP: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
+        return;
+    };
+    let not_covered = |r: &serde_json::Value| r["not_covered"].to_string();
+    let (code, r) = exec_campaign(&py, "adapters/numpy_reference.py", "ref");
+    assert_eq!(code, Some(0), "{}", r["failures"]);
+    let numeric = r["properties"]["numeric_agreement"].clone();
+    let judged = r["margins"]["dbias"]["n"].as_u64().unwrap_or(0);
+    assert!(
+        judged >= 5,
+        "dBias judged in {judged} cases: {}",
+        r["margins"]
+    );
+    assert!(
+        !not_covered(&r).contains("caps.dbias"),
+        "{}",
+        not_covered(&r)
+    );
+
+    let (code, r) = exec_campaign(&py, "adapters/tests/planted.py --plant dbias", "planted");
+    assert_eq!(code, Some(1), "a wrong dBias must fail the campaign");
+    let failures = r["failures"].as_array().unwrap();
+    assert!(failures.len() >= 3, "{failures:?}");
+    for f in failures {
+        assert_eq!(f["property"], "numeric_agreement", "{f}");
+        assert!(f["detail"].as_str().unwrap().starts_with("dbias: "), "{f}");
+    }
+
+    let (code, r) = exec_campaign(
+        &py,
+        "adapters/tests/planted.py --plant undeclared-dbias",
+        "undeclared",
+    );
+    assert_eq!(code, Some(0), "{}", r["failures"]);
+    assert!(r["margins"].get("dbias").is_none(), "{}", r["margins"]);
+    assert!(
+        not_covered(&r).contains("caps.dbias"),
+        "{}",
+        not_covered(&r)
+    );
+    // The same cases ran and passed, bias cases included, judged without dBias.
+    assert_eq!(r["properties"]["numeric_agreement"], numeric);
 }

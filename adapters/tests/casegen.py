@@ -58,3 +58,24 @@ def make_case(
     v = tensor(skv, kv_heads, dv)
     d_o = tensor(sq, heads, dv) if backward else None
     return kit.Case(cfg, q, k, v, d_o, sq, skv, {"smallseq.seed": str(seed)})
+
+
+def with_bias(case, shape="1hss", sq=None, sk=None, seed=0, slopes=None):
+    """`case` with semantics.md §1.9's bias: a post-scale tensor of broadcast `shape`
+    (`[Bb, Hb, sq, sk]`, by default the longest lengths; random values exact in the case dtype),
+    or, with `shape="alibi"`, ALiBi with `slopes` (default 0.5, 0.25, ...)."""
+    import dataclasses
+
+    c = case.config
+    if shape == "alibi":
+        cfg = dataclasses.replace(c, bias="alibi", bias_shape="")
+        s = np.array([0.5 ** (h + 1) for h in range(c.num_heads)] if slopes is None else slopes, np.float32)
+        return kit.Case(cfg, case.q, case.k, case.v, case.d_o, case.sq, case.skv, dict(case.meta), alibi_slopes=s)
+    cfg = dataclasses.replace(c, bias="post_scale_bias", bias_shape=shape)
+    bb = case.sq.slots if shape[0] == "b" else 1
+    hb = c.num_heads if shape[1] == "h" else 1
+    sq = case.sq.max_len if sq is None else sq
+    sk = case.skv.max_len if sk is None else sk
+    rng = np.random.default_rng(seed)
+    t = kit.round_to_dtype(rng.standard_normal((bb, hb, sq, sk)), c.dtype).astype(np.float32)
+    return kit.Case(cfg, case.q, case.k, case.v, case.d_o, case.sq, case.skv, dict(case.meta), bias=t)

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""numpy_reference with a planted defect, for the tests of adapters/standalone.py.
+"""numpy_reference with a planted defect, for the tests of adapters/standalone.py and of
+the campaign's judgement (tests/bias_cases.rs).
 
-    python3 adapters/tests/planted.py --plant last-key|batch
+    python3 adapters/tests/planted.py --plant last-key|batch|dbias|undeclared-dbias
 
 - last-key: slot 0's queries never see its last key (an off-by-one in the key length);
-- batch: O is scaled by 1 + (slots - 1) / 64, so it changes when a batch is split.
+- batch: O is scaled by 1 + (slots - 1) / 64, so it changes when a batch is split;
+- dbias: dBias is scaled by 5/4 (every other output is right);
+- undeclared-dbias: no defect, but caps.dbias is left out, as in an adapter written before it:
+  the campaign must not ask for dBias (the kit would refuse it as undeclared).
 """
 
+import dataclasses
 import os
 import sys
 
@@ -20,7 +25,7 @@ import smallseq_adapter as kit  # noqa: E402
 
 def adapter(argv=None) -> kit.Adapter:
     ap = kit.arg_parser(__doc__)
-    ap.add_argument("--plant", required=True, choices=["last-key", "batch"])
+    ap.add_argument("--plant", required=True, choices=["last-key", "batch", "dbias", "undeclared-dbias"])
     args = ap.parse_args([] if argv is None else argv)
     base = numpy_reference.adapter()
 
@@ -38,9 +43,12 @@ def adapter(argv=None) -> kit.Adapter:
         out = numpy_reference.attention(case, want)
         if args.plant == "batch":
             out["o"] = kit.round_to_dtype(out["o"] * (1 + (case.sq.slots - 1) / 64), case.config.dtype)
+        if args.plant == "dbias" and kit.DBIAS in out:
+            out[kit.DBIAS] = kit.round_to_dtype(out[kit.DBIAS] * 1.25, case.config.dtype)
         return out
 
-    return kit.Adapter(f"planted-{args.plant}", "test", base.caps, run, dict(base.provenance),
+    caps = dataclasses.replace(base.caps, dbias=False) if args.plant == "undeclared-dbias" else base.caps
+    return kit.Adapter(f"planted-{args.plant}", "test", caps, run, dict(base.provenance),
                        no_key_lse=args.no_key_lse)
 
 

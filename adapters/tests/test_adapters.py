@@ -5,7 +5,7 @@ import unittest
 
 import numpy as np
 
-from casegen import kit, make_case  # first: puts adapters/ on sys.path
+from casegen import kit, make_case, with_bias  # first: puts adapters/ on sys.path
 
 import jax_attention  # noqa: E402
 import numpy_reference  # noqa: E402
@@ -51,10 +51,31 @@ class Declarations(unittest.TestCase):
         self.assertFalse(sdpa["efficient"].gqa)
         self.assertFalse(sdpa["flash"].window)
         self.assertEqual([sdpa[k].bias for k in ("math", "efficient", "flash", "cudnn")], [True, True, False, True])
+        self.assertEqual([sdpa[k].dbias for k in ("math", "efficient", "flash", "cudnn")], [True, True, False, False])
+        self.assertTrue(numpy_reference.adapter().caps.dbias)
+        others = [torch_varlen.adapter([]), jax_attention.adapter(["--implementation", "xla"]), te_jax.adapter([])]
+        self.assertFalse(any(a.caps.dbias for a in others))
         self.assertNotIn("f32", sdpa["cudnn"].dtypes)
         self.assertFalse(torch_varlen.adapter([]).caps.padded_offsets)
         self.assertEqual(jax_attention.adapter(["--implementation", "xla"]).caps.no_key_row, "other")
         self.assertFalse(jax_attention.adapter(["--implementation", "xla"]).caps.lse)
+
+
+def sdpa_math(bc, mask):
+    """SDPA's math in f64 numpy on `bc`'s padded batch with the additive `mask [B, H, Sq, Sk]`:
+    `({"o", "lse"} padded, P with 0 in fully masked rows, V padded)`."""
+    sq, sk = mask.shape[2:]
+    q = kit.to_padded(bc.q, bc.sq, sq).astype(np.float64)
+    k = kit.to_padded(bc.k, bc.skv, sk).astype(np.float64)
+    v = kit.to_padded(bc.v, bc.skv, sk).astype(np.float64)
+    s = bc.config.scale * np.einsum("bqhd,bkhd->bhqk", q, k) + mask
+    m = s.max(axis=3, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.log(e.sum(axis=3)) + m[..., 0]
+        p = e / e.sum(axis=3, keepdims=True)
+    res = {"o": np.nan_to_num(np.einsum("bhqk,bkhd->bqhd", p, v), nan=0.0), "lse": lse}
+    return res, np.nan_to_num(p), v
 
 
 class TorchSdpa(unittest.TestCase):
@@ -87,15 +108,7 @@ class TorchSdpa(unittest.TestCase):
             mask, hidden = torch_sdpa.bias_mask(bc, sq, sk)
             self.assertEqual(mask.shape, (3, 2, sq, sk))
             self.assertFalse(np.isnan(mask).any())
-            q = kit.to_padded(bc.q, bc.sq, sq).astype(np.float64)
-            k = kit.to_padded(bc.k, bc.skv, sk).astype(np.float64)
-            v = kit.to_padded(bc.v, bc.skv, sk).astype(np.float64)
-            s = c.scale * np.einsum("bqhd,bkhd->bhqk", q, k) + mask
-            m = s.max(axis=3, keepdims=True)
-            e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-            lse = np.log(e.sum(axis=3)) + m[..., 0]
-            p = e / e.sum(axis=3, keepdims=True)
-            res = {"o": np.nan_to_num(np.einsum("bhqk,bkhd->bqhd", p, v), nan=0.0), "lse": lse}
+            res, p, v = sdpa_math(bc, mask)
             torch_sdpa.hide_rows(res, hidden)
             got = kit.from_padded_outputs(bc, res)
             want = numpy_reference.attention64(bc, frozenset(["o", "lse"]))
@@ -107,6 +120,39 @@ class TorchSdpa(unittest.TestCase):
             if bc.bias is not None:
                 self.assertTrue(hidden[0, 1, 2] and hidden.sum() == 1)
                 self.assertEqual(want["lse"][2, 1], -np.inf)
+                self.check_dbias_of_the_leaf(bc, p, v, hidden)
+
+    def test_the_bias_leaf_takes_dbias_for_every_broadcast(self):
+        """As above for the broadcasts that sum over slots or heads, with Sq and Sk past the
+        longest lengths and a row the bias hides."""
+        case = make_case([3, 1, 2], [2, 4, 3], heads=2, mask="padding", seed=5)
+        for i, shape in enumerate(["1hss", "11ss", "b1ss"]):
+            bc = with_bias(case, shape, sq=5, sk=6, seed=i)
+            bc.bias[0, :, 1, :] = -np.inf  # row 1 of slot 0 (and of every slot sharing the plane)
+            mask, hidden = torch_sdpa.bias_mask(bc, 3, 4)
+            self.assertTrue(hidden[0, :, 1].all())
+            _, p, v = sdpa_math(bc, mask)
+            self.check_dbias_of_the_leaf(bc, p, v, hidden)
+
+    def check_dbias_of_the_leaf(self, bc, p, v, hidden):
+        """The gradient `bias_leaf_mask`'s graph gives the bias leaf, in numpy: dS of the padded
+        batch (d_o 0 in pad and hidden rows, as `run` sets it), passed by the two `torch.where`s
+        where a key is visible and not a key-0 fix, summed over the expanded slots and heads,
+        placed in the leaf's shape: numpy_reference's dBias."""
+        sq, sk = bc.sq.max_len, bc.skv.max_len
+        vis, key0, _ = torch_sdpa.mask_parts(bc, sq, sk)
+        d_o = kit.to_padded(bc.d_o, bc.sq, sq, "zero").astype(np.float64)
+        b, h, r = np.nonzero(hidden)
+        d_o[b, r, h] = 0.0
+        dp = np.einsum("bqhd,bkhd->bhqk", d_o, v)
+        ds = p * (dp - (p * dp).sum(axis=3, keepdims=True))
+        g = np.where(vis & ~key0, ds, 0.0)
+        leaf = np.zeros(bc.bias.shape)
+        bb, hb = bc.bias.shape[:2]
+        leaf[:, :, :sq, :sk] = g.sum(axis=tuple(a for a, n in ((0, bb), (1, hb)) if n == 1), keepdims=True)
+        want = numpy_reference.attention64(bc, frozenset(["dbias"]))["dbias"]
+        np.testing.assert_allclose(leaf, want, rtol=1e-9, atol=1e-12)
+        self.assertTrue(np.abs(want).max() > 0.01)
 
     def test_length_groups(self):
         case = make_case([2, 0, 2, 3], [4, 1, 4, 3])

@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-from casegen import kit, make_case  # first: puts adapters/ on sys.path
+from casegen import kit, make_case, with_bias  # first: puts adapters/ on sys.path
 
 import numpy_reference as ref  # noqa: E402
 
@@ -27,6 +27,17 @@ def geometries(dtype):
     yield "gaps-tail", make_case([2, 3], [3, 1], gaps_q=[1, 0], gaps_kv=[2, 0], tail_q=2, tail_kv=1, seed=7, **kw)
     yield "empty-slots", make_case([2, 0, 3], [3, 2, 3], heads=2, mask="padding", seed=9, **kw)
     yield "long", make_case([40], [33], heads=1, mask="padding_causal_bottom_right", seed=8, **{**kw, "dqk": 32})
+    # semantics.md §1.9 (adapters declaring bias; dBias where they declare dbias)
+    yield "bias-1hss-wide", with_bias(make_case([3, 5], [4, 5], heads=2, seed=10, **kw), "1hss", sq=6, sk=7)
+    hidden = with_bias(make_case([4, 2], [4, 3], heads=2, mask="padding_causal", seed=11, **kw), "b1ss", seed=1)
+    hidden.bias[0, 0, 1, :] = -np.inf  # slot 0, row 1: every key hidden
+    hidden.bias[1, 0, :, 2] = -np.inf
+    yield "bias-b1ss-hidden", hidden
+    yield "bias-bhss-gqa", with_bias(make_case([2, 3], [3, 3], heads=4, kv_heads=2, seed=12, **kw), "bhss", seed=2)
+    yield "bias-11ss-causal-br", with_bias(make_case([2, 4], [5, 4], heads=2, mask="causal_bottom_right", seed=13,
+                                                     **kw), "11ss", seed=3)
+    yield "alibi", with_bias(make_case([3, 2], [4, 2], heads=2, mask="padding_causal_bottom_right", seed=14, **kw),
+                             "alibi")
 
 
 class FrameworkCase(unittest.TestCase):
@@ -38,6 +49,8 @@ class FrameworkCase(unittest.TestCase):
                 if adapter.caps.outside(case):
                     continue
                 want = ALL if adapter.caps.lse else ALL - {"lse"}
+                if adapter.caps.dbias and case.bias is not None:
+                    want = want | {"dbias"}
                 try:
                     got = adapter.run(case, want)
                 except kit.Unsupported:
@@ -51,6 +64,7 @@ class FrameworkCase(unittest.TestCase):
                     np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {out}")
                 checked += 1
         self.assertGreater(checked, 0)
+        return checked
 
 
 @unittest.skipUnless(importlib.util.find_spec("jax"), "jax is not installed")

@@ -7,7 +7,7 @@ import unittest
 
 import numpy as np
 
-from casegen import kit, make_case
+from casegen import kit, make_case, with_bias
 
 
 class FloatFormats(unittest.TestCase):
@@ -345,6 +345,48 @@ class Visibility(unittest.TestCase):
         both = kit.visibility(self.cfg("causal", (1, -1)), 2, 3)
         np.testing.assert_array_equal(both, [[1, 0, 0], [0, 1, 0]])
         self.assertFalse(kit.visibility(self.cfg("causal", (0, -1)), 2, 3).any())
+
+
+class DBiasOutputs(unittest.TestCase):
+    """dBias (semantics.md §1.9): shaped as the case's bias tensor, and only where it has one."""
+
+    def adapter(self, **caps):
+        return kit.Adapter("t", "1", kit.Caps(**caps), lambda case, want: {})
+
+    def test_finish_outputs_checks_the_dbias_shape_against_the_bias_tensor(self):
+        # Sq, Sk larger than the longest lengths (3, 4): dBias has the tensor's shape.
+        case = with_bias(make_case([2, 3], [4, 1], heads=2), "b1ss", sq=5, sk=6)
+        self.assertEqual(case.bias.shape, (2, 1, 5, 6))
+        a = self.adapter(dbias=True, backward=True)
+        good = {"dbias": np.zeros((2, 1, 5, 6), np.float32)}
+        out, _ = kit.finish_outputs(case, good, ["dbias"], a)
+        self.assertEqual(out["dbias"].shape, (2, 1, 5, 6))
+        for wrong in [(2, 1, 3, 4), (1, 1, 5, 6), (2, 2, 5, 6), (2, 5, 6)]:
+            with self.assertRaises(kit.Internal) as cm:
+                kit.finish_outputs(case, {"dbias": np.zeros(wrong)}, ["dbias"], a)
+            self.assertIn(f"output dbias: shape {list(wrong)}, expected [2, 1, 5, 6]", str(cm.exception))
+        with self.assertRaises(kit.Internal) as cm:
+            kit.finish_outputs(case, {}, ["dbias"], a)
+        self.assertIn("did not produce dbias", str(cm.exception))
+
+    def test_dbias_of_a_case_without_a_post_scale_bias_is_invalid(self):
+        plain = make_case([2], [2])
+        for case, needle in ((plain, "no post_scale_bias (bias = none)"),
+                             (with_bias(plain, "alibi"), "alibi, whose slopes take no gradient")):
+            self.assertNotIn("dbias", kit.output_shapes(case))
+            with self.assertRaises(kit.Invalid) as cm:
+                kit.finish_outputs(case, {"dbias": np.zeros((1, 2, 2, 2))}, ["dbias"], self.adapter(dbias=True))
+            self.assertIn("want names dbias, but the case", str(cm.exception))
+            self.assertIn(needle, str(cm.exception))
+
+    def test_no_query_outputs_hold_a_zero_dbias_with_a_post_scale_bias(self):
+        case = with_bias(make_case([0, 0], [2, 1]), "bhss", sq=1, sk=2)
+        np.testing.assert_array_equal(kit.no_query_outputs(case)["dbias"], np.zeros((2, 2, 1, 2)))
+        self.assertNotIn("dbias", kit.no_query_outputs(make_case([0], [2])))
+
+    def test_caps_declare_dbias_off_by_default(self):
+        self.assertFalse(kit.Caps().to_json()["dbias"])
+        self.assertTrue(kit.Caps(dbias=True).to_json()["dbias"])
 
 
 class DeclaredDesign(unittest.TestCase):

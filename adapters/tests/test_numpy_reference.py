@@ -5,7 +5,7 @@ import unittest
 
 import numpy as np
 
-from casegen import kit, make_case  # first: puts adapters/ on sys.path
+from casegen import kit, make_case, with_bias  # first: puts adapters/ on sys.path
 
 import numpy_reference as ref  # noqa: E402
 
@@ -32,6 +32,50 @@ class HandComputed(unittest.TestCase):
         self.assertAlmostEqual(out["dq"][0, 0, 0], 0.75 * math.log(3), places=6)
         np.testing.assert_allclose(out["dk"][:, 0, 0], [-0.75, 0.75], rtol=1e-6)
         np.testing.assert_allclose(out["dv"][:, 0, 0], [0.25, 0.75], rtol=1e-6)
+
+    def test_dbias_of_one_row_two_keys_is_ds(self):
+        # as above with a zero post-scale bias [1, 1, 2, 3] (Sq, Sk past the lengths 1, 2):
+        # dBias = dS = [-3/4, 3/4] where the row reads, 0 elsewhere
+        c = case_of([[[1.0]]], [[[0.0]], [[math.log(3)]]], [[[4.0]], [[8.0]]], [[[1.0]]], [1], [2])
+        c = with_bias(c, "1hss", sq=2, sk=3)
+        c.bias[:] = 0.0
+        out = ref.attention(c, ALL | {"dbias"})
+        self.assertAlmostEqual(out["o"][0, 0, 0], 7.0, places=5)
+        np.testing.assert_allclose(out["dbias"][0, 0], [[-0.75, 0.75, 0.0], [0.0, 0.0, 0.0]], rtol=1e-6)
+
+    def test_dbias_matches_finite_differences_for_every_broadcast(self):
+        """dBias = d(sum o * d_o)/d(bias), summed over the slots and heads sharing an entry:
+        checked entry by entry against central differences, with GQA, a causal mask, -inf
+        entries (their keys hidden: dBias 0) and entries past the lengths (never read: 0)."""
+        for i, shape in enumerate(["1hss", "11ss", "b1ss", "bhss"]):
+            base = make_case([3, 2], [2, 4], heads=4, kv_heads=2, dqk=4, dv=3, mask="padding_causal_bottom_right",
+                             seed=11 + i)
+            c = with_bias(base, shape, sq=4, sk=5, seed=i)
+            c.bias = c.bias.astype(np.float64)
+            c.bias[..., 1, 0] = -np.inf
+            grad = ref.attention64(c, frozenset({"dbias"}))["dbias"]
+            self.assertEqual(grad.shape, c.bias.shape)
+            d_o = np.nan_to_num(c.d_o.astype(np.float64))
+
+            def loss():
+                return float((ref.attention64(c, frozenset({"o"}))["o"] * d_o).sum())
+
+            eps = 2.0 ** -12
+            for idx in np.ndindex(*c.bias.shape):
+                x = c.bias[idx]
+                if x == -np.inf:
+                    self.assertEqual(grad[idx], 0.0, msg=f"{shape} {idx}")
+                    continue
+                c.bias[idx] = x + eps
+                up = loss()
+                c.bias[idx] = x - eps
+                down = loss()
+                c.bias[idx] = x
+                fd = (up - down) / (2 * eps)
+                self.assertAlmostEqual(fd, grad[idx], delta=1e-5, msg=f"{shape} dbias{list(idx)}")
+            # row 3 and column 4: no slot has 4 queries or 5 keys
+            self.assertTrue((grad[:, :, 3, :] == 0).all() and (grad[:, :, :, 4] == 0).all(), shape)
+            self.assertTrue(np.abs(grad).max() > 0.01, shape)
 
     def test_no_visible_key_row_is_zero_with_minus_inf_lse(self):
         # bottom-right causal, Lq = 2, Lk = 1: row 0 sees nothing, row 1 sees key 0

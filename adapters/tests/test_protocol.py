@@ -10,7 +10,7 @@ import unittest
 
 import numpy as np
 
-from casegen import kit, make_case
+from casegen import kit, make_case, with_bias
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTERS = os.path.dirname(HERE)
@@ -67,7 +67,8 @@ class Loop(unittest.TestCase):
         caps = hs["caps"]
         for key in ("dtypes", "layouts", "masks", "window", "gqa", "dv_ne_dqk", "head_dims", "max_tokens",
                     "backward", "lse", "padded_offsets", "reports_path", "reports_workspace",
-                    "follows_small_seq_roundings", "harness_options", "no_key_row", "arch", "small_seq", "devices"):
+                    "follows_small_seq_roundings", "harness_options", "no_key_row", "arch", "small_seq", "devices",
+                    "dropout", "bias", "dbias"):
             self.assertIn(key, caps)
         self.assertEqual(replies, [])
 
@@ -163,6 +164,44 @@ class Loop(unittest.TestCase):
             ],
         )
         self.assertIn("dtype f16", replies[7]["error"]["message"])
+
+    def test_dbias_is_written_when_wanted_and_refused_where_it_cannot_be(self):
+        import numpy_reference
+
+        ref = numpy_reference.adapter()
+        grads = ("o", "lse", "dq", "dk", "dv", "dbias")
+        base = make_case([2, 3], [3, 1], heads=2, seed=4)
+
+        def write(name, case):
+            path = os.path.join(self.d, f"{name}.in.safetensors")
+            kit.write_case(path, case)
+            return path
+
+        biased = write("b", with_bias(base, "11ss", sq=4, sk=5))
+        fwd_only = write("f", with_bias(make_case([2], [2], backward=False), "1hss"))
+        requests = [
+            self.run_req(1, biased, want=grads),
+            self.run_req(2, write("n", base), want=grads),
+            self.run_req(3, write("a", with_bias(base, "alibi")), want=grads),
+            self.run_req(4, fwd_only, want=("o", "dbias")),
+            self.run_req(5, biased, want=("o", "dbias", "dbias")),
+        ]
+        _, replies = self.converse(ref, requests)
+        got = [(r["id"], r["ok"], r.get("error", {}).get("kind")) for r in replies]
+        self.assertEqual(got, [(1, True, None), (2, False, "invalid"), (3, False, "invalid"),
+                               (4, False, "invalid"), (5, False, "invalid")])
+        self.assertIn("want names dbias, but the case has no post_scale_bias (bias = none)",
+                      replies[1]["error"]["message"])
+        self.assertIn("alibi, whose slopes take no gradient", replies[2]["error"]["message"])
+        self.assertIn("no d_o", replies[3]["error"]["message"])
+        tensors, _ = kit.read_safetensors(requests[0]["out"])
+        self.assertEqual(sorted(tensors), sorted(grads))
+        self.assertEqual(tensors["dbias"][0], "F32")  # as every output, whatever the case dtype
+        self.assertEqual(tensors["dbias"][1].shape, (1, 1, 4, 5))
+        # An adapter that does not declare dbias refuses it as outside its capabilities.
+        _, (reply,) = self.converse(echo_adapter(bias=True), [self.run_req(6, biased, want=grads)])
+        self.assertEqual(reply["error"]["kind"], "unsupported")
+        self.assertIn("dbias is outside the declared capabilities", reply["error"]["message"])
 
     def test_library_errors_are_classified_and_adapter_bugs_are_internal(self):
         def refusing(case, want):

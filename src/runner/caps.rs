@@ -61,13 +61,17 @@ pub struct Caps {
     pub dropout: bool,
     /// Computes a post-scale bias and ALiBi as `docs/semantics.md` §1.9 says.
     pub bias: bool,
+    /// Returns dBias, the gradient of a post-scale bias (`docs/semantics.md` §1.9), when asked
+    /// for it in a request's `want`.
+    pub dbias: bool,
     /// The numeric design it declares (docs/judgement.md, "Declared designs"); `None`: undeclared, judged
     /// against the envelope of the common designs.
     pub design: Option<Design>,
 }
 
 impl Caps {
-    /// Everything the in-tree backends compute, on `arch`.
+    /// Everything the in-tree backends compute, on `arch`. A backend that computes the bias
+    /// returns its dBias too.
     pub fn in_tree(arch: &str, small_seq: bool, devices: usize, computes: (bool, bool)) -> Caps {
         let (dropout, bias) = computes;
         Caps {
@@ -92,6 +96,7 @@ impl Caps {
             devices,
             dropout,
             bias,
+            dbias: bias,
             design: Some(Design::Project),
         }
     }
@@ -162,6 +167,7 @@ impl Caps {
             devices: w.devices.unwrap_or(1).max(1),
             dropout: w.dropout,
             bias: w.bias,
+            dbias: w.dbias,
             design,
         })
     }
@@ -190,6 +196,7 @@ impl Caps {
             devices: Some(self.devices),
             dropout: self.dropout,
             bias: self.bias,
+            dbias: self.dbias,
             design: self.design.map(|d| d.name().into()),
         }
     }
@@ -261,6 +268,13 @@ impl Caps {
                 .filter(|(ok, _)| !ok)
                 .map(|(_, what)| what.to_string()),
         );
+        if self.bias && self.backward && !self.dbias {
+            v.push(
+                "dBias, the gradient of a post-scale bias: the worker does not return it \
+                 (caps.dbias is false)"
+                    .into(),
+            );
+        }
         if self.no_key_row != NoKeyRow::Zero {
             v.push(format!(
                 "rows that see no key: O and LSE there, and the gradients of cases with such \
@@ -305,6 +319,8 @@ pub struct WireCaps {
     pub devices: Option<usize>,
     pub dropout: bool,
     pub bias: bool,
+    /// Added after the first workers: absent in their handshakes, so `false`.
+    pub dbias: bool,
     pub design: Option<String>,
 }
 
@@ -320,8 +336,31 @@ mod tests {
         let empty: WireCaps = serde_json::from_str("{}").unwrap();
         let e = Caps::from_wire(&empty).unwrap();
         assert!(!e.backward && !e.reports_path && !e.dropout && !e.bias && e.dtypes.is_empty());
+        assert!(!e.dbias);
         assert_eq!(e.no_key_row, NoKeyRow::Zero);
         assert!(e.not_covered().iter().any(|l| l.contains("backward")));
+    }
+
+    #[test]
+    fn dbias_is_read_when_declared_and_listed_when_missing() {
+        // A worker written before the field: bias and backward, no dBias.
+        let old: WireCaps = serde_json::from_str(r#"{"bias": true, "backward": true}"#).unwrap();
+        let c = Caps::from_wire(&old).unwrap();
+        assert!(c.bias && !c.dbias);
+        assert!(
+            c.not_covered().iter().any(|l| l.contains("caps.dbias")),
+            "{:?}",
+            c.not_covered()
+        );
+        let new: WireCaps =
+            serde_json::from_str(r#"{"bias": true, "backward": true, "dbias": true}"#).unwrap();
+        let c = Caps::from_wire(&new).unwrap();
+        assert!(c.dbias);
+        assert!(!c.not_covered().iter().any(|l| l.contains("caps.dbias")));
+        assert_eq!(Caps::from_wire(&c.to_wire()).unwrap(), c);
+        // In-tree backends return dBias exactly when they compute the bias.
+        assert!(Caps::in_tree("cpu", true, 1, (true, true)).dbias);
+        assert!(!Caps::in_tree("sm_90", true, 1, (false, false)).dbias);
     }
 
     #[test]

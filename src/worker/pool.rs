@@ -464,7 +464,16 @@ impl Pool {
         if case.d_o.is_some() {
             w.extend(["dq", "dk", "dv"]);
         }
+        if self.wants_dbias(case) {
+            w.push("dbias");
+        }
         w.into_iter().map(String::from).collect()
+    }
+
+    /// Whether a request for `case` names dBias: the worker declares `caps.dbias`, and the
+    /// case has a post-scale bias (ALiBi's slopes take no gradient) and a `d_o`.
+    fn wants_dbias(&self, case: &Case) -> bool {
+        self.caps.dbias && case.d_o.is_some() && case.config.params.bias.grad_shape().is_some()
     }
 
     fn path(&self, name: Option<&str>) -> Result<Option<crate::dispatch::Path>> {
@@ -475,14 +484,17 @@ impl Pool {
         }
     }
 
-    /// The backward of a reply: its gradients, path and workspace report.
-    fn bwd_result(&self, got: Outputs32, reply: &Reply) -> Result<BwdResult> {
+    /// The backward of a reply for `case`: its gradients, path and workspace report. dBias is
+    /// read wherever the reply holds it, and must be there when the request named it.
+    fn bwd_result(&self, case: &Case, got: Outputs32, reply: &Reply) -> Result<BwdResult> {
         let name = self.name();
+        if got.dbias.is_none() && self.wants_dbias(case) {
+            return Err(missing(name, "dbias"));
+        }
         Ok(BwdResult {
             dq: f32_3(got.dq, name, "dq")?,
             dk: f32_3(got.dk, name, "dk")?,
             dv: f32_3(got.dv, name, "dv")?,
-            // In-tree workers write it; the kit's adapters return none.
             dbias: got.dbias,
             path: self.path(reply.path.as_ref().and_then(|p| p.bwd.as_deref()))?,
             workspace: self.workspace(reply.workspace.as_ref().map(|w| &w.bwd)),
@@ -595,7 +607,7 @@ impl Runner for Pool {
         };
         let bwd = match case.d_o {
             None => None,
-            Some(_) => Some(self.bwd_result(got, &reply)?),
+            Some(_) => Some(self.bwd_result(case, got, &reply)?),
         };
         Ok(Pair {
             fwd,
@@ -625,7 +637,7 @@ impl Runner for Pool {
         )?;
         let req = run_request(id, &inp, &out, self.want(case, false), opts, true);
         let reply = self.call(case, req, Some(&from))?;
-        self.bwd_result(read_outputs_file(&out, case)?, &reply)
+        self.bwd_result(case, read_outputs_file(&out, case)?, &reply)
     }
 }
 

@@ -376,8 +376,9 @@ fn path_name(p: Option<crate::dispatch::Path>) -> String {
     p.map_or("none", |p| p.name()).to_string()
 }
 
-/// A backward's outputs as the reply's tensors; dBias of a post-scale bias (docs/semantics.md
-/// §1.9) unasked: the pool reads it when the reply holds it.
+/// A backward's outputs as the reply's tensors, with dBias of a post-scale bias
+/// (docs/semantics.md §1.9): the handshake declares `caps.dbias` with `caps.bias`, and the
+/// `want` list is not read (it names dBias exactly when the case has one).
 fn gradients(b: &wrapper::BwdResult) -> Vec<(&'static str, ndarray::ArrayViewD<'_, f32>)> {
     let mut tensors = vec![
         ("dq", b.dq.view().into_dyn()),
