@@ -10,8 +10,9 @@
 //! A bias (`docs/semantics.md` §1.9) is added to each f32 score after the scale; dBias sums
 //! the f32 dS of the slots and heads sharing an entry.
 
+use super::rows::HeadRows;
 use super::sums::{add, axpy, sum, Losses};
-use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
+use super::{CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::error::Result;
 use crate::mutants::Mutant;
@@ -38,23 +39,31 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         .enumerate()
         .map(|(slot, g)| {
             let mut r = SlotFwd::new(g, heads, dv);
+            // Buffers of one slot, reused by every head and row.
+            let mut qk = vec![0f32; g.lk];
+            let mut s: Vec<(usize, f32)> = Vec::with_capacity(BLOCK);
+            let mut acc = vec![0f32; dv];
             for h in 0..heads {
+                if g.lq == 0 {
+                    break;
+                }
                 let hk = be.kv_head(p, h);
+                let keys = HeadRows::load(be, dt, &a.k, g.ok, g.lk, hk);
+                let vals = HeadRows::load(be, dt, &a.v, g.ok, g.lk, hk);
                 for i in 0..g.lq {
                     let q = be.load(dt, &a.q, g.oq + i, h);
+                    keys.dots(&q, &mut qk);
                     let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                    let mut acc = vec![0f32; dv];
+                    acc.fill(0.0);
                     for start in (0..g.lk).step_by(BLOCK) {
                         let keys = start..(start + BLOCK).min(g.lk);
                         // A -inf bias hides its key as the mask does (§1.9).
-                        let s: Vec<(usize, f32)> = keys
-                            .filter(|&c| be.visible(p, i, c, g.lq, g.lk))
-                            .map(|c| {
-                                let s = dot(&q, &be.load(dt, &a.k, g.ok + c, hk)) * scale;
-                                (c, s + be.bias(p, slot, h, i, c, g))
-                            })
-                            .filter(|&(_, s)| s != f32::NEG_INFINITY)
-                            .collect();
+                        s.clear();
+                        s.extend(
+                            keys.filter(|&c| be.visible(p, i, c, g.lq, g.lk))
+                                .map(|c| (c, qk[c] * scale + be.bias(p, slot, h, i, c, g)))
+                                .filter(|&(_, s)| s != f32::NEG_INFINITY),
+                        );
                         if s.is_empty() {
                             continue;
                         }
@@ -71,13 +80,13 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         };
                         l *= alpha;
                         acc.iter_mut().for_each(|x| *x *= alpha);
-                        for (c, sc) in s {
+                        for &(c, sc) in &s {
                             let e = (sc - m_new).exp();
                             l = add(l, e, loss.rowsum);
                             if be.dropout_factor(p, slot, h, i, c) == 0.0 {
                                 continue;
                             }
-                            axpy(&mut acc, e, &be.load(dt, &a.v, g.ok + c, hk), loss.pv);
+                            axpy(&mut acc, e, vals.row(c), loss.pv);
                         }
                         m = m_new;
                     }
@@ -88,7 +97,7 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         } else {
                             1.0
                         };
-                        for (j, x) in acc.iter().enumerate() {
+                        for (j, &x) in acc.iter().enumerate() {
                             let o = if p.dropout.is_active() {
                                 x / l * rescale
                             } else {
@@ -135,39 +144,48 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             let mut r = SlotBwd::new(g, heads, d, dvd);
             // dS of every (head, row, key), for dBias (§1.9).
             r.ds = p.bias.grad_shape().map(|_| vec![0f32; heads * g.lq * g.lk]);
+            // Buffers of one slot, reused by every head and row.
+            let (mut qk, mut dov) = (vec![0f32; g.lk], vec![0f32; g.lk]);
+            let mut keys: Vec<(usize, f32, f32, f32)> = Vec::with_capacity(g.lk);
+            let mut dq = vec![0f32; d];
             for h in 0..heads {
+                if g.lq == 0 {
+                    break;
+                }
                 let hk = be.kv_head(p, h);
+                let k_rows = HeadRows::load(be, dt, &f.k, g.ok, g.lk, hk);
+                let v_rows = HeadRows::load(be, dt, &f.v, g.ok, g.lk, hk);
                 for i in 0..g.lq {
                     let t = g.oq + i;
-                    let q = be.load(dt, &f.q, t, h);
-                    let d_o = be.load(dt, &a.d_o, t, h);
                     let lse = lse_flat[be.lse_index(t, h, tq, heads)];
                     if lse == f32::NEG_INFINITY {
                         continue;
                     }
+                    let q = be.load(dt, &f.q, t, h);
+                    let d_o = be.load(dt, &a.d_o, t, h);
+                    k_rows.dots(&q, &mut qk);
+                    v_rows.dots(&d_o, &mut dov);
                     // First pass: P and dP per visible key, and D = Σ P·dP in f32 (rowsum(dO∘O)
                     // from the bf16-rounded O would cost the gradients several bits).
-                    let mut keys = Vec::new();
+                    keys.clear();
                     for c in 0..g.lk {
                         if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
                             continue;
                         }
-                        let k = be.load(dt, &f.k, g.ok + c, hk);
-                        let v = be.load(dt, &f.v, g.ok + c, hk);
-                        let pr = (dot(&q, &k) * scale + be.bias(p, slot, h, i, c, g) - lse).exp();
+                        let pr = (qk[c] * scale + be.bias(p, slot, h, i, c, g) - lse).exp();
                         let z = be.dropout_factor(p, slot, h, i, c);
-                        let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
-                        keys.push((c, k, pr, dp, z));
+                        let dp = if z == 0.0 { 0.0 } else { dov[c] * z };
+                        keys.push((c, pr, dp, z));
                     }
-                    let delta = sum(keys.iter().map(|(_, _, pr, dp, _)| pr * dp), loss.delta);
+                    let delta = sum(keys.iter().map(|(_, pr, dp, _)| pr * dp), loss.delta);
                     r.delta[i * heads + h] = delta;
-                    let mut dq = vec![0f32; d];
-                    for (c, k, pr, dp, z) in keys {
+                    dq.fill(0.0);
+                    for &(c, pr, dp, z) in &keys {
                         let ds = pr * (dp - delta);
                         if let Some(db) = r.ds.as_mut() {
                             db[(h * g.lq + i) * g.lk + c] = ds;
                         }
-                        axpy(&mut dq, ds, &k, loss.dq);
+                        axpy(&mut dq, ds, k_rows.row(c), loss.dq);
                         let at = (c * heads + h) * d;
                         axpy(&mut r.dk[at..at + d], scale * ds, &q, loss.dk);
                         let at = (c * heads + h) * dvd;
@@ -176,8 +194,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     let at = (i * heads + h) * d;
                     r.dq[at..at + d]
                         .iter_mut()
-                        .zip(dq)
-                        .for_each(|(y, x)| *y = be.store(dt, x * qscale));
+                        .zip(&dq)
+                        .for_each(|(y, &x)| *y = be.store(dt, x * qscale));
                 }
             }
             r
