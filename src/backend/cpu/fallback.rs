@@ -97,14 +97,16 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         } else {
                             1.0
                         };
-                        for (j, &x) in acc.iter().enumerate() {
+                        let orow = &mut r.o[base..base + dv];
+                        for (y, &x) in orow.iter_mut().zip(&acc) {
                             let o = if p.dropout.is_active() {
                                 x / l * rescale
                             } else {
                                 x / l
                             };
-                            r.o[base + j] = be.store(dt, off * o);
+                            *y = off * o;
                         }
+                        be.store_all(dt, orow);
                     } else if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
                         r.o[base..base + dv].fill(f32::NAN);
                     }
@@ -192,10 +194,9 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         axpy(&mut r.dv[at..at + dvd], pr * z, &d_o, loss.dv);
                     }
                     let at = (i * heads + h) * d;
-                    r.dq[at..at + d]
-                        .iter_mut()
-                        .zip(&dq)
-                        .for_each(|(y, &x)| *y = be.store(dt, x * qscale));
+                    let dst = &mut r.dq[at..at + d];
+                    dst.iter_mut().zip(&dq).for_each(|(y, &x)| *y = x * qscale);
+                    be.store_all(dt, dst);
                 }
             }
             r
@@ -211,6 +212,18 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         region(names::DV_ACC),
     );
     let g_size = p.group_size();
+    // The query heads each kv head sums, in head order.
+    let members: Vec<Vec<usize>> = (0..kv_heads)
+        .map(|hk| {
+            let group = hk * g_size..(hk + 1) * g_size;
+            if be.has(Mutant::GqaNoSum) {
+                vec![group.end - 1]
+            } else {
+                group.collect()
+            }
+        })
+        .collect();
+    let mut sums = Vec::with_capacity(d.max(dvd));
     for (g, r) in slots.iter().zip(&results) {
         r.store_q_side(out, g, heads, d, delta_at);
         if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
@@ -236,33 +249,34 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     }
                 }
             }
-            for hk in 0..kv_heads {
-                let group = hk * g_size..(hk + 1) * g_size;
-                let members: Vec<usize> = if be.has(Mutant::GqaNoSum) {
-                    vec![group.end - 1]
-                } else {
-                    group.collect()
-                };
-                for j in 0..d {
-                    let sum: f32 = members
+            for (hk, members) in members.iter().enumerate() {
+                sums.clear();
+                sums.extend((0..d).map(|j| -> f32 {
+                    members
                         .iter()
                         .map(|&h| match dk_at {
                             Some(base) => out.workspace.at(base + (tk * heads + h) * d + j),
                             None => r.dk[(c * heads + h) * d + j],
                         })
-                        .sum();
-                    out.dk.put((tk * kv_heads + hk) * d + j, be.store(dt, sum));
+                        .sum()
+                }));
+                be.store_all(dt, &mut sums);
+                for (j, &x) in sums.iter().enumerate() {
+                    out.dk.put((tk * kv_heads + hk) * d + j, x);
                 }
-                for j in 0..dvd {
-                    let sum: f32 = members
+                sums.clear();
+                sums.extend((0..dvd).map(|j| -> f32 {
+                    members
                         .iter()
                         .map(|&h| match dv_at {
                             Some(base) => out.workspace.at(base + (tk * heads + h) * dvd + j),
                             None => r.dv[(c * heads + h) * dvd + j],
                         })
-                        .sum();
-                    out.dv
-                        .put((tk * kv_heads + hk) * dvd + j, be.store(dt, sum));
+                        .sum()
+                }));
+                be.store_all(dt, &mut sums);
+                for (j, &x) in sums.iter().enumerate() {
+                    out.dv.put((tk * kv_heads + hk) * dvd + j, x);
                 }
             }
         }
@@ -293,7 +307,8 @@ fn store_dbias(
             }
         }
     }
-    for (y, x) in out.body_mut().iter_mut().zip(acc) {
-        *y = be.store(dt, x);
-    }
+    let body = out.body_mut();
+    let n = body.len().min(acc.len());
+    body[..n].copy_from_slice(&acc[..n]);
+    be.store_all(dt, &mut body[..n]);
 }

@@ -83,14 +83,15 @@ impl CpuBackend {
         self.defects.has(m)
     }
 
-    /// `x` rounded to `dt` for an output store (NaN in place of an overflow under
-    /// [`Mutant::NanOnOverflow`]).
-    fn store(&self, dt: Dtype, x: f32) -> f32 {
-        let y = dt.round(x);
-        if y.is_infinite() && self.has(Mutant::NanOnOverflow) {
-            f32::NAN
-        } else {
-            y
+    /// Each element of `xs` rounded to `dt` for an output store, in place (NaN in place of an
+    /// overflow under [`Mutant::NanOnOverflow`]): a row at a time, which rounds eight values a
+    /// step ([`Dtype::round_in_place`]).
+    fn store_all(&self, dt: Dtype, xs: &mut [f32]) {
+        dt.round_in_place(xs);
+        if self.has(Mutant::NanOnOverflow) {
+            xs.iter_mut()
+                .filter(|y| y.is_infinite())
+                .for_each(|y| *y = f32::NAN);
         }
     }
 

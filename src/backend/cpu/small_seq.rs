@@ -181,7 +181,8 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     }
                     orow.iter_mut()
                         .zip(acc)
-                        .for_each(|(y, x)| *y = be.store(dt, be.toward_zero(dt, x)));
+                        .for_each(|(y, x)| *y = be.toward_zero(dt, x));
+                    be.store_all(dt, orow);
                 }
             }
             res
@@ -288,15 +289,17 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     } else {
                         1.0
                     };
-                    dst.iter_mut().zip(dq).for_each(|(y, x)| {
-                        *y = be.store(dt, be.toward_zero(dt, x * qscale * bias))
-                    });
+                    dst.iter_mut()
+                        .zip(dq)
+                        .for_each(|(y, x)| *y = be.toward_zero(dt, x * qscale * bias));
+                    be.store_all(dt, dst);
                 }
             }
             r.dk.iter_mut()
-                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x * scale)));
-            r.dv.iter_mut()
-                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x)));
+                .for_each(|x| *x = be.toward_zero(dt, *x * scale));
+            be.store_all(dt, &mut r.dk);
+            r.dv.iter_mut().for_each(|x| *x = be.toward_zero(dt, *x));
+            be.store_all(dt, &mut r.dv);
             if be.has(Mutant::ZeroedSmallRow) && g.lk >= 2 {
                 let at = ((g.lk - 1) * heads + heads - 1) * d;
                 r.dk[at..at + d].fill(0.0);
