@@ -113,12 +113,15 @@ impl Judgement {
 }
 
 pub(crate) fn elem_err(a: f64, r: f64) -> f64 {
-    if a == r {
-        0.0 // equal infinities included
-    } else if a.is_nan() || r.is_nan() || a.is_infinite() || r.is_infinite() {
-        f64::INFINITY
+    // One test for the common case: the difference is NaN only where a side is NaN or both
+    // are the same infinity; elsewhere it is the error, infinite where a side is.
+    let d = (a - r).abs();
+    if !d.is_nan() {
+        d
+    } else if a == r {
+        0.0 // equal infinities
     } else {
-        (a - r).abs()
+        f64::INFINITY
     }
 }
 
@@ -201,6 +204,12 @@ fn max_err(
     );
     let yard_e = yard_e.as_ref().map(|e| e.as_slice().expect("standard"));
     let allow = allow.as_ref().map(|al| al.as_slice().expect("standard"));
+    let n = a.len().min(r.len());
+    let rule = ElementRule {
+        max_finite,
+        headroom,
+        order_in_tensor_rule,
+    };
     // Row by row: an invalid token's rows are skipped whole, and no element pays for index
     // divisions (they were a third of the judging stage's time).
     for (row_i, row) in best.iter_mut().enumerate() {
@@ -208,59 +217,128 @@ fn max_err(
             continue;
         }
         let start = row_i * inner;
-        for flat in start..(start + inner).min(a.len().min(r.len())) {
-            let (x, y) = (a[flat], r[flat]);
-            if y.is_finite() {
-                row.mag = row.mag.max(y.abs());
+        let end = (start + inner).min(n);
+        if start >= end {
+            continue;
+        }
+        let at = RowAt {
+            token: row_i / heads,
+            head: row_i % heads,
+            has_dim: shape.len() > 2,
+        };
+        let (x, y) = (&a[start..end], &r[start..end]);
+        let e = yard_e.map(|e| &e[start..end]);
+        // One loop per combination of allowances present, so that an absent one costs no
+        // test per element (absent reads as NaN, which excuses nothing, as before).
+        match (
+            allow.map(|al| &al[start..end]),
+            order.map(|o| &o[start..end]),
+        ) {
+            (Some(al), Some(o)) => rule.scan(row, at, x, y, e, |k| al[k], |k| o[k]),
+            (Some(al), None) => rule.scan(row, at, x, y, e, |k| al[k], |_| f64::NAN),
+            (None, Some(o)) => rule.scan(row, at, x, y, e, |_| f64::NAN, |k| o[k]),
+            (None, None) => rule.scan(row, at, x, y, e, |_| f64::NAN, |_| f64::NAN),
+        }
+    }
+    best
+}
+
+/// Where a row lies: its token and head, and whether its elements have a dimension index
+/// (not for lse).
+#[derive(Clone, Copy)]
+struct RowAt {
+    token: usize,
+    head: usize,
+    has_dim: bool,
+}
+
+/// The per-element rule of [`max_err`].
+struct ElementRule {
+    max_finite: f64,
+    headroom: f64,
+    order_in_tensor_rule: bool,
+}
+
+impl ElementRule {
+    /// Folds the elements of one row (`x` judged against `y`, the yardstick's own values `e`
+    /// for [`Yard::Kernel`]) into `row`; `allow(k)` and `order(k)` are element `k`'s
+    /// allowances.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn scan(
+        &self,
+        row: &mut RowMax,
+        at: RowAt,
+        x: &[f64],
+        y: &[f64],
+        e: Option<&[f64]>,
+        allow: impl Fn(usize) -> f64,
+        order: impl Fn(usize) -> f64,
+    ) {
+        let max_finite = self.max_finite;
+        for (k, (&x, &y)) in x.iter().zip(y).enumerate() {
+            // Comparisons instead of `f64::max`, whose NaN handling costs three instructions
+            // of a dependent chain: neither side is NaN here.
+            if y.is_finite() && y.abs() > row.mag {
+                row.mag = y.abs();
             }
             if both_past_limit(x, y, max_finite) {
                 continue;
             }
             // A non-finite allowance (from non-finite inputs) excuses nothing.
-            let allowed = allow.map(|al| al[flat]).filter(|a| a.is_finite());
-            // The element's own allowance is headroom too: a value that noise may carry past the
-            // limit may be stored as the infinity of its sign.
-            let room = headroom + allowed.unwrap_or(0.0);
-            let reference_overflows = !y.is_finite() || y.abs() + room >= max_finite;
-            let shared = match yard_e {
-                None => !x.is_finite(),
-                Some(e) => reference_overflows && !x.is_finite() && same_stored(x, e[flat]),
-            };
-            if shared {
-                continue;
+            let allowed = Some(allow(k)).filter(|a| a.is_finite());
+            if !x.is_finite() {
+                // The element's own allowance is headroom too: a value that noise may carry
+                // past the limit may be stored as the infinity of its sign.
+                let room = self.headroom + allowed.unwrap_or(0.0);
+                let reference_overflows = !y.is_finite() || y.abs() + room >= max_finite;
+                let shared = match e {
+                    None => true,
+                    Some(e) => reference_overflows && same_stored(x, e[k]),
+                };
+                if shared {
+                    continue;
+                }
+                if x.is_infinite() && x.signum() == y.signum() && reference_overflows {
+                    continue;
+                }
             }
-            if x.is_infinite() && x.signum() == y.signum() && reference_overflows {
-                continue;
-            }
-            // A stored infinity says the value before the store was at or past the limit in its
-            // direction: its error is at least that of the limit itself (with a finite reference),
-            // which a threshold wider than the distance to the limit covers (an f16 dK of -15,822
-            // whose noise, measured by the emulation's error of 41,600, carried it past +65,504:
-            // CPU fuzz seed 2043, case 1632). NaN still fails.
-            let at = if x.is_infinite() && y.is_finite() {
+            // A stored infinity says the value before the store was at or past the limit in
+            // its direction: its error is at least that of the limit itself (with a finite
+            // reference), which a threshold wider than the distance to the limit covers (an
+            // f16 dK of -15,822 whose noise, measured by the emulation's error of 41,600,
+            // carried it past +65,504: CPU fuzz seed 2043, case 1632). NaN still fails.
+            let value = if x.is_infinite() && y.is_finite() {
                 x.signum() * max_finite
             } else {
                 x
             };
-            let e = match allowed {
-                Some(a) => (elem_err(at, y) - a).max(0.0),
-                None => elem_err(at, y),
+            let err = match allowed {
+                Some(a) => (elem_err(value, y) - a).max(0.0),
+                None => elem_err(value, y),
             };
             // A non-finite order allowance (from non-finite inputs) excuses nothing.
-            let e_row = match order.map(|o| o[flat]).filter(|o| o.is_finite()) {
-                Some(o) => (e - o).max(0.0),
-                None => e,
+            let o = order(k);
+            let err_row = if o.is_finite() {
+                (err - o).max(0.0)
+            } else {
+                err
             };
-            row.row_err = row.row_err.max(e_row);
-            let e = if order_in_tensor_rule { e_row } else { e };
-            if e > row.err || (row.at.is_none() && e.is_nan()) {
-                let dim = (shape.len() > 2).then_some(flat - start);
-                row.err = e;
-                row.at = Some(((row_i / heads, row_i % heads, dim), x, y));
+            // `err` is never NaN (elem_err says infinity) and the allowances are finite.
+            if err_row > row.row_err {
+                row.row_err = err_row;
+            }
+            let err = if self.order_in_tensor_rule {
+                err_row
+            } else {
+                err
+            };
+            if err > row.err || (row.at.is_none() && err.is_nan()) {
+                row.err = err;
+                row.at = Some(((at.token, at.head, at.has_dim.then_some(k)), x, y));
             }
         }
     }
-    best
 }
 
 /// The row of `rows` with the largest error (the first of equals).
@@ -277,14 +355,22 @@ fn worst_of(rows: &[RowMax]) -> RowMax {
 fn magnitude(r: &ArrayViewD<f64>, valid: &[bool]) -> f64 {
     let per_token = r.shape().iter().skip(1).product::<usize>().max(1);
     let r = r.as_standard_layout();
-    r.as_slice()
+    let mut m = 0.0f64;
+    for (token, _) in r
+        .as_slice()
         .expect("standard")
         .chunks(per_token)
         .zip(valid)
         .filter(|(_, v)| **v)
-        .flat_map(|(t, _)| t.iter())
-        .filter(|x| x.is_finite())
-        .fold(0.0f64, |m, x| m.max(x.abs()))
+    {
+        // A comparison, not `f64::max`: no NaN reaches it (NaN is not finite).
+        for x in token {
+            if x.is_finite() && x.abs() > m {
+                m = x.abs();
+            }
+        }
+    }
+    m
 }
 
 /// The absolute floor of a tensor stored as `stored` whose elements sum `terms` products, in
@@ -454,17 +540,26 @@ fn rows_verdict(
 /// inside the range.
 fn emulation_overflows(t: &Triple) -> usize {
     let per_token = t.reference.shape().iter().skip(1).product::<usize>().max(1);
-    t.emulated
-        .iter()
-        .zip(&t.reference)
-        .enumerate()
-        .filter(|(i, (e, r))| {
-            t.valid.get(i / per_token).copied().unwrap_or(false)
-                && !e.is_finite()
-                && r.is_finite()
-                && r.abs() < t.max_finite
+    // Token by token over flat slices (an element's token was a division per element).
+    let (e, r) = (
+        t.emulated.as_standard_layout(),
+        t.reference.as_standard_layout(),
+    );
+    let (e, r) = (
+        e.as_slice().expect("standard"),
+        r.as_slice().expect("standard"),
+    );
+    e.chunks(per_token)
+        .zip(r.chunks(per_token))
+        .zip(t.valid)
+        .filter(|(_, v)| **v)
+        .map(|((e, r), _)| {
+            e.iter()
+                .zip(r)
+                .filter(|(e, r)| !e.is_finite() && r.is_finite() && r.abs() < t.max_finite)
+                .count()
         })
-        .count()
+        .sum()
 }
 
 /// Judges one tensor: the tensor rule, then the per-row rule.
