@@ -26,6 +26,7 @@
 //! larger than any threshold drawn from one tensor-wide yardstick.
 
 use super::conditioning::{Design, GradAllowance, OrderAllowance};
+use super::row_dots::{dots, Columns};
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, ArrayViewD};
 use serde::Serialize;
@@ -677,16 +678,17 @@ pub fn judge(t: &Triple) -> Judgement {
 pub fn score_magnitude(case: &Case) -> f64 {
     let scale = case.config.params.scale.abs();
     let mut best = 0.0f64;
+    // Each row's sums `Σ_d |q_d|·|k_d|` against every key of its slot side by side.
+    let k_abs = Columns::of(&case.k, |x| f64::from(x).abs());
+    let mut sums = Vec::new();
     for row in case.visible_rows() {
         let q = case.q.slice(ndarray::s![row.token, row.head, ..]);
+        let q_abs: Vec<f64> = q.iter().map(|&x| f64::from(x).abs()).collect();
+        let first_key = case.layout.kv.offset(row.slot);
+        let slot_keys = first_key..first_key + case.layout.kv.len(row.slot);
+        dots(&q_abs, &k_abs, row.kv_head, slot_keys, -0.0, &mut sums);
         for &c in &row.keys {
-            let k = case.k.slice(ndarray::s![c, row.kv_head, ..]);
-            let s: f64 = q
-                .iter()
-                .zip(k.iter())
-                .map(|(a, b)| f64::from(*a).abs() * f64::from(*b).abs())
-                .sum();
-            best = best.max(s * scale);
+            best = best.max(sums[c - first_key] * scale);
         }
     }
     best
