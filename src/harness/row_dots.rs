@@ -10,27 +10,32 @@
 use ndarray::Array3;
 use std::ops::Range;
 
-/// One input tensor `[T, H, D]` mapped to f64 and laid out per head, transposed: `[H, D, T]`.
+/// One input tensor `[T, H, D]` mapped to f64 and laid out per head, transposed: `[H, D, T]`,
+/// each column padded with [`KEYS`] zeros, so that a block of keys may read past the last.
 pub(crate) struct Columns {
     data: Vec<f64>,
     dim: usize,
-    tokens: usize,
+    stride: usize,
 }
+
+/// Keys whose sums are formed together, in registers.
+const KEYS: usize = 8;
 
 impl Columns {
     /// `f` of every element of `a`.
     pub fn of(a: &Array3<f32>, f: impl Fn(f32) -> f64) -> Self {
         let (tokens, heads, dim) = a.dim();
-        let mut data = vec![0f64; tokens * heads * dim];
+        let stride = tokens + KEYS;
+        let mut data = vec![0f64; stride * heads * dim];
         for ((t, h, x), &v) in a.indexed_iter() {
-            data[(h * dim + x) * tokens + t] = f(v);
+            data[(h * dim + x) * stride + t] = f(v);
         }
-        Columns { data, dim, tokens }
+        Columns { data, dim, stride }
     }
 
-    /// Element `x` of every token of head `h`, over `keys`.
+    /// Element `x` of tokens `keys` of head `h`.
     fn col(&self, h: usize, x: usize, keys: &Range<usize>) -> &[f64] {
-        let start = (h * self.dim + x) * self.tokens;
+        let start = (h * self.dim + x) * self.stride;
         &self.data[start + keys.start..start + keys.end]
     }
 }
@@ -46,11 +51,17 @@ pub(crate) fn dots(
     out: &mut Vec<f64>,
 ) {
     out.clear();
-    out.resize(keys.len(), start);
-    for (x, &r) in row.iter().enumerate() {
-        for (o, &y) in out.iter_mut().zip(k.col(h, x, &keys)) {
-            *o += r * y;
+    // A block of keys at a time, their sums held in registers over the whole row; a block
+    // past the last key reads the padding, whose sums are left out.
+    for first in keys.clone().step_by(KEYS) {
+        let block = first..first + KEYS;
+        let mut acc = [start; KEYS];
+        for (x, &r) in row.iter().enumerate() {
+            for (a, &y) in acc.iter_mut().zip(k.col(h, x, &block)) {
+                *a += r * y;
+            }
         }
+        out.extend_from_slice(&acc[..KEYS.min(keys.end - first)]);
     }
 }
 
@@ -65,16 +76,21 @@ pub(crate) fn dots_and_magnitudes(
     magnitudes: &mut Vec<f64>,
 ) {
     sums.clear();
-    sums.resize(keys.len(), 0.0);
     magnitudes.clear();
-    magnitudes.resize(keys.len(), 0.0);
-    for (x, &r) in row.iter().enumerate() {
-        let col = v.col(h, x, &keys);
-        for ((s, m), &y) in sums.iter_mut().zip(magnitudes.iter_mut()).zip(col) {
-            let t = r * y;
-            *s += t;
-            *m += t.abs();
+    // Blocks of keys in registers, as in [`dots`].
+    for first in keys.clone().step_by(KEYS) {
+        let block = first..first + KEYS;
+        let (mut s, mut m) = ([0f64; KEYS], [0f64; KEYS]);
+        for (x, &r) in row.iter().enumerate() {
+            for ((s, m), &y) in s.iter_mut().zip(m.iter_mut()).zip(v.col(h, x, &block)) {
+                let t = r * y;
+                *s += t;
+                *m += t.abs();
+            }
         }
+        let n = KEYS.min(keys.end - first);
+        sums.extend_from_slice(&s[..n]);
+        magnitudes.extend_from_slice(&m[..n]);
     }
 }
 

@@ -17,14 +17,19 @@ use ndarray::ArrayView3;
 use smallseq_reference::Dtype;
 
 /// Rows `first..first + n` of head `h` of a tensor, as the kernel's loader reads them
-/// ([`CpuBackend::load`]), row after row (`[n, width]`) and transposed (`[width, n]`).
+/// ([`CpuBackend::load`]), row after row (`[n, width]`) and transposed (`[width, stride]`, the
+/// rows padded with zeros to a whole number of [`KEYS`]).
 pub(super) struct HeadRows {
     data: Vec<f32>,
     transposed: Vec<f32>,
     width: usize,
+    stride: usize,
     /// Every element is finite.
     finite: bool,
 }
+
+/// Rows whose dot products are formed together, in registers.
+const KEYS: usize = 8;
 
 impl HeadRows {
     pub fn load(
@@ -45,10 +50,11 @@ impl HeadRows {
                 data.resize(data.len() + width, f32::NAN);
             }
         }
-        let mut transposed = vec![0f32; data.len()];
+        let stride = n.div_ceil(KEYS) * KEYS;
+        let mut transposed = vec![0f32; stride * width];
         for (i, row) in data.chunks_exact(width.max(1)).enumerate() {
             for (j, &x) in row.iter().enumerate() {
-                transposed[j * n + i] = x;
+                transposed[j * stride + i] = x;
             }
         }
         HeadRows {
@@ -56,6 +62,7 @@ impl HeadRows {
             data,
             transposed,
             width,
+            stride,
         }
     }
 
@@ -66,23 +73,41 @@ impl HeadRows {
 
     /// `out[c] = dot(x, row c)` for each of the `out.len()` first rows.
     pub fn dots(&self, x: &[f32], out: &mut [f32]) {
-        let n = out.len();
         if !(self.finite && all_finite(x)) {
             for (c, o) in out.iter_mut().enumerate() {
                 *o = dot(x, self.row(c));
             }
             return;
         }
-        out.fill(0.0);
-        let rows = self.data.len() / self.width.max(1);
-        if n == 0 {
-            return;
-        }
-        for (&xj, col) in x.iter().zip(self.transposed.chunks_exact(rows)) {
-            for (o, &y) in out.iter_mut().zip(&col[..n]) {
-                *o += xj * y;
+        // Two or one blocks of rows at a time, their sums held in registers over the whole of
+        // `x` (independent chains); the padding's sums are left out.
+        let mut start = 0;
+        while start < out.len() {
+            let left = out.len() - start;
+            if left > KEYS {
+                let acc = self.block::<{ 2 * KEYS }>(x, start);
+                let m = left.min(2 * KEYS);
+                out[start..start + m].copy_from_slice(&acc[..m]);
+                start += 2 * KEYS;
+            } else {
+                let acc = self.block::<KEYS>(x, start);
+                out[start..].copy_from_slice(&acc[..left]);
+                start += KEYS;
             }
         }
+    }
+
+    /// The sums of rows `start..start + W` (padding included), each from 0 in `x`'s order.
+    fn block<const W: usize>(&self, x: &[f32], start: usize) -> [f32; W] {
+        let mut acc = [0f32; W];
+        for (j, &xj) in x.iter().enumerate() {
+            let at = j * self.stride + start;
+            let col = &self.transposed[at..at + W];
+            for (a, &y) in acc.iter_mut().zip(col) {
+                *a += xj * y;
+            }
+        }
+        acc
     }
 }
 
@@ -103,19 +128,22 @@ mod tests {
     fn dots_over_transposed_rows_equal_dot_bit_for_bit() {
         let be = CpuBackend::default();
         // Values whose sums round differently in another order.
-        let mut t = ndarray::Array3::from_shape_fn((5, 2, 7), |(i, h, j)| {
+        let mut t = ndarray::Array3::from_shape_fn((30, 2, 7), |(i, h, j)| {
             let x = (i * 31 + h * 7 + j * 13) as f32;
             (x * 0.37).sin() * 10f32.powi((j % 5) as i32 - 2)
         });
         let x: Vec<f32> = (0..7).map(|j| (j as f32 * 1.7).cos() * 1e3).collect();
         let check = |t: &ndarray::Array3<f32>| {
-            let rows = HeadRows::load(&be, Dtype::F32, &t.view(), 1, 4, 1);
-            let mut out = vec![0f32; 4];
-            rows.dots(&x, &mut out);
-            for (c, o) in out.iter().enumerate() {
-                assert_eq!(o.to_bits(), dot(&x, rows.row(c)).to_bits());
+            // Fewer rows than a block, a block and a part, two blocks and more.
+            for n in [4, 8, 9, 20, 29] {
+                let rows = HeadRows::load(&be, Dtype::F32, &t.view(), 1, n, 1);
+                let mut out = vec![0f32; n];
+                rows.dots(&x, &mut out);
+                for (c, o) in out.iter().enumerate() {
+                    assert_eq!(o.to_bits(), dot(&x, rows.row(c)).to_bits(), "{n} rows");
+                }
+                rows.dots(&x, &mut []);
             }
-            rows.dots(&x, &mut []);
         };
         check(&t);
         // A poisoned row: the same NaN as the loop's.
