@@ -30,6 +30,25 @@ impl Dtype {
         }
     }
 
+    /// [`Dtype::round`] of every element, in place. f16 goes through the slice conversions of
+    /// `half`, which use the same instruction as one value at a time (F16C where the CPU has
+    /// it, else the same software rounding), so every bit is the same, eight values a step.
+    pub fn round_in_place(self, xs: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        match self {
+            Dtype::F32 => {}
+            Dtype::Bf16 => xs.iter_mut().for_each(|x| *x = self.round(*x)),
+            Dtype::F16 => {
+                let mut buf = [f16::ZERO; 64];
+                for chunk in xs.chunks_mut(64) {
+                    let b = &mut buf[..chunk.len()];
+                    b.convert_from_f32_slice(chunk);
+                    b.convert_to_f32_slice(chunk);
+                }
+            }
+        }
+    }
+
     /// Round to this dtype, saturating at its largest finite value instead of overflowing to
     /// infinity (NaN stays NaN). The kernels round dS this way: an infinite dS of one key and
     /// the opposite infinity of another turn every dQ of the row into NaN.
@@ -292,5 +311,27 @@ mod saturation_tests {
             Dtype::Bf16.max_finite()
         );
         assert_eq!(Dtype::F32.round_saturating(f32::INFINITY), f32::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dtype;
+
+    #[test]
+    fn rounding_in_place_is_rounding_one_value_at_a_time() {
+        // A spread of f32 bit patterns (every sign, exponent and the low mantissa bits),
+        // NaN and the infinities included, in a length that leaves a partial chunk.
+        let xs: Vec<f32> = (0..200_003u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 65520.0, -0.0])
+            .collect();
+        for dt in Dtype::ALL {
+            let mut ys = xs.clone();
+            dt.round_in_place(&mut ys);
+            for (x, y) in xs.iter().zip(&ys) {
+                assert_eq!(dt.round(*x).to_bits(), y.to_bits(), "{dt:?} {x:e}");
+            }
+        }
     }
 }

@@ -34,22 +34,15 @@
 //! boundary, which neighbour it takes is noise too, a jump `J_ij` (the type's spacing there), so
 //! `allowance(dQ[i, h, x]) += scale · Σ_j J_ij · |K[j, x]|` and likewise dK with |Q|.
 
+use super::row_dots::{dots, dots_and_magnitudes, Columns};
 use crate::case::Case;
-use ndarray::{s, Array2, Array3, ArrayView1};
+use ndarray::{s, Array2, Array3};
 use smallseq_reference::Dtype;
 
 /// How far an f32 P in the subnormal range may lie from its value: a spacing (2^-149) for exp's
 /// rounding and one for the division by Z. A bf16 fallback dK row of 1.5e-38, 22 spacings from
 /// the reference on the H200 and the CPU alike (fuzz seed 3306, case 90561), had P there.
 const P_SUBNORMAL_ERR: f64 = 2.0 * 1.401298464324817e-45;
-
-/// `(Σ a·b, Σ |a·b|)` in f64: a dot product and the magnitude its rounding scales with.
-fn dot_and_abs(a: ArrayView1<f32>, b: ArrayView1<f32>) -> (f64, f64) {
-    a.iter().zip(b.iter()).fold((0.0, 0.0), |(s, m), (x, y)| {
-        let t = f64::from(*x) * f64::from(*y);
-        (s + t, m + t.abs())
-    })
-}
 
 /// The envelope's weight of one dS in the allowance for another order (docs/judgement.md §2):
 /// `|dS| + P·(|dP| + |D| + Σ_d |dO·O|)`, for P, dP and D each held in 16 bits and D formed from
@@ -76,11 +69,6 @@ fn row_mut(a: &mut Array3<f64>, i: usize, j: usize) -> &mut [f64] {
     let (_, n1, n2) = a.dim();
     let start = (i * n1 + j) * n2;
     &mut a.as_slice_mut().expect("built in standard layout")[start..start + n2]
-}
-
-/// `Σ a·b` in order.
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Allowances of `dq [Tq, H, Dqk]` and `dk [Tk, Hkv, Dqk]`, in the tensors' units.
@@ -283,13 +271,22 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     // (which vectorise): converting per (query, key) pair was most of the allowances' time.
     let (qa, ka, va) = (abs64(&case.q), abs64(&case.k), abs64(&case.v));
     let doa = d_o.map(abs64);
+    // Keys and values transposed per kv head: a row's dot products with every key of its slot
+    // run side by side (the same sums, row_dots.rs).
+    let ka_cols = Columns::of(&case.k, |x| f64::from(x).abs());
+    let k_cols = Columns::of(&case.k, f64::from);
+    let v_cols = d_o.map(|_| Columns::of(&case.v, f64::from));
+    let (mut mags, mut qk, mut dps, mut dp_mags) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
+        let first_key = case.layout.kv.offset(row.slot);
+        let slot_keys = first_key..first_key + case.layout.kv.len(row.slot);
         let qa_r = row_of(&qa, t, h);
+        dots(qa_r, &ka_cols, hk, slot_keys.clone(), -0.0, &mut mags);
         let score_mag = row
             .keys
             .iter()
-            .map(|&c| scale * dot(qa_r, row_of(&ka, c, hk)))
+            .map(|&c| scale * mags[c - first_key])
             .fold(0.0f64, f64::max);
         // A bias's own magnitude is part of the score its f32 rounding scales with.
         let bias_mag = row
@@ -298,10 +295,18 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .map(|&c| case.bias_at(&row, c).abs())
             .fold(0.0f64, f64::max);
         let s_i = score_mag + bias_mag + lse_r.abs();
+        // P as `Case::probability` forms it.
+        let q_r: Vec<f64> = case
+            .q
+            .slice(s![t, h, ..])
+            .iter()
+            .map(|&x| x.into())
+            .collect();
+        dots(&q_r, &k_cols, hk, slot_keys.clone(), -0.0, &mut qk);
         let probs: Vec<f64> = row
             .keys
             .iter()
-            .map(|&c| case.probability(&row, c, lse_r))
+            .map(|&c| (qk[c - first_key] * p.scale + case.bias_at(&row, c) - lse_r).exp())
             .collect();
         // Dropout's factors: O and dV take P·Z, dP is Z times the product (1 without dropout).
         let zs: Vec<f64> = row
@@ -331,21 +336,21 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 }
             }
         }
-        let (Some(d_o), Some(doa), Some((dq, dk, odq, odk, odv))) = (d_o, doa.as_ref(), g.as_mut())
+        let (Some(d_o), Some(doa), Some(v_cols), Some((dq, dk, odq, odk, odv))) =
+            (d_o, doa.as_ref(), v_cols.as_ref(), g.as_mut())
         else {
             continue;
         };
         let doa_r = row_of(doa, t, h);
         let d_o_r = d_o.slice(s![t, h, ..]);
-        // (dP_ij, a_ij) of the row's visible keys.
+        // (dP_ij, a_ij) of the row's visible keys: `Σ dO·V` and `Σ |dO·V|`.
+        let d_o64: Vec<f64> = d_o_r.iter().map(|&x| x.into()).collect();
+        dots_and_magnitudes(&d_o64, v_cols, hk, slot_keys, &mut dps, &mut dp_mags);
         let dpa: Vec<(f64, f64)> = row
             .keys
             .iter()
             .zip(&zs)
-            .map(|(&c, &z)| {
-                let (dp, a) = dot_and_abs(d_o_r, case.v.slice(s![c, hk, ..]));
-                (z * dp, z * a)
-            })
+            .map(|(&c, &z)| (z * dps[c - first_key], z * dp_mags[c - first_key]))
             .collect();
         let big_a: f64 = probs.iter().zip(&dpa).map(|(pr, (_, a))| pr * a).sum();
         let big_d: f64 = probs.iter().zip(&dpa).map(|(pr, (dp, _))| pr * dp).sum();

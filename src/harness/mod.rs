@@ -21,6 +21,7 @@ pub mod props;
 pub mod report_io;
 pub mod repro;
 pub mod rng;
+mod row_dots;
 pub mod score_bias;
 pub mod shapes;
 pub mod shrink;

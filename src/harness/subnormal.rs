@@ -12,7 +12,8 @@
 //! P·dO (dV), dS = P·(dP − D), dS·K (dQ), dS·Q (dK) and dO·O (D, for kernels that take it
 //! from O), each bounded below by the smallest nonzero magnitude of its vector factor.
 
-use crate::case::{dot64, Case};
+use super::row_dots::{dots, Columns};
+use crate::case::Case;
 use ndarray::{s, Array2, Array3, ArrayView1};
 
 /// The smallest normal f32, 2^-126.
@@ -38,8 +39,18 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
             least = x;
         }
     };
+    // Once per key row, not once per pair: each row's smallest nonzero magnitude, and the keys
+    // and values transposed, so that a row's dot products with its slot's keys run side by
+    // side (the same sums as `dot64`, row_dots.rs).
+    let min_rows = |a: &Array3<f32>| a.map_axis(ndarray::Axis(2), min_nonzero);
+    let (min_k, min_v) = (min_rows(&case.k), min_rows(&case.v));
+    let k_cols = Columns::of(&case.k, f64::from);
+    let v_cols = case.d_o.as_ref().map(|_| Columns::of(&case.v, f64::from));
+    let (mut qk, mut dps) = (Vec::new(), Vec::new());
     for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
+        let first_key = case.layout.kv.offset(row.slot);
+        let slot_keys = first_key..first_key + case.layout.kv.len(row.slot);
         let q = case.q.slice(s![t, h, ..]);
         let d_o = case.d_o.as_ref().map(|d| d.slice(s![t, h, ..]));
         let min_q = min_nonzero(q);
@@ -47,21 +58,28 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
         if let Some(o) = o {
             keep(min_do * min_nonzero(o.slice(s![t, h, ..])));
         }
+        let q64: Vec<f64> = q.iter().map(|&x| x.into()).collect();
+        dots(&q64, &k_cols, hk, slot_keys.clone(), -0.0, &mut qk);
+        if let (Some(d), Some(v_cols)) = (d_o, v_cols.as_ref()) {
+            let d64: Vec<f64> = d.iter().map(|&x| x.into()).collect();
+            dots(&d64, v_cols, hk, slot_keys, -0.0, &mut dps);
+        }
         // (key, P, dP) of the keys whose P can be nonzero in f32.
         let mut live = Vec::with_capacity(row.keys.len());
         for &c in &row.keys {
-            let prob = case.probability(&row, c, lse_r);
+            // P as `Case::probability` forms it.
+            let scale = case.config.params.scale;
+            let prob = (qk[c - first_key] * scale + case.bias_at(&row, c) - lse_r).exp();
             if prob < P_ZERO {
                 continue;
             }
-            let v = case.v.slice(s![c, hk, ..]);
-            let min_v = min_nonzero(v);
+            let min_v = min_v[(c, hk)];
             keep(prob);
             keep(prob * min_v);
-            let dp = d_o.map(|d| {
+            let dp = d_o.map(|_| {
                 keep(min_do * min_v);
                 keep(prob * min_do);
-                dot64(d, v)
+                dps[c - first_key]
             });
             live.push((c, prob, dp));
         }
@@ -82,7 +100,7 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
                 .max(scale_of * f64::from(f32::EPSILON) / 4.0);
             let ds = prob * diff / 2.0;
             keep(ds);
-            keep(ds * min_nonzero(case.k.slice(s![c, hk, ..])));
+            keep(ds * min_k[(c, hk)]);
             keep(ds * min_q);
         }
     }

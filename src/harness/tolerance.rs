@@ -26,8 +26,11 @@
 //! larger than any threshold drawn from one tensor-wide yardstick.
 
 use super::conditioning::{Design, GradAllowance, OrderAllowance};
+use super::row_dots::{dots, Columns};
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, ArrayViewD};
+pub(crate) use scan::same_stored;
+use scan::{max_err, worst_of, RowMax, Yard};
 use serde::Serialize;
 use smallseq_reference::Dtype;
 
@@ -113,178 +116,37 @@ impl Judgement {
 }
 
 pub(crate) fn elem_err(a: f64, r: f64) -> f64 {
-    if a == r {
-        0.0 // equal infinities included
-    } else if a.is_nan() || r.is_nan() || a.is_infinite() || r.is_infinite() {
-        f64::INFINITY
+    // One test for the common case: the difference is NaN only where a side is NaN or both
+    // are the same infinity; elsewhere it is the error, infinite where a side is.
+    let d = (a - r).abs();
+    if !d.is_nan() {
+        d
+    } else if a == r {
+        0.0 // equal infinities
     } else {
-        (a - r).abs()
+        f64::INFINITY
     }
-}
-
-/// Whether `x` and `y` both say "at or past the dtype's limit", with the same sign: an
-/// overflow to infinity and a saturation to the largest finite value are the same verdict.
-fn both_past_limit(x: f64, y: f64, max_finite: f64) -> bool {
-    x.abs() >= max_finite && y.abs() >= max_finite && x.signum() == y.signum()
-}
-
-/// Whether `x` is the value `e` is as stored: the same bits, or NaN for NaN whatever its
-/// payload (the emulation's arithmetic meeting `inf - inf`). The one test of "the emulation
-/// holds this value" for the tolerance rule, the worst element's wording and the range limits.
-pub(crate) fn same_stored(x: f64, e: f64) -> bool {
-    x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan())
-}
-
-/// Where an error is: (token, head, dim: None for lse), value, expected.
-type At = ((usize, usize, Option<usize>), f64, f64);
-
-/// The largest error of one (token, head) row (of lse: one element), where it is, and the
-/// row's `max |reference|` (finite values).
-#[derive(Clone, Debug, Default)]
-struct RowMax {
-    err: f64,
-    at: Option<At>,
-    mag: f64,
-    /// The largest error less each element's allowance for another order (the per-row rule's
-    /// error; `err` without one).
-    row_err: f64,
-}
-
-/// How the yardstick's non-finite values excuse an element.
-#[derive(Clone, Copy)]
-enum Yard<'a, 'b> {
-    /// Judging the emulation itself: its own overflows are no error of it (an intermediate
-    /// past the dtype's range would make its error, and the threshold, infinite).
-    Own,
-    /// Judging a kernel: a non-finite value the emulation holds too is excused only where the
-    /// f64 reference also overflows (non-finite, or within the headroom of the limit): a kernel
-    /// and the emulation sharing a NaN where the reference is 1.0 agree about a bug.
-    Kernel(&'a ArrayViewD<'b, f64>),
-}
-
-/// Max error per row over tokens flagged valid, and where it is. Past the dtype's limit only
-/// an infinity of the reference's sign or the saturated value passes ([`both_past_limit`]);
-/// an infinity of the reference's sign is no error where the reference lies within
-/// `headroom` plus the element's allowance of the limit, and elsewhere is judged as the limit
-/// in its direction; a shared non-finite value, see [`Yard`]. Each element's error is reduced
-/// by its `allow`ance, when given, and for the per-row rule by its `order` allowance too.
-#[allow(clippy::too_many_arguments)]
-fn max_err(
-    a: &ArrayViewD<f64>,
-    r: &ArrayViewD<f64>,
-    valid: &[bool],
-    max_finite: f64,
-    headroom: f64,
-    yard: Yard,
-    allow: Option<&ArrayViewD<f64>>,
-    order: Option<&ArrayViewD<f64>>,
-    order_in_tensor_rule: bool,
-) -> Vec<RowMax> {
-    let shape = a.shape();
-    let heads = shape.get(1).copied().unwrap_or(1);
-    let inner = shape.get(2).copied().unwrap_or(1);
-    let mut best = vec![RowMax::default(); shape[0] * heads];
-    // Flat slices in one layout: the per-element index arithmetic of a dynamic array is
-    // most of a judgement's time.
-    let a = a.as_standard_layout();
-    let r = r.as_standard_layout();
-    let yard_e = match yard {
-        Yard::Own => None,
-        Yard::Kernel(e) => Some(e.as_standard_layout()),
-    };
-    let allow = allow.map(|al| al.as_standard_layout());
-    let order = order.map(|o| o.as_standard_layout());
-    let order = order.as_ref().map(|o| o.as_slice().expect("standard"));
-    let (a, r) = (
-        a.as_slice().expect("standard"),
-        r.as_slice().expect("standard"),
-    );
-    let yard_e = yard_e.as_ref().map(|e| e.as_slice().expect("standard"));
-    let allow = allow.as_ref().map(|al| al.as_slice().expect("standard"));
-    // Row by row: an invalid token's rows are skipped whole, and no element pays for index
-    // divisions (they were a third of the judging stage's time).
-    for (row_i, row) in best.iter_mut().enumerate() {
-        if !valid[row_i / heads] {
-            continue;
-        }
-        let start = row_i * inner;
-        for flat in start..(start + inner).min(a.len().min(r.len())) {
-            let (x, y) = (a[flat], r[flat]);
-            if y.is_finite() {
-                row.mag = row.mag.max(y.abs());
-            }
-            if both_past_limit(x, y, max_finite) {
-                continue;
-            }
-            // A non-finite allowance (from non-finite inputs) excuses nothing.
-            let allowed = allow.map(|al| al[flat]).filter(|a| a.is_finite());
-            // The element's own allowance is headroom too: a value that noise may carry past the
-            // limit may be stored as the infinity of its sign.
-            let room = headroom + allowed.unwrap_or(0.0);
-            let reference_overflows = !y.is_finite() || y.abs() + room >= max_finite;
-            let shared = match yard_e {
-                None => !x.is_finite(),
-                Some(e) => reference_overflows && !x.is_finite() && same_stored(x, e[flat]),
-            };
-            if shared {
-                continue;
-            }
-            if x.is_infinite() && x.signum() == y.signum() && reference_overflows {
-                continue;
-            }
-            // A stored infinity says the value before the store was at or past the limit in its
-            // direction: its error is at least that of the limit itself (with a finite reference),
-            // which a threshold wider than the distance to the limit covers (an f16 dK of -15,822
-            // whose noise, measured by the emulation's error of 41,600, carried it past +65,504:
-            // CPU fuzz seed 2043, case 1632). NaN still fails.
-            let at = if x.is_infinite() && y.is_finite() {
-                x.signum() * max_finite
-            } else {
-                x
-            };
-            let e = match allowed {
-                Some(a) => (elem_err(at, y) - a).max(0.0),
-                None => elem_err(at, y),
-            };
-            // A non-finite order allowance (from non-finite inputs) excuses nothing.
-            let e_row = match order.map(|o| o[flat]).filter(|o| o.is_finite()) {
-                Some(o) => (e - o).max(0.0),
-                None => e,
-            };
-            row.row_err = row.row_err.max(e_row);
-            let e = if order_in_tensor_rule { e_row } else { e };
-            if e > row.err || (row.at.is_none() && e.is_nan()) {
-                let dim = (shape.len() > 2).then_some(flat - start);
-                row.err = e;
-                row.at = Some(((row_i / heads, row_i % heads, dim), x, y));
-            }
-        }
-    }
-    best
-}
-
-/// The row of `rows` with the largest error (the first of equals).
-fn worst_of(rows: &[RowMax]) -> RowMax {
-    rows.iter().fold(RowMax::default(), |best, r| {
-        if r.err > best.err {
-            r.clone()
-        } else {
-            best
-        }
-    })
 }
 
 fn magnitude(r: &ArrayViewD<f64>, valid: &[bool]) -> f64 {
     let per_token = r.shape().iter().skip(1).product::<usize>().max(1);
     let r = r.as_standard_layout();
-    r.as_slice()
+    let mut m = 0.0f64;
+    for (token, _) in r
+        .as_slice()
         .expect("standard")
         .chunks(per_token)
         .zip(valid)
         .filter(|(_, v)| **v)
-        .flat_map(|(t, _)| t.iter())
-        .filter(|x| x.is_finite())
-        .fold(0.0f64, |m, x| m.max(x.abs()))
+    {
+        // A comparison, not `f64::max`: no NaN reaches it (NaN is not finite).
+        for x in token {
+            if x.is_finite() && x.abs() > m {
+                m = x.abs();
+            }
+        }
+    }
+    m
 }
 
 /// The absolute floor of a tensor stored as `stored` whose elements sum `terms` products, in
@@ -454,17 +316,26 @@ fn rows_verdict(
 /// inside the range.
 fn emulation_overflows(t: &Triple) -> usize {
     let per_token = t.reference.shape().iter().skip(1).product::<usize>().max(1);
-    t.emulated
-        .iter()
-        .zip(&t.reference)
-        .enumerate()
-        .filter(|(i, (e, r))| {
-            t.valid.get(i / per_token).copied().unwrap_or(false)
-                && !e.is_finite()
-                && r.is_finite()
-                && r.abs() < t.max_finite
+    // Token by token over flat slices (an element's token was a division per element).
+    let (e, r) = (
+        t.emulated.as_standard_layout(),
+        t.reference.as_standard_layout(),
+    );
+    let (e, r) = (
+        e.as_slice().expect("standard"),
+        r.as_slice().expect("standard"),
+    );
+    e.chunks(per_token)
+        .zip(r.chunks(per_token))
+        .zip(t.valid)
+        .filter(|(_, v)| **v)
+        .map(|((e, r), _)| {
+            e.iter()
+                .zip(r)
+                .filter(|(e, r)| !e.is_finite() && r.is_finite() && r.abs() < t.max_finite)
+                .count()
         })
-        .count()
+        .sum()
 }
 
 /// Judges one tensor: the tensor rule, then the per-row rule.
@@ -582,16 +453,17 @@ pub fn judge(t: &Triple) -> Judgement {
 pub fn score_magnitude(case: &Case) -> f64 {
     let scale = case.config.params.scale.abs();
     let mut best = 0.0f64;
+    // Each row's sums `Σ_d |q_d|·|k_d|` against every key of its slot side by side.
+    let k_abs = Columns::of(&case.k, |x| f64::from(x).abs());
+    let mut sums = Vec::new();
     for row in case.visible_rows() {
         let q = case.q.slice(ndarray::s![row.token, row.head, ..]);
+        let q_abs: Vec<f64> = q.iter().map(|&x| f64::from(x).abs()).collect();
+        let first_key = case.layout.kv.offset(row.slot);
+        let slot_keys = first_key..first_key + case.layout.kv.len(row.slot);
+        dots(&q_abs, &k_abs, row.kv_head, slot_keys, -0.0, &mut sums);
         for &c in &row.keys {
-            let k = case.k.slice(ndarray::s![c, row.kv_head, ..]);
-            let s: f64 = q
-                .iter()
-                .zip(k.iter())
-                .map(|(a, b)| f64::from(*a).abs() * f64::from(*b).abs())
-                .sum();
-            best = best.max(s * scale);
+            best = best.max(sums[c - first_key] * scale);
         }
     }
     best
@@ -746,5 +618,6 @@ pub fn judge_all(
     out
 }
 
+mod scan;
 #[cfg(test)]
 mod tests;

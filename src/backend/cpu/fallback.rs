@@ -10,8 +10,9 @@
 //! A bias (`docs/semantics.md` §1.9) is added to each f32 score after the scale; dBias sums
 //! the f32 dS of the slots and heads sharing an entry.
 
+use super::rows::HeadRows;
 use super::sums::{add, axpy, sum, Losses};
-use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
+use super::{CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BwdArgs, BwdBufs, DevBuf, FwdArgs, FwdBufs};
 use crate::error::Result;
 use crate::mutants::Mutant;
@@ -38,23 +39,31 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
         .enumerate()
         .map(|(slot, g)| {
             let mut r = SlotFwd::new(g, heads, dv);
+            // Buffers of one slot, reused by every head and row.
+            let mut qk = vec![0f32; g.lk];
+            let mut s: Vec<(usize, f32)> = Vec::with_capacity(BLOCK);
+            let mut acc = vec![0f32; dv];
             for h in 0..heads {
+                if g.lq == 0 {
+                    break;
+                }
                 let hk = be.kv_head(p, h);
+                let keys = HeadRows::load(be, dt, &a.k, g.ok, g.lk, hk);
+                let vals = HeadRows::load(be, dt, &a.v, g.ok, g.lk, hk);
                 for i in 0..g.lq {
                     let q = be.load(dt, &a.q, g.oq + i, h);
+                    keys.dots(&q, &mut qk);
                     let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                    let mut acc = vec![0f32; dv];
+                    acc.fill(0.0);
                     for start in (0..g.lk).step_by(BLOCK) {
                         let keys = start..(start + BLOCK).min(g.lk);
                         // A -inf bias hides its key as the mask does (§1.9).
-                        let s: Vec<(usize, f32)> = keys
-                            .filter(|&c| be.visible(p, i, c, g.lq, g.lk))
-                            .map(|c| {
-                                let s = dot(&q, &be.load(dt, &a.k, g.ok + c, hk)) * scale;
-                                (c, s + be.bias(p, slot, h, i, c, g))
-                            })
-                            .filter(|&(_, s)| s != f32::NEG_INFINITY)
-                            .collect();
+                        s.clear();
+                        s.extend(
+                            keys.filter(|&c| be.visible(p, i, c, g.lq, g.lk))
+                                .map(|c| (c, qk[c] * scale + be.bias(p, slot, h, i, c, g)))
+                                .filter(|&(_, s)| s != f32::NEG_INFINITY),
+                        );
                         if s.is_empty() {
                             continue;
                         }
@@ -71,13 +80,13 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         };
                         l *= alpha;
                         acc.iter_mut().for_each(|x| *x *= alpha);
-                        for (c, sc) in s {
+                        for &(c, sc) in &s {
                             let e = (sc - m_new).exp();
                             l = add(l, e, loss.rowsum);
                             if be.dropout_factor(p, slot, h, i, c) == 0.0 {
                                 continue;
                             }
-                            axpy(&mut acc, e, &be.load(dt, &a.v, g.ok + c, hk), loss.pv);
+                            axpy(&mut acc, e, vals.row(c), loss.pv);
                         }
                         m = m_new;
                     }
@@ -88,14 +97,16 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                         } else {
                             1.0
                         };
-                        for (j, x) in acc.iter().enumerate() {
+                        let orow = &mut r.o[base..base + dv];
+                        for (y, &x) in orow.iter_mut().zip(&acc) {
                             let o = if p.dropout.is_active() {
                                 x / l * rescale
                             } else {
                                 x / l
                             };
-                            r.o[base + j] = be.store(dt, off * o);
+                            *y = off * o;
                         }
+                        be.store_all(dt, orow);
                     } else if be.has(Mutant::NanOnEmptyKv) && g.lk == 0 {
                         r.o[base..base + dv].fill(f32::NAN);
                     }
@@ -135,49 +146,57 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             let mut r = SlotBwd::new(g, heads, d, dvd);
             // dS of every (head, row, key), for dBias (§1.9).
             r.ds = p.bias.grad_shape().map(|_| vec![0f32; heads * g.lq * g.lk]);
+            // Buffers of one slot, reused by every head and row.
+            let (mut qk, mut dov) = (vec![0f32; g.lk], vec![0f32; g.lk]);
+            let mut keys: Vec<(usize, f32, f32, f32)> = Vec::with_capacity(g.lk);
+            let mut dq = vec![0f32; d];
             for h in 0..heads {
+                if g.lq == 0 {
+                    break;
+                }
                 let hk = be.kv_head(p, h);
+                let k_rows = HeadRows::load(be, dt, &f.k, g.ok, g.lk, hk);
+                let v_rows = HeadRows::load(be, dt, &f.v, g.ok, g.lk, hk);
                 for i in 0..g.lq {
                     let t = g.oq + i;
-                    let q = be.load(dt, &f.q, t, h);
-                    let d_o = be.load(dt, &a.d_o, t, h);
                     let lse = lse_flat[be.lse_index(t, h, tq, heads)];
                     if lse == f32::NEG_INFINITY {
                         continue;
                     }
+                    let q = be.load(dt, &f.q, t, h);
+                    let d_o = be.load(dt, &a.d_o, t, h);
+                    k_rows.dots(&q, &mut qk);
+                    v_rows.dots(&d_o, &mut dov);
                     // First pass: P and dP per visible key, and D = Σ P·dP in f32 (rowsum(dO∘O)
                     // from the bf16-rounded O would cost the gradients several bits).
-                    let mut keys = Vec::new();
+                    keys.clear();
                     for c in 0..g.lk {
                         if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
                             continue;
                         }
-                        let k = be.load(dt, &f.k, g.ok + c, hk);
-                        let v = be.load(dt, &f.v, g.ok + c, hk);
-                        let pr = (dot(&q, &k) * scale + be.bias(p, slot, h, i, c, g) - lse).exp();
+                        let pr = (qk[c] * scale + be.bias(p, slot, h, i, c, g) - lse).exp();
                         let z = be.dropout_factor(p, slot, h, i, c);
-                        let dp = if z == 0.0 { 0.0 } else { dot(&d_o, &v) * z };
-                        keys.push((c, k, pr, dp, z));
+                        let dp = if z == 0.0 { 0.0 } else { dov[c] * z };
+                        keys.push((c, pr, dp, z));
                     }
-                    let delta = sum(keys.iter().map(|(_, _, pr, dp, _)| pr * dp), loss.delta);
+                    let delta = sum(keys.iter().map(|(_, pr, dp, _)| pr * dp), loss.delta);
                     r.delta[i * heads + h] = delta;
-                    let mut dq = vec![0f32; d];
-                    for (c, k, pr, dp, z) in keys {
+                    dq.fill(0.0);
+                    for &(c, pr, dp, z) in &keys {
                         let ds = pr * (dp - delta);
                         if let Some(db) = r.ds.as_mut() {
                             db[(h * g.lq + i) * g.lk + c] = ds;
                         }
-                        axpy(&mut dq, ds, &k, loss.dq);
+                        axpy(&mut dq, ds, k_rows.row(c), loss.dq);
                         let at = (c * heads + h) * d;
                         axpy(&mut r.dk[at..at + d], scale * ds, &q, loss.dk);
                         let at = (c * heads + h) * dvd;
                         axpy(&mut r.dv[at..at + dvd], pr * z, &d_o, loss.dv);
                     }
                     let at = (i * heads + h) * d;
-                    r.dq[at..at + d]
-                        .iter_mut()
-                        .zip(dq)
-                        .for_each(|(y, x)| *y = be.store(dt, x * qscale));
+                    let dst = &mut r.dq[at..at + d];
+                    dst.iter_mut().zip(&dq).for_each(|(y, &x)| *y = x * qscale);
+                    be.store_all(dt, dst);
                 }
             }
             r
@@ -193,6 +212,18 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
         region(names::DV_ACC),
     );
     let g_size = p.group_size();
+    // The query heads each kv head sums, in head order.
+    let members: Vec<Vec<usize>> = (0..kv_heads)
+        .map(|hk| {
+            let group = hk * g_size..(hk + 1) * g_size;
+            if be.has(Mutant::GqaNoSum) {
+                vec![group.end - 1]
+            } else {
+                group.collect()
+            }
+        })
+        .collect();
+    let mut sums = Vec::with_capacity(d.max(dvd));
     for (g, r) in slots.iter().zip(&results) {
         r.store_q_side(out, g, heads, d, delta_at);
         if g.lq == 0 && be.has(Mutant::EmptyQSlotSkipsDkDv) {
@@ -218,33 +249,34 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     }
                 }
             }
-            for hk in 0..kv_heads {
-                let group = hk * g_size..(hk + 1) * g_size;
-                let members: Vec<usize> = if be.has(Mutant::GqaNoSum) {
-                    vec![group.end - 1]
-                } else {
-                    group.collect()
-                };
-                for j in 0..d {
-                    let sum: f32 = members
+            for (hk, members) in members.iter().enumerate() {
+                sums.clear();
+                sums.extend((0..d).map(|j| -> f32 {
+                    members
                         .iter()
                         .map(|&h| match dk_at {
                             Some(base) => out.workspace.at(base + (tk * heads + h) * d + j),
                             None => r.dk[(c * heads + h) * d + j],
                         })
-                        .sum();
-                    out.dk.put((tk * kv_heads + hk) * d + j, be.store(dt, sum));
+                        .sum()
+                }));
+                be.store_all(dt, &mut sums);
+                for (j, &x) in sums.iter().enumerate() {
+                    out.dk.put((tk * kv_heads + hk) * d + j, x);
                 }
-                for j in 0..dvd {
-                    let sum: f32 = members
+                sums.clear();
+                sums.extend((0..dvd).map(|j| -> f32 {
+                    members
                         .iter()
                         .map(|&h| match dv_at {
                             Some(base) => out.workspace.at(base + (tk * heads + h) * dvd + j),
                             None => r.dv[(c * heads + h) * dvd + j],
                         })
-                        .sum();
-                    out.dv
-                        .put((tk * kv_heads + hk) * dvd + j, be.store(dt, sum));
+                        .sum()
+                }));
+                be.store_all(dt, &mut sums);
+                for (j, &x) in sums.iter().enumerate() {
+                    out.dv.put((tk * kv_heads + hk) * dvd + j, x);
                 }
             }
         }
@@ -275,7 +307,8 @@ fn store_dbias(
             }
         }
     }
-    for (y, x) in out.body_mut().iter_mut().zip(acc) {
-        *y = be.store(dt, x);
-    }
+    let body = out.body_mut();
+    let n = body.len().min(acc.len());
+    body[..n].copy_from_slice(&acc[..n]);
+    be.store_all(dt, &mut body[..n]);
 }

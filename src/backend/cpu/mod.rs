@@ -6,6 +6,7 @@
 //! The same type, configured with TE #625's defects, is the `te625-model` backend.
 
 mod fallback;
+mod rows;
 mod small_seq;
 mod sums;
 
@@ -82,14 +83,15 @@ impl CpuBackend {
         self.defects.has(m)
     }
 
-    /// `x` rounded to `dt` for an output store (NaN in place of an overflow under
-    /// [`Mutant::NanOnOverflow`]).
-    fn store(&self, dt: Dtype, x: f32) -> f32 {
-        let y = dt.round(x);
-        if y.is_infinite() && self.has(Mutant::NanOnOverflow) {
-            f32::NAN
-        } else {
-            y
+    /// Each element of `xs` rounded to `dt` for an output store, in place (NaN in place of an
+    /// overflow under [`Mutant::NanOnOverflow`]): a row at a time, which rounds eight values a
+    /// step ([`Dtype::round_in_place`]).
+    fn store_all(&self, dt: Dtype, xs: &mut [f32]) {
+        dt.round_in_place(xs);
+        if self.has(Mutant::NanOnOverflow) {
+            xs.iter_mut()
+                .filter(|y| y.is_infinite())
+                .for_each(|y| *y = f32::NAN);
         }
     }
 
@@ -144,13 +146,30 @@ impl CpuBackend {
 
     /// Loads row `t`, head `h` of a tensor as the kernel's loader does.
     fn load(&self, dtype: Dtype, t: &ArrayView3<f32>, row: usize, h: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(t.shape()[2]);
+        self.load_into(dtype, t, row, h, &mut out);
+        out
+    }
+
+    /// [`Self::load`], appended to `out`.
+    fn load_into(
+        &self,
+        dtype: Dtype,
+        t: &ArrayView3<f32>,
+        row: usize,
+        h: usize,
+        out: &mut Vec<f32>,
+    ) {
         let lane = t.slice(ndarray::s![row, h, ..]);
         if dtype == Dtype::F16 && self.has(Mutant::F16ReadAsBf16) {
-            lane.iter()
-                .map(|&x| bf16::from_bits(half::f16::from_f32(x).to_bits()).to_f32())
-                .collect()
+            out.extend(
+                lane.iter()
+                    .map(|&x| bf16::from_bits(half::f16::from_f32(x).to_bits()).to_f32()),
+            );
+        } else if let Some(s) = lane.as_slice() {
+            out.extend_from_slice(s);
         } else {
-            lane.to_vec()
+            out.extend(lane.iter().copied());
         }
     }
 
@@ -335,10 +354,6 @@ impl SlotBwd {
             }
         }
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0f32, |acc, (x, y)| acc + x * y)
 }
 
 impl BackendInfo for CpuBackend {

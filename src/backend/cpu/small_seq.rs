@@ -3,8 +3,9 @@
 //! f32 accumulation, the scale applied once after the dot product, P and dS rounded to the
 //! input dtype before the second products, outputs rounded at store, D = Σ P·dP.
 
+use super::rows::HeadRows;
 use super::sums::{axpy, sum, Losses};
-use super::{dot, CpuBackend, SlotBwd, SlotFwd, SlotGeom};
+use super::{CpuBackend, SlotBwd, SlotFwd, SlotGeom};
 use crate::backend::{BackendInfo, BwdArgs, BwdBufs, FwdArgs, FwdBufs};
 use crate::error::{Error, Result};
 use crate::mutants::Mutant;
@@ -50,14 +51,16 @@ fn scores(
     let p = &a.config.params;
     let dt = a.config.dtype;
     let scale = be.scale(p);
-    let keys: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &a.k, g.ok + c, hk)).collect();
+    let keys = HeadRows::load(be, dt, &a.k, g.ok, g.lk, hk);
+    let mut qk = vec![0f32; g.lk];
     (0..g.lq)
         .map(|r| {
             let q = be.load(dt, &a.q, g.oq + r, h);
+            keys.dots(&q, &mut qk);
             (0..g.lk)
                 .map(|c| {
                     let dropped = be.has(Mutant::LastTileDropped) && c >= TILE;
-                    (be.visible(p, r, c, g.lq, g.lk) && !dropped).then(|| dot(&q, &keys[c]) * scale)
+                    (be.visible(p, r, c, g.lq, g.lk) && !dropped).then(|| qk[c] * scale)
                 })
                 .collect()
         })
@@ -178,7 +181,8 @@ pub(super) fn forward(be: &CpuBackend, a: &FwdArgs, out: &mut FwdBufs) -> Result
                     }
                     orow.iter_mut()
                         .zip(acc)
-                        .for_each(|(y, x)| *y = be.store(dt, be.toward_zero(dt, x)));
+                        .for_each(|(y, x)| *y = be.toward_zero(dt, x));
+                    be.store_all(dt, orow);
                 }
             }
             res
@@ -226,12 +230,12 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
             let mut r = SlotBwd::new(g, heads, d, dvd);
             for h in 0..heads {
                 let hk = be.kv_head(p, h);
-                let q: Vec<Vec<f32>> = (0..g.lq).map(|i| be.load(dt, &f.q, g.oq + i, h)).collect();
-                let k: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.k, g.ok + c, hk)).collect();
-                let v: Vec<Vec<f32>> = (0..g.lk).map(|c| be.load(dt, &f.v, g.ok + c, hk)).collect();
-                let d_o: Vec<Vec<f32>> = (0..g.lq)
-                    .map(|i| be.load(dt, &a.d_o, g.oq + i, h))
-                    .collect();
+                let q = HeadRows::load(be, dt, &f.q, g.oq, g.lq, h);
+                let k = HeadRows::load(be, dt, &f.k, g.ok, g.lk, hk);
+                let v = HeadRows::load(be, dt, &f.v, g.ok, g.lk, hk);
+                let d_o = HeadRows::load(be, dt, &a.d_o, g.oq, g.lq, h);
+                let mut qk = vec![0f32; g.lk];
+                let mut dp = vec![0f32; g.lk];
                 // P, dP and dS of every row first: the kernel scales each 16 x 16 block of dS
                 // into the type's range by a power of two (ds_scale.rs).
                 let (lq, lk) = (g.lq, g.lk);
@@ -239,14 +243,15 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                 let mut raw = vec![0f32; lq * lk];
                 for i in 0..lq {
                     let lse = lse_flat[be.lse_index(g.oq + i, h, tq, heads)];
+                    k.dots(q.row(i), &mut qk);
                     for c in 0..lk {
                         let vis = be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, lq, lk);
                         if vis && lse != f32::NEG_INFINITY {
-                            pr[i * lk + c] = (dot(&q[i], &k[c]) * scale - lse).exp();
+                            pr[i * lk + c] = (qk[c] * scale - lse).exp();
                         }
                     }
                     let pi = &pr[i * lk..(i + 1) * lk];
-                    let dp: Vec<f32> = (0..lk).map(|c| dot(&d_o[i], &v[c])).collect();
+                    v.dots(d_o.row(i), &mut dp);
                     let delta = sum(pi.iter().zip(&dp).map(|(x, y)| x * y), loss.delta);
                     r.delta[i * heads + h] = delta;
                     for c in 0..lk {
@@ -265,12 +270,12 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         scale
                     };
                     let mut dq = vec![0f32; d];
-                    let d_o16: Vec<f32> = d_o[i].iter().map(|&o| dt.round(o)).collect();
+                    let d_o16: Vec<f32> = d_o.row(i).iter().map(|&o| dt.round(o)).collect();
                     for c in 0..lk {
                         let ds = ds_op[i * lk + c];
-                        axpy(&mut dq, ds, &k[c], loss.dq);
+                        axpy(&mut dq, ds, k.row(c), loss.dq);
                         let dk = &mut r.dk[(c * heads + h) * d..(c * heads + h + 1) * d];
-                        axpy(dk, ds, &q[i], loss.dk);
+                        axpy(dk, ds, q.row(i), loss.dk);
                         if c < P_STORE_COLS {
                             let pv = dt.round(pr[i * lk + c]);
                             let dv = &mut r.dv[(c * heads + h) * dvd..(c * heads + h + 1) * dvd];
@@ -284,15 +289,17 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     } else {
                         1.0
                     };
-                    dst.iter_mut().zip(dq).for_each(|(y, x)| {
-                        *y = be.store(dt, be.toward_zero(dt, x * qscale * bias))
-                    });
+                    dst.iter_mut()
+                        .zip(dq)
+                        .for_each(|(y, x)| *y = be.toward_zero(dt, x * qscale * bias));
+                    be.store_all(dt, dst);
                 }
             }
             r.dk.iter_mut()
-                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x * scale)));
-            r.dv.iter_mut()
-                .for_each(|x| *x = be.store(dt, be.toward_zero(dt, *x)));
+                .for_each(|x| *x = be.toward_zero(dt, *x * scale));
+            be.store_all(dt, &mut r.dk);
+            r.dv.iter_mut().for_each(|x| *x = be.toward_zero(dt, *x));
+            be.store_all(dt, &mut r.dv);
             if be.has(Mutant::ZeroedSmallRow) && g.lk >= 2 {
                 let at = ((g.lk - 1) * heads + heads - 1) * d;
                 r.dk[at..at + d].fill(0.0);

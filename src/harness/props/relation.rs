@@ -118,10 +118,7 @@ pub(super) fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
     ];
     for (name, x, y) in pairs3 {
         if let (Some(x), Some(y)) = (x, y) {
-            if let Some(((t, h, d), v)) = x
-                .indexed_iter()
-                .find(|(i, v)| v.to_bits() != y[*i].to_bits())
-            {
+            if let Some(((t, h, d), v)) = first_unequal(x, y) {
                 return Some(format!("{name}[{t}, {h}, {d}]: {v} vs {}", y[(t, h, d)]));
             }
         }
@@ -135,6 +132,29 @@ pub(super) fn bitwise_diff(a: &Outputs, b: &Outputs) -> Option<String> {
         }
     }
     None
+}
+
+/// The first element of `x` (in logical order) whose bits differ from `y`'s there, and its
+/// value.
+fn first_unequal(
+    x: &ndarray::Array3<f64>,
+    y: &ndarray::Array3<f64>,
+) -> Option<((usize, usize, usize), f64)> {
+    match (x.as_slice(), y.as_slice()) {
+        // One pass over two flat slices: the same order, without 3-D indexing per element.
+        (Some(xs), Some(ys)) if x.dim() == y.dim() => {
+            let (_, heads, dim) = x.dim();
+            let i = xs
+                .iter()
+                .zip(ys)
+                .position(|(a, b)| a.to_bits() != b.to_bits())?;
+            Some(((i / (heads * dim), i / dim % heads, i % dim), xs[i]))
+        }
+        _ => x
+            .indexed_iter()
+            .find(|(i, v)| v.to_bits() != y[*i].to_bits())
+            .map(|(i, v)| (i, *v)),
+    }
 }
 
 /// Copies `reference`'s don't-care entries into `out`, so comparisons see only valid rows.
@@ -353,6 +373,27 @@ mod tests {
     use super::*;
     use ndarray::Array3;
     use smallseq_reference::Dtype;
+
+    #[test]
+    fn the_first_unequal_element_is_found_in_logical_order_in_any_layout() {
+        let x = Array3::from_shape_fn((3, 2, 4), |(t, h, d)| (t * 8 + h * 4 + d) as f64);
+        let mut y = x.clone();
+        assert_eq!(first_unequal(&x, &y), None);
+        y[(2, 0, 1)] = f64::NAN;
+        y[(1, 1, 3)] = -0.0 * x[(1, 1, 3)];
+        assert_eq!(first_unequal(&x, &y), Some(((1, 1, 3), 15.0)));
+        // -0 against +0 differs in its bits.
+        let (z, mut w) = (
+            Array3::<f64>::zeros((1, 1, 2)),
+            Array3::<f64>::zeros((1, 1, 2)),
+        );
+        w[(0, 0, 1)] = -0.0;
+        assert_eq!(first_unequal(&z, &w), Some(((0, 0, 1), 0.0)));
+        // The same values in another memory layout: the slow path, the same answer.
+        let mut xt = x.clone().reversed_axes().as_standard_layout().to_owned();
+        xt.swap_axes(0, 2);
+        assert_eq!(first_unequal(&xt, &y), Some(((1, 1, 3), 15.0)));
+    }
 
     /// A synthetic range limit: a forward-only bf16 case whose run `a` holds the emulation's
     /// values but +inf at one element where the reference is finite, and an emulation that

@@ -388,3 +388,38 @@ fn score_magnitude_is_the_largest_visible_abs_dot_product() {
     // Row 0 sees key 0 only: |1·1| + |−2·1| = 3; row 1 sees both: max(3+4, 3+8) = 11.
     assert_eq!(score_magnitude(&case), 0.5 * 11.0);
 }
+
+#[test]
+fn an_elements_error_is_its_distance_or_infinity_where_a_side_is_not_finite() {
+    // The rule as first written, test by test; `elem_err` forms it with one test.
+    let spelled_out = |a: f64, r: f64| {
+        if a == r {
+            0.0
+        } else if a.is_nan() || r.is_nan() || a.is_infinite() || r.is_infinite() {
+            f64::INFINITY
+        } else {
+            (a - r).abs()
+        }
+    };
+    let values = [
+        0.0,
+        -0.0,
+        1.0,
+        -2.5,
+        f64::MAX,
+        -f64::MAX,
+        f64::MIN_POSITIVE,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    for a in values {
+        for r in values {
+            assert_eq!(
+                elem_err(a, r).to_bits(),
+                spelled_out(a, r).to_bits(),
+                "{a} {r}"
+            );
+        }
+    }
+}
