@@ -10,7 +10,8 @@
 #    broadcast, -inf entries, ALiBi, forward and backward with dBias) and of a 20-case fuzz
 #    campaign, beside
 # 3. a 3-minute `smallseq fuzz --backend cuda` campaign (seed 3535).
-# REACH_TEST_TIMEOUT (s) and REACH_FUZZ_TIME change the first two limits.
+# REACH_TEST_TIMEOUT (s) and REACH_FUZZ_TIME change the first two limits, REACH_SAN_CASES the
+# sanitized campaign's cases (20; memcheck ran 20 out of its 85 s on an H100).
 # Time: at most 180 s, then at most 245 s for 2 and 3 together (timeouts), about 7 minutes.
 # Writes $OUT/log.txt (the summary), tests.log, memcheck-tests.log, memcheck-fuzz.log,
 # fuzz.log and fuzz-report.tar.gz.
@@ -52,7 +53,7 @@ grep -E '^test .* (ok|FAILED|ignored)$|^SKIP|worst rel err|cases, [0-9]+ failure
     > "$out/memcheck-tests.log" 2>&1
   echo "memcheck exit $?" >> "$out/memcheck-tests.log"
   timeout -k 10 85 "$san" --tool memcheck --error-exitcode 99 "$ss" fuzz --backend cuda \
-    --cases 20 --seed 35 --shrink-time 0 --force --out /tmp/reach-san > "$out/memcheck-fuzz.log" 2>&1
+    --cases "${REACH_SAN_CASES:-20}" --seed 35 --shrink-time 0 --force --out /tmp/reach-san > "$out/memcheck-fuzz.log" 2>&1
   echo "memcheck exit $?" >> "$out/memcheck-fuzz.log"
 ) &
 sanpid=$!
