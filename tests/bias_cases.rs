@@ -4,6 +4,10 @@
 //! value, and the CPU backend passes every property on them. An outside worker that declares
 //! `caps.dbias` (the adapter kit's numpy reference) has its dBias judged.
 
+#[path = "support/python_kit.rs"]
+mod python_kit;
+use python_kit::python_kit;
+
 use smallseq::backend::cpu::CpuBackend;
 use smallseq::case::Case;
 use smallseq::case_file::{case_bytes, parse_case, OutputPrecision};
@@ -165,23 +169,6 @@ fn with_bias_key(case: &Case, value: &str) -> Vec<u8> {
         text.replace(&format!("\"bias\":{bias}"), &format!("\"bias\":{value}")),
     );
     safetensors::serialize(st.tensors(), &Some(meta)).unwrap()
-}
-
-/// The Python the adapters run under (`SMALLSEQ_PYTHON`, else python3), if it has numpy and
-/// safetensors. Where `SMALLSEQ_PYTHON` names one (as `.ci/run` does, from ci/python-kit.sh),
-/// it must have them.
-fn python_kit() -> Option<String> {
-    let py = smallseq::harness::triage_script::python();
-    let ok = Command::new(&py)
-        .args(["-c", "import numpy, safetensors"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let configured = std::env::var("SMALLSEQ_PYTHON").is_ok_and(|p| !p.trim().is_empty());
-    assert!(
-        ok || !configured,
-        "SMALLSEQ_PYTHON={py} lacks numpy or safetensors"
-    );
-    ok.then_some(py)
 }
 
 /// An exec campaign of seed 6 (120 cases, 7 of them with a post-scale bias and a backward)

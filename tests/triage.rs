@@ -3,6 +3,10 @@
 //! scripts that run; a campaign without failures triaged empty; and the verdicts a replay
 //! decides (an irreproducible failure is the harness's, a range limit the design's).
 
+#[path = "support/python_kit.rs"]
+mod python_kit;
+use python_kit::python_kit;
+
 use smallseq::case_file::read_case;
 use smallseq::harness::props::Checker;
 use smallseq::harness::triage::Signature;
@@ -42,22 +46,6 @@ fn python() -> String {
     smallseq::harness::triage_script::python()
 }
 
-/// Whether that Python has numpy and safetensors (the adapter kit's requirements). Where
-/// `SMALLSEQ_PYTHON` names one (as `.ci/run` does, from ci/python-kit.sh), it must have them.
-fn python_kit() -> bool {
-    let ok = Command::new(python())
-        .args(["-c", "import numpy, safetensors"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let configured = std::env::var("SMALLSEQ_PYTHON").is_ok_and(|p| !p.trim().is_empty());
-    assert!(
-        ok || !configured,
-        "SMALLSEQ_PYTHON={} lacks numpy or safetensors",
-        python()
-    );
-    ok
-}
-
 fn campaign(out: &Path, extra: &[&str]) {
     let mut cmd = bin();
     cmd.args(["fuzz", "--seed", "1", "--jobs", "1", "--out"])
@@ -69,7 +57,7 @@ fn campaign(out: &Path, extra: &[&str]) {
 
 /// Runs a group's standalone script, which must reproduce the failure (exit 1).
 fn script_reproduces(script: &str) {
-    if !python_kit() {
+    if python_kit().is_none() {
         println!("SKIP: running {script}: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
         return;
     }
@@ -126,7 +114,7 @@ fn a_planted_bug_triages_as_defects_with_their_clause_and_scripts() {
     let md = std::fs::read_to_string(dir.join("triage.md")).unwrap();
     assert!(md.contains("- verdict: **defect**") && md.contains("- breaks: docs/semantics.md"));
     // The scripts need numpy alone; without it, the group says why it has none.
-    if !python_kit() {
+    if python_kit().is_none() {
         let note = groups[0]["script_note"].as_str().unwrap_or_default();
         assert!(
             note.contains("numpy") && note.contains("SMALLSEQ_PYTHON"),
@@ -252,7 +240,7 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
 /// embeds the adapter and reproduces the failure with numpy alone.
 #[test]
 fn an_exec_campaign_triages_through_its_worker_and_scripts_its_adapter() {
-    if !python_kit() {
+    if python_kit().is_none() {
         println!("SKIP: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
         return;
     }
