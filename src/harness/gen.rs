@@ -3,6 +3,8 @@
 //! spans, GQA, causal masks, windows, unsupported dims and dtypes, poison in don't-care tokens.
 
 use super::data_class::{self, DataClass};
+use super::geometry::with_data;
+pub use super::geometry::{DataDist, Geometry};
 use super::rng::{Draw, Rng};
 use super::score_bias;
 use super::shapes;
@@ -13,59 +15,6 @@ use crate::error::Result;
 use crate::segments::{self, Segmented};
 use ndarray::Array3;
 use smallseq_reference::{AttnBias, AttnParams, Dropout, Dtype, Layout, Mask, Side, Window};
-
-/// How input values are drawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DataDist {
-    /// Standard normal.
-    Randn,
-    /// Sparse small integers (exact in every dtype).
-    SmallInts,
-    /// Mostly small values with a few large spikes (peaked softmax).
-    Spiky,
-    /// Near-tie logits (tiny q), so P is close to uniform.
-    NearTie,
-    /// Large magnitudes (tests max-subtraction and overflow handling).
-    Large,
-}
-
-impl DataDist {
-    pub const ALL: [DataDist; 5] = [
-        DataDist::Randn,
-        DataDist::SmallInts,
-        DataDist::Spiky,
-        DataDist::NearTie,
-        DataDist::Large,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DataDist::Randn => "randn",
-            DataDist::SmallInts => "small_ints",
-            DataDist::Spiky => "spiky",
-            DataDist::NearTie => "near_tie",
-            DataDist::Large => "large",
-        }
-    }
-}
-
-/// Everything but the tensor values.
-#[derive(Clone, Debug)]
-pub struct Geometry {
-    pub config: AttnConfig,
-    pub layout: Layout,
-    pub backward: bool,
-    pub dist: DataDist,
-    /// Fill don't-care input tokens with NaN, ±Inf and huge values.
-    pub poison: bool,
-    /// The JAX-style segment ids the layout was drawn as (several segments per row, padding
-    /// inside), stored with the case and converted on the way to the kernels.
-    pub segments: Option<Segmented>,
-    /// Data shaped against the tile structure, on top of `dist`.
-    pub data: DataClass,
-    /// Drawn by [`shapes::draw_production`].
-    pub production: bool,
-}
 
 /// Upper bound on tokens per side, to keep CPU cases fast.
 const MAX_TOKENS: usize = 1024;
@@ -303,25 +252,6 @@ pub fn draw_geometry_for<D: Draw>(d: &mut D, profile: Profile) -> Geometry {
         config.layout = LayoutKind::Bshd;
     }
     with_data(d, config, layout, None)
-}
-
-/// The data-side choices every geometry ends with.
-pub(super) fn with_data<D: Draw>(
-    d: &mut D,
-    config: AttnConfig,
-    layout: Layout,
-    segments: Option<Segmented>,
-) -> Geometry {
-    Geometry {
-        config,
-        layout,
-        backward: d.percent(85),
-        dist: d.pick(&DataDist::ALL),
-        poison: d.percent(70),
-        segments,
-        data: DataClass::Plain,
-        production: false,
-    }
 }
 
 /// A few THD slots of at most 17 tokens, padded gaps that sometimes push a span past 17,

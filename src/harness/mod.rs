@@ -12,6 +12,7 @@ pub mod data_class;
 pub mod fit;
 pub mod fuzz_input;
 pub mod gen;
+pub mod geometry;
 pub mod histogram;
 pub mod in_order;
 pub mod merge;

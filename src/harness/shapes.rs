@@ -4,7 +4,7 @@
 //! (H == Hkv) they run on the small-seq path; GQA groups take the fallback and reach its head
 //! indexing at production counts.
 
-use super::gen::{with_data, Geometry};
+use super::geometry::{with_data, Geometry};
 use super::rng::Draw;
 use crate::case::bshd_layout;
 use crate::config::{AttnConfig, LayoutKind};
