@@ -301,6 +301,41 @@ fn fuzz_refuses_zero_jobs() {
 }
 
 #[test]
+fn in_process_is_for_gpu_backends_and_says_so() {
+    for (backend, words) in [
+        ("cpu", "in this process already"),
+        ("exec", "another process"),
+    ] {
+        let out = bin()
+            .args(["fuzz", "--cases", "1", "--in-process", "--backend", backend])
+            .args(
+                ["--worker", "python3 x.py"]
+                    .iter()
+                    .filter(|_| backend == "exec"),
+            )
+            .arg("--out")
+            .arg(tmp(&format!("in-process-{backend}")))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
+        assert!(
+            err.contains("--in-process is for the GPU backends") && err.contains(words),
+            "{err}"
+        );
+    }
+    let out = bin()
+        .args(["fuzz", "--cases", "1", "--in-process", "--isolate"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--in-process beside --isolate is refused"
+    );
+}
+
+#[test]
 fn fuzz_writes_reports_and_hits_classes() {
     let dir = tmp("fuzz-out");
     let st = bin()

@@ -869,3 +869,27 @@ fn score_terms_match_the_reference_and_the_cpu() {
     eprintln!("{cases} cases, {} failures", fails.len());
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
+
+#[path = "support/campaign_json.rs"]
+mod campaign_json;
+
+/// A campaign in this process over lanes (`smallseq fuzz --backend cuda --in-process`: one
+/// stream per job, cases checked concurrently) reports what one backend checking one case at
+/// a time reports: the lanes share the device's context and its kernels, never a buffer.
+#[test]
+fn a_campaign_on_lanes_reports_what_one_stream_does() {
+    let Some(one) = gpu("a_campaign_on_lanes_reports_what_one_stream_does") else {
+        return;
+    };
+    let spec = smallseq::backend::Spec {
+        name: "cuda",
+        ..Default::default()
+    };
+    let lanes = smallseq::backend::open_lanes(&spec, 6).unwrap();
+    let want = campaign_json::campaign_json(&one, 1, 150, false);
+    assert!(want.contains(r#""cases":150"#), "{want}");
+    assert_eq!(
+        campaign_json::campaign_json(lanes.as_ref(), 6, 150, false),
+        want
+    );
+}

@@ -11,6 +11,8 @@ pub mod cpu;
 pub mod gpu;
 /// Compiled kernels kept on disk between processes (pure Rust, tested without a GPU).
 pub mod kernel_cache;
+/// A GPU backend in the campaign's process, one lane per concurrent case.
+pub mod lanes;
 /// What a GPU launch needs (pure Rust: compiled and tested without the GPU features).
 pub mod launch;
 /// Backends by name: the one place they are built.
@@ -18,7 +20,7 @@ pub mod registry;
 /// Dropout and bias as the GPU kernels take them (pure Rust).
 pub mod score_terms;
 
-pub use registry::{device_count, open, open_planted, open_with, Spec, NAMES};
+pub use registry::{device_count, open, open_lanes, open_planted, open_with, Spec, NAMES};
 
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
@@ -229,6 +231,17 @@ pub trait BackendInfo: Send + Sync {
     /// from one thread until concurrent use has been verified on a device.
     fn concurrent_cases(&self) -> bool {
         false
+    }
+    /// What lost the device, once a device error has left this process's context unusable
+    /// ([`lanes::Lanes`]); `None` for a backend that has not lost it or cannot.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+    /// Sets `stop` when the device is lost, so that a campaign ends after its cases in
+    /// flight instead of running every later case into the same error. A backend that cannot
+    /// lose its device ignores it.
+    fn stop_on_loss(&self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let _ = stop;
     }
     /// Fraction of the small-seq path's elements of output `tensor` (`o`, `dq`, `dk`, `dv`)
     /// allowed to differ from the device-faithful emulation by more than one ulp of the output

@@ -2,6 +2,7 @@
 //! commands, `smallseq worker`, `smallseq mutants`, the property suites).
 
 use super::cpu::CpuBackend;
+use super::lanes::Lanes;
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::mutants::{Defects, Mutant};
@@ -51,6 +52,27 @@ pub fn open_with(spec: &Spec) -> Result<Box<dyn Backend>> {
             NAMES.join(", ")
         ))),
     }
+}
+
+/// Opens backend `spec` for `lanes` cases at once in this process: a CPU backend as it is
+/// (it checks cases concurrently already), a GPU backend as [`Lanes`] of that many copies,
+/// each on its own stream, all warmed before the first case.
+///
+/// # Errors
+/// As [`open_with`].
+pub fn open_lanes(spec: &Spec, lanes: usize) -> Result<Box<dyn Backend>> {
+    if !matches!(spec.name, "cuda" | "hip") || (spec.name == "hip" && !spec.mutants.is_empty()) {
+        // The CPU backends, and HIP with bugs to plant (refused there, in one place).
+        return open_with(spec);
+    }
+    let defines = kernel_defines(spec.mutants)?;
+    let members = (0..lanes.max(1))
+        .map(|_| match spec.name {
+            "cuda" => open_cuda_lane(spec.device, &defines),
+            _ => open_hip(spec.device),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(Lanes::new(members)?))
 }
 
 /// Opens a backend by name, on device 0.
@@ -127,6 +149,18 @@ fn open_cuda(device: usize, defines: &[&str], warm: bool) -> Result<Box<dyn Back
         be.warm_up()?;
     }
     Ok(Box::new(be))
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda_lane(device: usize, defines: &[&str]) -> Result<Box<dyn Backend>> {
+    let be = super::gpu::cuda::CudaBackend::lane(device, defines)?;
+    be.warm_up()?;
+    Ok(Box::new(be))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_lane(_device: usize, _defines: &[&str]) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "cuda" })
 }
 
 #[cfg(not(feature = "cuda"))]

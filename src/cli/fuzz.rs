@@ -100,6 +100,7 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
         };
     let runner = target.runner();
     if let target::Target::InProcess(be) = &target {
+        be.stop_on_loss(stop.clone());
         if jobs > 1 && !be.concurrent_cases() {
             tell!(
                 "smallseq: --jobs {jobs}: backend {} in this process checks one case at a time \
@@ -208,6 +209,11 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     report.command = command;
     write_reports(&args.out, &report)?;
     summarize(&report, &args.out);
+    if let target::Target::InProcess(be) = &target {
+        if let Some(why) = be.lost() {
+            tell!("smallseq fuzz: stopped after {} cases: {why}", report.cases);
+        }
+    }
     let te = campaign.checker.runner.name() == "te625-model" && !target.in_workers();
     if te && report.interrupted {
         tell!("smallseq fuzz: interrupted: TE #625 defect attribution skipped");

@@ -141,6 +141,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
                 .clone()
                 .or_else(|| (name == "exec").then(|| recorded_worker(&case)).flatten()),
             isolate: true,
+            in_process: false,
             devices: None,
             case_timeout: args.case_timeout,
             start_timeout: std::time::Duration::from_secs(600),

@@ -23,6 +23,12 @@ pub struct TargetArgs {
     /// backends run in this process unless this is given).
     #[arg(long)]
     pub isolate: bool,
+    /// Run a GPU backend in this process, one stream per job, instead of in worker processes:
+    /// no case files, no protocol, several times the cases per second on short sequences, but
+    /// no isolation (a device fault ends the campaign after the cases in flight; the capsule's
+    /// `smallseq repro` reruns it in a worker).
+    #[arg(long, conflicts_with = "isolate")]
+    pub in_process: bool,
     /// Devices to spread workers over, e.g. 0,1,2,3 (default: every device the first worker
     /// reports).
     #[arg(long, value_delimiter = ',')]
@@ -96,9 +102,38 @@ pub fn split_command(s: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
-/// Whether `args` put cases in worker processes: `exec`, `--isolate`, or a GPU backend.
+/// Whether `args` put cases in worker processes: `exec`, `--isolate`, or a GPU backend
+/// without `--in-process`.
 pub fn in_workers(args: &TargetArgs) -> bool {
-    args.backend == "exec" || args.isolate || is_gpu(&args.backend)
+    args.backend == "exec" || args.isolate || (is_gpu(&args.backend) && !args.in_process)
+}
+
+/// Opens `args`'s backend in this process for `jobs` cases at once (`None`: one per core
+/// where the backend takes cases concurrently, else one).
+fn open_here(
+    args: &TargetArgs,
+    jobs: Option<usize>,
+    plant: &[Mutant],
+) -> Result<(Target, usize), String> {
+    let spec = backend::Spec {
+        name: &args.backend,
+        device: args
+            .devices
+            .as_ref()
+            .and_then(|d| d.first().copied())
+            .unwrap_or(0),
+        mutants: plant,
+        warm: false,
+    };
+    let be = if is_gpu(&args.backend) {
+        precheck(&args.backend)?;
+        let lanes = jobs.unwrap_or_else(cores);
+        backend::open_lanes(&spec, lanes).map_err(|e| e.to_string())?
+    } else {
+        backend::open_with(&spec).map_err(|e| e.to_string())?
+    };
+    let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });
+    Ok((Target::InProcess(be), jobs))
 }
 
 /// Whether `name` is a GPU backend (cases run in workers by default there).
@@ -141,9 +176,7 @@ pub fn open_planted(
     }
     let workers = in_workers(args);
     if !workers {
-        let be = backend::open_planted(&args.backend, plant).map_err(|e| e.to_string())?;
-        let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });
-        return Ok((Target::InProcess(be), jobs));
+        return open_here(args, jobs, plant);
     }
     if !is_gpu(&args.backend) {
         return Err(format!(
@@ -182,11 +215,20 @@ pub fn open_with_env(
     if args.backend != "exec" && args.worker.is_some() {
         return Err("--worker is for --backend exec".into());
     }
+    if args.in_process && !is_gpu(&args.backend) {
+        return Err(format!(
+            "--in-process is for the GPU backends (cuda, hip); {} {}",
+            args.backend,
+            if args.backend == "exec" {
+                "runs a program, which is always another process"
+            } else {
+                "runs in this process already"
+            }
+        ));
+    }
     let workers = in_workers(args);
     if !workers {
-        let be = backend::open(&args.backend).map_err(|e| e.to_string())?;
-        let jobs = jobs.unwrap_or_else(|| if be.concurrent_cases() { cores() } else { 1 });
-        return Ok((Target::InProcess(be), jobs));
+        return open_here(args, jobs, &[]);
     }
     let spawn = match args.backend.as_str() {
         "exec" => {

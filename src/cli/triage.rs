@@ -312,6 +312,7 @@ fn open_target(
             backend: name.to_string(),
             worker,
             isolate: true,
+            in_process: false,
             devices: None,
             case_timeout: None,
             start_timeout: Duration::from_secs(600),

@@ -362,7 +362,10 @@ impl Campaign<'_> {
             Ok((g, case))
         })?;
         let mut run = self.checker.check(&case, cs)?;
-        if run.fault.is_some() {
+        // A fault in this process (a GPU backend's lanes) has no fresh worker to rerun on:
+        // its context is lost, and the campaign is stopping.
+        let in_worker = self.checker.runner.worker_command().is_some();
+        if run.fault.is_some() && in_worker {
             let again = self.checker.check(&case, cs)?;
             let how = match &again.fault {
                 Some(f) => format!(

@@ -154,7 +154,19 @@ impl CudaBackend {
     /// # Errors
     /// As [`CudaBackend::new`].
     pub fn on_device_with(ordinal: usize, defines: &[&str]) -> Result<Self> {
-        let mut rt = Cuda::open(ordinal)?;
+        let mut rt = Cuda::open(ordinal, false)?;
+        rt.defines.extend(defines.iter().map(|d| d.to_string()));
+        Ok(GpuBackend::from_runtime(rt))
+    }
+
+    /// As [`CudaBackend::on_device_with`], on a stream of its own instead of the context's
+    /// default one: a lane of [`crate::backend::lanes::Lanes`], whose synchronise waits for
+    /// its own launches only (several lanes share the process's primary context).
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`], and a stream the driver does not create.
+    pub fn lane(ordinal: usize, defines: &[&str]) -> Result<Self> {
+        let mut rt = Cuda::open(ordinal, true)?;
         rt.defines.extend(defines.iter().map(|d| d.to_string()));
         Ok(GpuBackend::from_runtime(rt))
     }
@@ -171,7 +183,7 @@ impl CudaBackend {
 }
 
 impl Cuda {
-    fn open(ordinal: usize) -> Result<Self> {
+    fn open(ordinal: usize, own_stream: bool) -> Result<Self> {
         // cudarc panics when libcuda cannot be loaded: look first, and catch anything else.
         let present = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
         if !present.unwrap_or(false) {
@@ -192,13 +204,17 @@ impl Cuda {
         let arch = arch_name
             .parse()
             .map_err(|e: String| backend_err(format!("arch: {e}")))?;
-        // SAFETY: every allocation, copy and launch of this backend goes to the one default
-        // stream (`stream` below; `smallseq bench` borrows the same one), so stream order alone
+        // SAFETY: every allocation, copy and launch of this backend goes to its one stream
+        // (`stream` below; `smallseq bench` borrows the same one), so stream order alone
         // orders each buffer's uses and its free. cudarc's per-buffer events (two created per
         // allocation, one recorded per pointer taken) only order several streams; they cost
         // a worker four driver calls per buffer, about twenty buffers per case run.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = if own_stream {
+            drv("creating a stream", ctx.new_stream())?
+        } else {
+            ctx.default_stream()
+        };
         Ok(Cuda {
             ctx,
             stream,
