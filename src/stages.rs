@@ -30,6 +30,9 @@ pub enum Stage {
     Property(&'static str),
     /// Writing capsules and shrinking failures, on the merging thread.
     Capsules,
+    /// A job thread waiting to start its next case because the merge, which takes cases in
+    /// order, is that many cases behind (one slow case holds back every later one).
+    MergeWait,
     /// What no stage claimed.
     Other,
 }
@@ -46,6 +49,7 @@ impl Stage {
             Stage::Judging => "judging".into(),
             Stage::Property(p) => format!("property {p}"),
             Stage::Capsules => "capsules and shrinking".into(),
+            Stage::MergeWait => "waiting for the merge".into(),
             Stage::Other => "other".into(),
         }
     }

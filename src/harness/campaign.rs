@@ -672,6 +672,12 @@ impl Merger<Result<Checked>> for InCaseOrder<'_, '_, '_> {
     fn take(&mut self, i: u64, checked: Result<Checked>) -> Result<bool> {
         self.merge.take(i, checked, self.stop, self.progress)
     }
+
+    fn waited(&mut self, total: Duration) {
+        if !total.is_zero() {
+            self.merge.stages.add(Stage::MergeWait, total);
+        }
+    }
 }
 
 /// Strips case-specific numbers from a skip reason so reasons aggregate.

@@ -7,7 +7,7 @@
 use crate::error::Result;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The merging side, called on the thread that called [`run`], in index order.
 pub trait Merger<T> {
@@ -18,6 +18,11 @@ pub trait Merger<T> {
     /// # Errors
     /// Whatever ends the run with an error (the first in index order is the run's).
     fn take(&mut self, i: u64, item: T) -> Result<bool>;
+    /// The time the threads spent, all together, waiting before an index because it was
+    /// `ahead` or more past the merged ones; told once, when the run ends.
+    fn waited(&mut self, total: Duration) {
+        let _ = total;
+    }
 }
 
 /// Sets its flag when dropped: on every way out of the merging loop, unwinding included.
@@ -53,11 +58,12 @@ pub fn run<T: Send>(
     let next = AtomicU64::new(0);
     let merged = AtomicU64::new(0);
     let halt = AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let waited_ns = AtomicU64::new(0);
+    let r = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<(u64, T)>();
         for _ in 0..jobs {
             let tx = tx.clone();
-            let (next, merged, halt) = (&next, &merged, &halt);
+            let (next, merged, halt, waited_ns) = (&next, &merged, &halt, &waited_ns);
             s.spawn(move || loop {
                 if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
                     break;
@@ -66,14 +72,17 @@ pub fn run<T: Send>(
                 if !exists(i) {
                     break;
                 }
+                let wait = Instant::now();
                 while i >= merged.load(Ordering::SeqCst) + ahead {
                     // Not started yet: after `stop`, or once it no longer exists (a time
                     // budget ran out while it waited), never.
                     if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) || !exists(i) {
+                        waited_ns.fetch_add(wait.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
+                waited_ns.fetch_add(wait.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 if tx.send((i, work(i))).is_err() {
                     break;
                 }
@@ -129,7 +138,9 @@ pub fn run<T: Send>(
         // merge before the loop looks again.
         stopped |= merging && stop.load(Ordering::SeqCst);
         outcome.map(|()| stopped && !merger.spent_before(merged.load(Ordering::SeqCst)))
-    })
+    });
+    merger.waited(Duration::from_nanos(waited_ns.load(Ordering::Relaxed)));
+    r
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@
 //! | a runtime call (allocation, copy, kernel lookup, launch, synchronisation) | [`Error::Device`], from the runtime |
 //! | a kernel build (CUDA's NVRTC or module load) | [`Error::Backend`], from the runtime |
 
+/// One call's buffers as one allocation.
+pub(crate) mod arena;
 pub(crate) mod host;
 pub mod plan;
 
@@ -30,13 +32,14 @@ pub mod hip;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 
-use self::host::{bytes_of, bytes_of_mut, to_host};
+use self::arena::{body_addr, unpack, Arena};
+use self::host::{bytes_of, to_host};
 use self::plan::{launches, Dir, Refusal};
 use super::launch::{
     args_of, check_aligned, dims_of, scratch_addr, Arg, BiasArgs, Family, Gpu, LaunchDims, Ptrs,
     WARPS_PER_BLOCK,
 };
-use super::{BackendInfo, BwdArgs, BwdBufs, Compute, DevBuf, FwdArgs, FwdBufs, MutationHooks};
+use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
@@ -112,12 +115,30 @@ impl<R: DeviceApi + std::fmt::Debug> std::fmt::Debug for GpuBackend<R> {
     }
 }
 
-/// Device copies of the inputs and offsets of one call.
-struct Inputs<M> {
-    tensors: Vec<M>,
-    offsets: [M; 4],
+/// Where one call's inputs and offsets lie in its [`Arena`].
+struct InputsAt {
+    tensors: Vec<usize>,
+    offsets: [usize; 4],
     /// The bias's f32 tensor or slopes, where the case has a bias.
-    bias: Option<M>,
+    bias: Option<usize>,
+}
+
+impl InputsAt {
+    /// The launch's input pointers, for the call's allocation at `base`.
+    fn ptrs(&self, base: u64) -> Ptrs {
+        let a = |at: usize| base + at as u64;
+        Ptrs {
+            q: a(self.tensors[0]),
+            k: a(self.tensors[1]),
+            v: a(self.tensors[2]),
+            cu_q: a(self.offsets[0]),
+            cu_kv: a(self.offsets[1]),
+            off_q: a(self.offsets[2]),
+            off_kv: a(self.offsets[3]),
+            bias: self.bias.map_or(0, a),
+            ..Ptrs::default()
+        }
+    }
 }
 
 impl<R: DeviceApi> GpuBackend<R> {
@@ -233,65 +254,44 @@ impl<R: DeviceApi> GpuBackend<R> {
         self.launch(Family::Fallback, Dir::Bwd, d, p)
     }
 
-    fn upload_tensor(&self, what: &str, dtype: Dtype, a: &ArrayView3<f32>) -> Result<R::Mem> {
-        if let (Dtype::F32, Some(host)) = (dtype, a.as_slice()) {
-            return self.rt.upload(what, bytes_of(host));
-        }
-        self.rt.upload(what, to_host(dtype, a).bytes())
-    }
-
-    fn upload_inputs(&self, args: &FwdArgs, extra: &[&ArrayView3<f32>]) -> Result<Inputs<R::Mem>> {
+    /// Packs the inputs of one call (`extra`: tensors after q, k, v, such as dO) into `a`.
+    fn pack_inputs(a: &mut Arena, args: &FwdArgs, extra: &[&ArrayView3<f32>]) -> InputsAt {
         let dt = args.config.dtype;
-        let mut tensors = vec![
-            self.upload_tensor("q", dt, &args.q)?,
-            self.upload_tensor("k", dt, &args.k)?,
-            self.upload_tensor("v", dt, &args.v)?,
-        ];
-        for (i, a) in extra.iter().enumerate() {
-            tensors.push(self.upload_tensor(&format!("extra {i}"), dt, a)?);
+        let tensor = |a: &mut Arena, t: &ArrayView3<f32>| match (dt, t.as_slice()) {
+            (Dtype::F32, Some(host)) => a.push(bytes_of(host)),
+            _ => a.push(to_host(dt, t).bytes()),
+        };
+        let mut tensors = vec![tensor(a, &args.q), tensor(a, &args.k), tensor(a, &args.v)];
+        for t in extra {
+            tensors.push(tensor(a, t));
         }
         let l = args.layout;
         let offsets = [
-            self.rt.upload("cu_seqlens_q", bytes_of(&l.q.cu))?,
-            self.rt.upload("cu_seqlens_kv", bytes_of(&l.kv.cu))?,
-            self.rt.upload("offsets_q", bytes_of(l.q.offsets()))?,
-            self.rt.upload("offsets_kv", bytes_of(l.kv.offsets()))?,
+            a.push(bytes_of(&l.q.cu)),
+            a.push(bytes_of(&l.kv.cu)),
+            a.push(bytes_of(l.q.offsets())),
+            a.push(bytes_of(l.kv.offsets())),
         ];
-        let bias = match BiasArgs::host_values(&args.config.params.bias) {
-            Some(host) => Some(self.rt.upload("bias", bytes_of(&host))?),
-            None => None,
-        };
-        Ok(Inputs {
+        let bias = BiasArgs::host_values(&args.config.params.bias).map(|h| a.push(bytes_of(&h)));
+        InputsAt {
             tensors,
             offsets,
             bias,
-        })
-    }
-
-    fn base_ptrs(&self, inp: &Inputs<R::Mem>) -> Ptrs {
-        let a = |m| self.rt.addr(m);
-        Ptrs {
-            q: a(&inp.tensors[0]),
-            k: a(&inp.tensors[1]),
-            v: a(&inp.tensors[2]),
-            cu_q: a(&inp.offsets[0]),
-            cu_kv: a(&inp.offsets[1]),
-            off_q: a(&inp.offsets[2]),
-            off_kv: a(&inp.offsets[3]),
-            bias: inp.bias.as_ref().map_or(0, a),
-            ..Ptrs::default()
         }
     }
 
-    /// A guarded buffer uploaded whole, and the device address of its body.
-    fn upload_buf(&self, what: &str, buf: &DevBuf) -> Result<(R::Mem, u64)> {
-        let m = self.rt.upload(what, bytes_of(&buf.data))?;
-        let body = self.rt.addr(&m) + (buf.base * 4) as u64;
-        Ok((m, body))
+    /// Uploads `a` as one allocation; returns it and its device address.
+    fn upload_arena(&self, a: &Arena) -> Result<(R::Mem, u64)> {
+        let mem = self.rt.upload("the call's buffers", a.bytes())?;
+        let base = self.rt.addr(&mem);
+        Ok((mem, base))
     }
 
-    fn download_into(&self, what: &str, m: &R::Mem, buf: &mut DevBuf) -> Result<()> {
-        self.rt.download(what, m, bytes_of_mut(&mut buf.data))
+    /// Downloads the first `len` bytes of the call's allocation: its outputs.
+    fn download_outputs(&self, mem: &R::Mem, len: usize) -> Result<Vec<u8>> {
+        let mut host = vec![0u8; len];
+        self.rt.download("the call's outputs", mem, &mut host)?;
+        Ok(host)
     }
 
     fn fwd(&self, family: Family, args: &FwdArgs, out: &mut FwdBufs) -> Result<()> {
@@ -300,18 +300,23 @@ impl<R: DeviceApi> GpuBackend<R> {
             return Ok(());
         }
         self.rt.make_current()?;
-        let inp = self.upload_inputs(args, &[])?;
-        let (o, o_body) = self.upload_buf("o", &out.o)?;
-        let (lse, lse_body) = self.upload_buf("lse", &out.lse)?;
+        let mut a = Arena::default();
+        let o_at = a.push_buf(&out.o);
+        let lse_at = a.push_buf(&out.lse);
+        let outputs = a.len();
+        let inp = Self::pack_inputs(&mut a, args, &[]);
+        let (mem, base) = self.upload_arena(&a)?;
         let p = Ptrs {
-            o: o_body,
-            lse: lse_body,
-            ..self.base_ptrs(&inp)
+            o: body_addr(base, o_at, &out.o),
+            lse: body_addr(base, lse_at, &out.lse),
+            ..inp.ptrs(base)
         };
         self.launch(family, Dir::Fwd, &d, &p)?;
         self.sync()?;
-        self.download_into("o", &o, &mut out.o)?;
-        self.download_into("lse", &lse, &mut out.lse)
+        let host = self.download_outputs(&mem, outputs)?;
+        unpack(&host, o_at, &mut out.o);
+        unpack(&host, lse_at, &mut out.lse);
+        Ok(())
     }
 
     fn bwd(&self, family: Family, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
@@ -321,42 +326,10 @@ impl<R: DeviceApi> GpuBackend<R> {
             return Ok(());
         }
         self.rt.make_current()?;
-        let inp = self.upload_inputs(f, &[&args.d_o])?;
-        let lse = match args.lse.as_slice() {
-            Some(host) => self.rt.upload("lse", bytes_of(host))?,
-            None => {
-                let host: Vec<f32> = args.lse.iter().copied().collect();
-                self.rt.upload("lse", bytes_of(&host))?
-            }
-        };
-        let (dq, dq_body) = self.upload_buf("dq", &out.dq)?;
-        let (dk, dk_body) = self.upload_buf("dk", &out.dk)?;
-        let (dv, dv_body) = self.upload_buf("dv", &out.dv)?;
-        let (ws, ws_body) = self.upload_buf("workspace", &out.workspace)?;
-        let mut p = Ptrs {
-            d_o: self.rt.addr(&inp.tensors[3]),
-            lse: self.rt.addr(&lse),
-            dq: dq_body,
-            dk: dk_body,
-            dv: dv_body,
-            ..self.base_ptrs(&inp)
-        };
-        if family == Family::Fallback {
-            // A workspace without the scratch the launch needs is refused as the wrapper
-            // refuses one sized under another plan.
-            let len = out.workspace.len;
-            let at = |name| scratch_addr(f.plan, name, &d, ws_body, len).map_err(Error::Workspace);
-            p.delta = at(names::DELTA)?;
-            p.rowsum = at(names::ROWSUM)?;
-        }
         // A post-scale bias's gradient is written whole (every element of [Bb, Hb, Sq, Sk]).
         let dbias = match (d.bias.grad_rows(), out.dbias.as_ref()) {
             (0, _) => None,
-            (rows, Some(buf)) if buf.len as i64 >= rows * d.bias.dims[3] as i64 => {
-                let (m, body) = self.upload_buf("dbias", buf)?;
-                p.dbias = body;
-                Some(m)
-            }
+            (rows, Some(buf)) if buf.len as i64 >= rows * d.bias.dims[3] as i64 => Some(buf),
             (rows, buf) => {
                 return Err(Error::Tensor {
                     tensor: "dbias".into(),
@@ -369,15 +342,50 @@ impl<R: DeviceApi> GpuBackend<R> {
                 })
             }
         };
+        let mut a = Arena::default();
+        let dq_at = a.push_buf(&out.dq);
+        let dk_at = a.push_buf(&out.dk);
+        let dv_at = a.push_buf(&out.dv);
+        let ws_at = a.push_buf(&out.workspace);
+        let dbias_at = dbias.map(|b| a.push_buf(b));
+        let outputs = a.len();
+        let inp = Self::pack_inputs(&mut a, f, &[&args.d_o]);
+        let lse_at = match args.lse.as_slice() {
+            Some(host) => a.push(bytes_of(host)),
+            None => a.push(bytes_of(&args.lse.iter().copied().collect::<Vec<f32>>())),
+        };
+        let (mem, base) = self.upload_arena(&a)?;
+        let ws_body = body_addr(base, ws_at, &out.workspace);
+        let mut p = Ptrs {
+            d_o: base + inp.tensors[3] as u64,
+            lse: base + lse_at as u64,
+            dq: body_addr(base, dq_at, &out.dq),
+            dk: body_addr(base, dk_at, &out.dk),
+            dv: body_addr(base, dv_at, &out.dv),
+            ..inp.ptrs(base)
+        };
+        if family == Family::Fallback {
+            // A workspace without the scratch the launch needs is refused as the wrapper
+            // refuses one sized under another plan.
+            let len = out.workspace.len;
+            let at = |name| scratch_addr(f.plan, name, &d, ws_body, len).map_err(Error::Workspace);
+            p.delta = at(names::DELTA)?;
+            p.rowsum = at(names::ROWSUM)?;
+        }
+        if let (Some(at), Some(buf)) = (dbias_at, dbias) {
+            p.dbias = body_addr(base, at, buf);
+        }
         self.launch(family, Dir::Bwd, &d, &p)?;
         self.sync()?;
-        if let (Some(m), Some(buf)) = (&dbias, out.dbias.as_mut()) {
-            self.download_into("dbias", m, buf)?;
+        let host = self.download_outputs(&mem, outputs)?;
+        if let (Some(at), Some(buf)) = (dbias_at, out.dbias.as_mut()) {
+            unpack(&host, at, buf);
         }
-        self.download_into("dq", &dq, &mut out.dq)?;
-        self.download_into("dk", &dk, &mut out.dk)?;
-        self.download_into("dv", &dv, &mut out.dv)?;
-        self.download_into("workspace", &ws, &mut out.workspace)
+        unpack(&host, dq_at, &mut out.dq);
+        unpack(&host, dk_at, &mut out.dk);
+        unpack(&host, dv_at, &mut out.dv);
+        unpack(&host, ws_at, &mut out.workspace);
+        Ok(())
     }
 }
 

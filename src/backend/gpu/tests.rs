@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::backend::launch::Kernel;
-use crate::backend::{Backend, GUARD};
+use crate::backend::{Backend, DevBuf, GUARD};
 use crate::workspace::{plan, Direction, Plan, Shape};
 use ndarray::{Array2, Array3};
 use smallseq_reference::Mask;
@@ -21,7 +21,8 @@ enum Call {
     Download(String),
 }
 
-/// "Device" memory on the host: each allocation at its own 256-byte aligned address.
+/// "Device" memory on the host: each allocation at its own 256-byte aligned address (the low
+/// 24 bits of an address are the offset inside it).
 struct Fake {
     calls: Mutex<Vec<Call>>,
     mem: Mutex<Vec<Vec<u8>>>,
@@ -29,6 +30,8 @@ struct Fake {
     misalign: Option<&'static str>,
     /// A call that fails as the runtime's own error, by its `Call` kind.
     fail_sync: bool,
+    /// Each launch's pointer arguments, in order.
+    ptrs: Mutex<Vec<Vec<u64>>>,
 }
 
 const BASE: u64 = 1 << 32;
@@ -40,7 +43,20 @@ impl Fake {
             mem: Mutex::new(Vec::new()),
             misalign: None,
             fail_sync: false,
+            ptrs: Mutex::new(Vec::new()),
         }
+    }
+
+    /// `n` bytes of "device" memory at `addr`.
+    fn bytes_at(&self, addr: u64, n: usize) -> Vec<u8> {
+        let mem = self.mem.lock().unwrap();
+        let (i, at) = (((addr - BASE) >> 24) as usize, (addr & 0xff_ffff) as usize);
+        mem[i][at..at + n].to_vec()
+    }
+
+    /// The pointer arguments of launch `i`.
+    fn launch_ptrs(&self, i: usize) -> Vec<u64> {
+        self.ptrs.lock().unwrap()[i].clone()
     }
 
     fn log(&self, c: Call) {
@@ -112,6 +128,11 @@ impl DeviceApi for Fake {
         assert_eq!(f.split(':').nth(1), Some(name));
         let codes = args.iter().map(|a| a.code().to_string()).collect();
         self.log(Call::Launch(name.into(), grid, codes));
+        let ptrs = args.iter().filter_map(|a| match a {
+            Arg::Ptr(p) => Some(*p),
+            _ => None,
+        });
+        self.ptrs.lock().unwrap().push(ptrs.collect());
         Ok(())
     }
 
@@ -233,23 +254,23 @@ fn a_forward_uploads_launches_synchronises_once_then_downloads() {
         .all(|(a, b)| a.to_bits() == b.to_bits()));
     let calls = be.runtime().calls();
     assert_eq!(calls[0], Call::Current);
-    assert_eq!(
-        uploads(&calls),
-        [
-            "q",
-            "k",
-            "v",
-            "cu_seqlens_q",
-            "cu_seqlens_kv",
-            "offsets_q",
-            "offsets_kv",
-            "o",
-            "lse"
-        ]
-    );
+    // One allocation, one copy each way: the outputs first (downloaded as one prefix), then
+    // the inputs, each where a launch pointer says it is.
+    assert_eq!(uploads(&calls), ["the call's buffers"]);
+    let ptrs = be.runtime().launch_ptrs(0);
+    let (q, k, o, lse) = (ptrs[0], ptrs[1], ptrs[3], ptrs[4]);
     // q in bf16: 2 bytes an element.
-    assert_eq!(calls[1], Call::Upload("q".into(), 20 * 2 * 64 * 2));
-    let tail: Vec<&Call> = calls.iter().skip(10).collect();
+    let want_q = to_host(Dtype::Bf16, &c.q.view());
+    assert_eq!(be.runtime().bytes_at(q, 20 * 2 * 64 * 2), want_q.bytes());
+    assert_eq!(
+        be.runtime().bytes_at(k, 4),
+        to_host(Dtype::Bf16, &c.k.view()).bytes()[..4]
+    );
+    assert!(o < lse && lse < q && k > q, "outputs first, then q, k");
+    for p in &ptrs {
+        assert_eq!(p % 16, 0, "every tensor on a 16-byte boundary");
+    }
+    let tail: Vec<&Call> = calls.iter().skip(2).collect();
     let grid = Grid {
         blocks: 1,
         threads: 256,
@@ -262,8 +283,7 @@ fn a_forward_uploads_launches_synchronises_once_then_downloads() {
             &Call::Lookup("small_seq_fwd_bf16_d64_o32".into()),
             &Call::Launch("small_seq_fwd_bf16_d64_o32".into(), grid, codes),
             &Call::Sync,
-            &Call::Download("o".into()),
-            &Call::Download("lse".into()),
+            &Call::Download("the call's outputs".into()),
         ]
     );
     // A second call finds the kernel without looking it up again.
@@ -383,24 +403,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     );
     let (r, calls) = run(&full);
     r.unwrap();
-    assert_eq!(
-        uploads(&calls),
-        [
-            "q",
-            "k",
-            "v",
-            "extra 0",
-            "cu_seqlens_q",
-            "cu_seqlens_kv",
-            "offsets_q",
-            "offsets_kv",
-            "lse",
-            "dq",
-            "dk",
-            "dv",
-            "workspace"
-        ]
-    );
+    assert_eq!(uploads(&calls), ["the call's buffers"]);
     let after: Vec<String> = calls
         .iter()
         .skip_while(|c| matches!(c, Call::Current | Call::Upload(..)))
@@ -422,10 +425,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
             "lookup fallback_bwd_kv_bf16_o32",
             "launch fallback_bwd_kv_bf16_o32 5",
             "sync",
-            "download dq",
-            "download dk",
-            "download dv",
-            "download workspace",
+            "download the call's outputs",
         ]
     );
     // A plan without the scratch, or a workspace too small for it: refused as a workspace,
@@ -449,7 +449,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
         &shape(&c),
     );
     let be = GpuBackend::from_runtime(Fake {
-        misalign: Some("dv"),
+        misalign: Some("the call's buffers"),
         ..Fake::new()
     });
     let args = BwdArgs {
@@ -463,7 +463,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     // buffer that is not is refused by the vector kernels.
     assert_eq!(GUARD * 4 % 16, 0);
     match be.small_seq_bwd(&args, &mut out) {
-        Err(Error::Misaligned(m)) => assert_eq!((m.kernel, m.tensor), ("SmallSeqBwd", "dv")),
+        Err(Error::Misaligned(m)) => assert_eq!((m.kernel, m.tensor), ("SmallSeqBwd", "q")),
         other => panic!("{other:?}"),
     }
     let _: &dyn Backend = &be;
@@ -497,12 +497,12 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
         };
         let mut out = bwd_bufs(&c, full.total, dbias);
         let r = be.fallback_bwd(&args, &mut out);
-        (r, be.runtime().calls())
+        (r, be)
     };
-    let (r, calls) = run(Some(DevBuf::new(2 * 5 * 7, f32::NAN)));
+    let (r, be) = run(Some(DevBuf::new(2 * 5 * 7, f32::NAN)));
     r.unwrap();
-    let ups = uploads(&calls);
-    assert!(ups.contains(&"bias".to_string()) && ups.last().unwrap() == "dbias");
+    let calls = be.runtime().calls();
+    assert_eq!(uploads(&calls), ["the call's buffers"]);
     let launches: Vec<(&str, &Vec<String>)> = calls
         .iter()
         .filter_map(|c| match c {
@@ -519,9 +519,22 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
             "fallback_dbias_bf16_o32"
         ]
     );
-    assert!(calls.contains(&Call::Download("dbias".into())));
+    // The dBias kernel's pointers: the bias where it was packed (its zeros) and dBias inside
+    // the outputs' prefix, as uploaded (NaN poison), which comes back in one download.
+    let ptrs = be.runtime().launch_ptrs(2);
+    let rt = be.runtime();
+    let bias = ptrs
+        .iter()
+        .filter(|&&p| p != 0 && rt.bytes_at(p, 4) == 0f32.to_ne_bytes());
+    assert!(bias.count() >= 1, "no pointer at the bias's zeros");
+    let nan = ptrs
+        .iter()
+        .filter(|&&p| p != 0 && f32::from_ne_bytes(rt.bytes_at(p, 4).try_into().unwrap()).is_nan());
+    assert!(nan.count() >= 1, "no pointer at dBias's poison");
+    assert!(calls.contains(&Call::Download("the call's outputs".into())));
     for (short, why) in [(None, "got 0"), (Some(DevBuf::new(69, 0.0)), "got 69")] {
-        let (r, calls) = run(short);
+        let (r, be) = run(short);
+        let calls = be.runtime().calls();
         match r {
             Err(Error::Tensor { tensor, detail }) => {
                 assert_eq!(tensor, "dbias");
