@@ -270,7 +270,7 @@ struct Checked {
 
 /// Cases a worker may run ahead of the merged ones, per job: bounds what waits in memory
 /// while the merging thread shrinks a failure.
-const AHEAD_PER_JOB: u64 = 4;
+const AHEAD_PER_JOB: u64 = 16;
 
 impl Campaign<'_> {
     /// Runs until the budget is spent, `stop` is set, or (optionally) a failure.
