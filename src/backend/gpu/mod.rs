@@ -38,6 +38,7 @@ use super::launch::{
 };
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, DevBuf, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;
+use crate::design::Design;
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
 use crate::workspace::names;
@@ -76,6 +77,12 @@ pub trait DeviceApi: Send + Sync + Sized {
     fn has_small_seq(&self) -> bool;
     /// Device, driver or runtime, and kernel build ([`BackendInfo::provenance`]).
     fn provenance(&self) -> BTreeMap<String, String>;
+    /// The preprocessor defines its kernels were built with beyond the sources' defaults
+    /// (`NAME` or `NAME=VALUE`): the launch policy reads the ones that change what a call
+    /// launches (`FTB_D_FROM_O`, [`plan::d_from_o_in`]). None where the build is fixed.
+    fn defines(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Makes the device current on the calling thread (HIP's current device is per thread).
     fn make_current(&self) -> Result<()>;
     /// A new allocation holding `bytes` (at least one byte, so never a null pointer).
@@ -103,6 +110,9 @@ pub struct GpuBackend<R: DeviceApi> {
     /// Kernels looked up so far, by name (dropped before the runtime whose modules they are
     /// in: fields drop in order).
     funcs: Mutex<HashMap<String, R::Func>>,
+    /// Whether the kernels take the fallback backward's D from the stored O
+    /// ([`plan::d_from_o_in`] of the runtime's defines).
+    d_from_o: bool,
     rt: R,
 }
 
@@ -125,8 +135,15 @@ impl<R: DeviceApi> GpuBackend<R> {
     pub fn from_runtime(rt: R) -> Self {
         GpuBackend {
             funcs: Mutex::new(HashMap::new()),
+            d_from_o: plan::d_from_o_in(&rt.defines()),
             rt,
         }
+    }
+
+    /// Whether its fallback backward takes D from the stored O (`FTB_D_FROM_O`): a launch on
+    /// raw pointers then needs `Ptrs::o` and [`LaunchDims::d_from_o`] set.
+    pub fn d_from_o(&self) -> bool {
+        self.d_from_o
     }
 
     /// The runtime.
@@ -316,12 +333,22 @@ impl<R: DeviceApi> GpuBackend<R> {
 
     fn bwd(&self, family: Family, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
         let f = &args.fwd;
-        let d = dims_of(f.config, f.layout, true);
+        let d = LaunchDims {
+            d_from_o: self.d_from_o && family == Family::Fallback,
+            ..dims_of(f.config, f.layout, true)
+        };
         if d.b == 0 {
             return Ok(());
         }
         self.rt.make_current()?;
-        let inp = self.upload_inputs(f, &[&args.d_o])?;
+        // O in the input type (the forward stored it rounded to it, so the upload is exact),
+        // for the D kernel.
+        let extra: &[&ArrayView3<f32>] = if d.d_from_o {
+            &[&args.d_o, &args.o]
+        } else {
+            &[&args.d_o]
+        };
+        let inp = self.upload_inputs(f, extra)?;
         let lse = match args.lse.as_slice() {
             Some(host) => self.rt.upload("lse", bytes_of(host))?,
             None => {
@@ -335,6 +362,7 @@ impl<R: DeviceApi> GpuBackend<R> {
         let (ws, ws_body) = self.upload_buf("workspace", &out.workspace)?;
         let mut p = Ptrs {
             d_o: self.rt.addr(&inp.tensors[3]),
+            o: inp.tensors.get(4).map_or(0, |m| self.rt.addr(m)),
             lse: self.rt.addr(&lse),
             dq: dq_body,
             dk: dk_body,
@@ -416,6 +444,14 @@ impl<R: DeviceApi> BackendInfo for GpuBackend<R> {
 
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
         Some(dims_of(config, layout, false).fallback_fwd_kernel(R::GPU))
+    }
+
+    fn design(&self) -> Design {
+        if self.d_from_o {
+            Design::ProjectDFromO
+        } else {
+            Design::Project
+        }
     }
 }
 
