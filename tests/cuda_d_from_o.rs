@@ -5,6 +5,9 @@
 //! whatever `SMALLSEQ_KERNEL_DEFINES` says (`CudaBackend::with_defines` adds it last).
 #![cfg(feature = "cuda")]
 
+#[path = "support/cuda_device.rs"]
+mod cuda_device;
+
 use smallseq::backend::gpu::cuda::CudaBackend;
 use smallseq::backend::BackendInfo;
 use smallseq::design::Design;
@@ -17,16 +20,7 @@ use smallseq::wrapper::RunOptions;
 use smallseq_reference::{Dtype, Layout, Mask};
 
 fn gpu(test: &str) -> Option<CudaBackend> {
-    match CudaBackend::with_defines(&["FTB_D_FROM_O=1"]) {
-        Ok(b) => Some(b),
-        Err(e) if std::env::var("SMALLSEQ_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("{test}: SMALLSEQ_REQUIRE_GPU=1 but no device: {e}")
-        }
-        Err(e) => {
-            smallseq::print_skip(format_args!("{test}: {e}"));
-            None
-        }
-    }
+    cuda_device::cuda_or_skip(test, &["FTB_D_FROM_O=1"])
 }
 
 /// Every failing outcome of `checker` on `case`, named.
