@@ -21,6 +21,17 @@
 // rounding; with an LSE from another kernel (the small-seq forward sums its dot products in
 // another order) Z absorbs the mismatch, so a one-key row still gets P = 1 and dS = 0 exactly, and
 // D = Σ P·dP is formed from the same P as dS.
+//
+// FTB_D_FROM_O=1 (docs/semantics.md §1.7, the second form): D = rowsum(dO ∘ O) from the O
+// passed in, one reduction per (query token, head) before the query side (fb_bwd_delta,
+// FlashAttention's preprocessing), so the query sides lose the passes over the keys that formed
+// Z and D. Z is still needed where the LSE comes from another kernel, and costs no pass: the
+// query side sums exp(s - lse) in the same pass as dS, forms dS from the unnormalised P and
+// divides dQ by Z at the store (Z is a row constant of dQ = Σ (e/Z)(dP - D) K); it stores Z for
+// the key side and dBias, whose P = e / Z is then exactly 1 on a one-key row, as before.
+#ifndef FTB_D_FROM_O
+#define FTB_D_FROM_O 0
+#endif
 #include "portable.h"
 
 #define FB_WPB 4
@@ -292,6 +303,11 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
   const float ninf = -pt_inf();
   const float lr = lse[t * H + h];
   const bool live = lr != ninf;
+#if FTB_D_FROM_O
+  // One pass: D from fb_bwd_delta, dS from the unnormalised P, dQ divided by Z at the store.
+  const float D = live ? delta[t * H + h] : 0.f;
+  float zsum = 0.f;
+#else
   float zsum = 0.f;
   for (int c0 = lo; live && c0 <= hi; c0 += PT_WARP) {
     int c = c0 + lane;
@@ -324,6 +340,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     delta[t * H + h] = D;
     rowsum[t * H + h] = Z;
   }
+#endif
   float acc[FB_NJ];
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) acc[j] = 0.f;
@@ -335,7 +352,12 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
       float e = pt_exp(
           fb_score(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale, bias, f.slot, h, f.r, c, f.lq, f.lk) -
           lr);
+#if FTB_D_FROM_O
+      zsum += e;
+      const float p = e;
+#else
       float p = Z > 0.f ? e / Z : 0.f;
+#endif
       const float z = fb_drop(drop, f.slot, H, h, f.r, c);
       float dpv = z == 0.f ? 0.f : pt_mul_rn(fb_dot<E>(ds, v + kr * Dv, Dv), z);
       dsv = p * (dpv - D);
@@ -352,11 +374,40 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     }
   }
   typename O::T* out = dq + (t * H + h) * Dqk;
+#if FTB_D_FROM_O
+  const float Z = pt_warp_sum(zsum);
+  if (lane == 0) rowsum[t * H + h] = Z;
+  // A row without a visible key has acc = 0 and Z = 0: no division.
+#pragma unroll
+  for (int j = 0; j < FB_NJ; ++j) acc[j] = Z > 0.f ? acc[j] / Z : 0.f;
+#endif
 #pragma unroll
   for (int j = 0; j < FB_NJ; ++j) {
     int d = lane + j * PT_WARP;
     if (d < Dqk) O::store(out, d, E::round(acc[j] * scale));
   }
+}
+
+// D = rowsum(dO ∘ O) of every valid query token and head (FTB_D_FROM_O), from the O passed to
+// the backward in the input type: f32 products (exact for 16-bit inputs) summed in f32, lanes
+// over the columns, then the warp's tree. Not f64 as Σ P·dP is: here the error is O's own
+// rounding to the input type (a relative 2^-9 per element for bf16), which no accumulator
+// undoes; f32 adds Dv·2^-24 at most to it.
+template <class E>
+PT_INLINE void fb_bwd_delta(const typename E::T* o, const typename E::T* d_o, float* delta,
+                            const int* cu_q, const int* cu_kv, const int* off_q,
+                            const int* off_kv, int b, int H, int Dv, long long tq) {
+  const int w = pt_tid() / PT_WARP, lane = pt_lane();
+  const long long item = pt_bid() * FB_WPB + w;
+  if (item >= tq * H) return;
+  const long long t = item / H;
+  FbRow f;
+  if (!fb_find(f, t, cu_q, off_q, cu_kv, off_kv, b)) return;
+  const long long at = item * Dv;  // (t * H + h) * Dv
+  float acc = 0.f;
+  for (int d = lane; d < Dv; d += PT_WARP) acc = fb_madd<E>(acc, E::load(d_o + at, d), E::load(o + at, d));
+  const float D = pt_warp_sum(acc);
+  if (lane == 0) delta[item] = D;
 }
 
 // Backward, key side: dk, dv for every valid key token and kv head, summed over the group.
@@ -445,7 +496,9 @@ PT_INLINE void fb_bwd_kv(const typename E::T* q, const typename E::T* k, const t
 // then head order (the CPU backend's store_dbias: deterministic, no atomics), and is rounded to
 // the input type once; an element no slot reads is 0. dS = P (dP - D) is recomputed exactly as
 // the query side forms it (same products, same order, its stored D and Z), so it is that
-// kernel's dS bit for bit; it runs after the query side.
+// kernel's dS bit for bit; it runs after the query side. (With FTB_D_FROM_O the query side
+// forms dS from the unnormalised P and divides dQ by Z; this kernel takes P = e / Z, the key
+// side's dS.)
 template <class E, class O>
 PT_INLINE void fb_dbias(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                         const typename E::T* d_o, const float* lse, const float* delta,
@@ -753,7 +806,9 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 // Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, scaled into the input
 // type's range per 16 x 16 block and rounded to it (ftb_ds_scale: as the small-seq kernels and
 // the emulation do), dQ += dS·K. D and Z go to
-// the workspace for the key side.
+// the workspace for the key side. With FTB_D_FROM_O, D comes from fb_bwd_delta and pass 1 goes:
+// one pass forms Z beside dS = e·(dP - D) and divides dQ by Z (3 matrix products per (query,
+// key) pair on this side instead of 5).
 // Key side, one block per (64-key tile, kv head), each warp owning 16 keys: over the group's
 // query heads and the query tiles that can see the block's keys, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, P
 // and dS from the query side's lse, Z and D, dV += P·dO (P rounded to the input type, as the
@@ -1063,7 +1118,17 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[c][j][e] = 0.f;
+#if FTB_D_FROM_O
+  // D from fb_bwd_delta; Z summed in the one pass below (the file's header says why).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = wrow + g + 8 * hh;
+    dd[hh] = r < lq ? delta[(tq0 + r) * H + h] : 0.f;
+  }
+  for (int pass = 1; pass < 2; ++pass) {
+#else
   for (int pass = 0; pass < 2; ++pass) {
+#endif
     double dsum[2] = {0.0, 0.0};
     for (int kt = kt0; kt <= hi_b; kt += S::BN) {
       pt_sync();  // every warp done with the previous tile
@@ -1090,7 +1155,12 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
               z[hh] += ex;
               dsum[hh] += vis ? (double)ex * (double)x : 0.0;
             } else {
+#if FTB_D_FROM_O
+              z[hh] += ex;
+              const float p = ex;
+#else
               const float p = z[hh] > 0.f ? ex / z[hh] : 0.f;
+#endif
               s[nt][2 * hh + e] = vis ? p * (x - dd[hh]) : 0.f;
             }
           }
@@ -1119,6 +1189,23 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       }
     }
   }
+#if FTB_D_FROM_O
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    z[hh] = pt_quad_sum(z[hh]);
+    const int r = wrow + g + 8 * hh;
+    if (t == 0 && r < lq) rowsum[(tq0 + r) * H + h] = z[hh];
+    // dQ = Σ (e / Z)(dP - D) K: the row's Z divides its accumulator once (0 where no key is
+    // visible, and the accumulator is 0).
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          acc[c][j][2 * hh + e] = z[hh] > 0.f ? acc[c][j][2 * hh + e] / z[hh] : 0.f;
+  }
+#endif
   ftb_store<E, O, D>(dq + tq0 * rq + (long long)h * D, rq, wrow, lq, acc, scale);
 }
 
@@ -1382,6 +1469,11 @@ FT_KERNELS(256)
       float scale, int mask, int wl, int wr, FB_DROP_PARAMS, FB_BIAS_PARAMS) {                  \
     fb_bwd_kv<E, O>(q, k, v, d_o, lse, delta, rowsum, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, Hkv,    \
                     Dqk, Dv, tk, scale, mask, wl, wr, FB_DROP_ARG, FB_BIAS_ARG, fb_smem);       \
+  }                                                                                             \
+  PT_KERNEL void fallback_bwd_delta_##SUF(const E::T* o, const E::T* d_o, float* delta,         \
+                                         const int* cu_q, const int* cu_kv, const int* off_q,  \
+                                         const int* off_kv, int b, int H, int Dv, long long tq) { \
+    fb_bwd_delta<E>(o, d_o, delta, cu_q, cu_kv, off_q, off_kv, b, H, Dv, tq);                   \
   }                                                                                             \
   PT_KERNEL void fallback_dbias_##SUF(                                                          \
       const E::T* q, const E::T* k, const E::T* v, const E::T* d_o, const float* lse,           \

@@ -14,6 +14,11 @@ pub enum Design {
     /// This project's kernels (every in-tree backend, on both paths): P and dS rounded to the
     /// input type, dP and `D = Σ_j P·dP` in f32.
     Project,
+    /// The project's kernels with the fallback backward's D taken from the stored O,
+    /// `D = rowsum(dO∘O)` in f32 (docs/semantics.md §1.7; the kernels' `FTB_D_FROM_O`, the CPU
+    /// backend's [`crate::backend::cpu::CpuBackend::with_d_from_o`]): D carries O's rounding to
+    /// the input type, which the judge allows for, and the fallback's emulation takes D so.
+    ProjectDFromO,
     /// Any of the common designs: dP or D held in the input type, D formed from the stored O,
     /// P recomputed from the stored LSE, each query head's dK and dV stored in 16 bits before a
     /// GQA group is summed (FlashAttention-2, TE, cuDNN, PyTorch's math path in 16 bits).
@@ -21,7 +26,7 @@ pub enum Design {
 }
 
 impl Design {
-    pub const ALL: [Design; 2] = [Design::Project, Design::Envelope];
+    pub const ALL: [Design; 3] = [Design::Project, Design::ProjectDFromO, Design::Envelope];
 
     /// The design of the implementation a backend name (as `smallseq.backend` records it)
     /// stands for, for capsules written before designs were declared: the in-tree backends
@@ -34,10 +39,23 @@ impl Design {
         }
     }
 
+    /// Whether the design is smallseq's own (its emulation models it; a failure the emulation
+    /// shares is a limit of the design).
+    pub fn is_project(self) -> bool {
+        matches!(self, Design::Project | Design::ProjectDFromO)
+    }
+
+    /// Whether the fallback backward takes D from the stored O (the fallback emulation's
+    /// `delta_from_stored_o`).
+    pub fn d_from_stored_o(self) -> bool {
+        self == Design::ProjectDFromO
+    }
+
     /// Its name in reports, capsules and `caps.design`.
     pub fn name(self) -> &'static str {
         match self {
             Design::Project => "project",
+            Design::ProjectDFromO => "project-d-from-o",
             Design::Envelope => "envelope",
         }
     }
@@ -47,6 +65,10 @@ impl Design {
         match self {
             Design::Project => {
                 "P and dS rounded to the input type, dP and D in f32 (smallseq's kernels)"
+            }
+            Design::ProjectDFromO => {
+                "smallseq's kernels with the fallback backward's D = rowsum(dO∘O) from the \
+                 stored O, in f32"
             }
             Design::Envelope => {
                 "any common design (FlashAttention-2, TE, cuDNN): dP, D or a query head's dK/dV \
@@ -68,7 +90,9 @@ impl FromStr for Design {
         Design::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("'{s}' is not a design (expected project or envelope)"))
+            .ok_or_else(|| {
+                format!("'{s}' is not a design (expected project, project-d-from-o or envelope)")
+            })
     }
 }
 
@@ -83,7 +107,7 @@ mod tests {
         }
         let e = "fa3".parse::<Design>().unwrap_err();
         assert!(
-            e.contains("'fa3'") && e.contains("project or envelope"),
+            e.contains("'fa3'") && e.contains("project-d-from-o or envelope"),
             "{e}"
         );
     }

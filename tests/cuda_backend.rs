@@ -3,6 +3,9 @@
 //! also runs the benchmark (`src/cli/bench.rs`).
 #![cfg(feature = "cuda")]
 
+#[path = "support/cuda_device.rs"]
+mod cuda_device;
+
 #[allow(unused_macros)]
 #[macro_use]
 #[path = "../src/cli/say.rs"]
@@ -229,16 +232,7 @@ fn run_mixed(
 
 /// The device, or `None` after a visible SKIP line (a failure when `SMALLSEQ_REQUIRE_GPU=1`).
 fn gpu(test: &str) -> Option<CudaBackend> {
-    match CudaBackend::new() {
-        Ok(b) => Some(b),
-        Err(e) if std::env::var("SMALLSEQ_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("{test}: SMALLSEQ_REQUIRE_GPU=1 but no device: {e}")
-        }
-        Err(e) => {
-            smallseq::print_skip(format_args!("{test}: {e}"));
-            None
-        }
-    }
+    cuda_device::cuda_or_skip(test, &[])
 }
 
 /// Slots whose rows see exactly one key (Lk = 1, or row 0 under top-left causal), with the

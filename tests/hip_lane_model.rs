@@ -139,7 +139,7 @@ fn kernel_mutants_fail_the_model() {
 /// without the dead rows 8-15 (the default until v16), the tiled items for one query and the
 /// 64-bit item decoding (both the default until v16), the one-query backward (off), the tiled
 /// backward's column tiles in padded rather than swizzled rows, the scalar backward's GQA sums
-/// per head.
+/// per head, D from the stored O (`FTB_D_FROM_O`, the D kernel run before each backward).
 const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_TILES=0", false),
     ("SS_SKIP_DEAD_TILES=1", false),
@@ -151,6 +151,7 @@ const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_ITEM32=0", false),
     ("FTB_SWIZZLE=0", true),
     ("FB_GROUP_PARTIALS=0", false),
+    ("FTB_D_FROM_O=1", true),
 ];
 
 /// The kernel variants compute the same outputs: the model's end-to-end checks pass with each

@@ -118,6 +118,9 @@ pub struct LaunchDims {
     pub drop: DropArgs,
     /// The additive bias (§1.9); only the scalar fallback kernels take it.
     pub bias: BiasArgs,
+    /// The fallback backward takes D from the stored O (`FTB_D_FROM_O`): `fallback_bwd_delta`
+    /// runs first, on `Ptrs::o` in the input type.
+    pub d_from_o: bool,
 }
 
 /// Raw device pointers of one launch; 0 where unused.
@@ -184,6 +187,7 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
         window: (window_i32(p.window.left), window_i32(p.window.right)),
         drop: DropArgs::of(&p.dropout),
         bias: BiasArgs::of(&p.bias),
+        d_from_o: false,
     }
 }
 
@@ -380,6 +384,7 @@ pub enum Kernel {
     TiledBwdQ,
     TiledBwdKv,
     FallbackDbias,
+    FallbackDelta,
 }
 
 impl Kernel {
@@ -395,6 +400,7 @@ impl Kernel {
             Kernel::TiledBwdQ => "TiledBwdQ",
             Kernel::TiledBwdKv => "TiledBwdKv",
             Kernel::FallbackDbias => "FallbackDbias",
+            Kernel::FallbackDelta => "FallbackDelta",
         }
     }
 }
@@ -433,6 +439,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::SmallSeqFwd | Kernel::FallbackFwd | Kernel::TiledFwd => {
             vec![Ptr(p.q), Ptr(p.k), Ptr(p.v), Ptr(p.o), Ptr(p.lse)]
         }
+        Kernel::FallbackDelta => vec![Ptr(p.o), Ptr(p.d_o), Ptr(p.delta)],
         Kernel::SmallSeqBwd => vec![
             Ptr(p.q),
             Ptr(p.k),
@@ -471,6 +478,7 @@ pub fn args_of(k: Kernel, d: &LaunchDims, p: &Ptrs) -> Vec<Arg> {
         Kernel::FallbackFwd | Kernel::FallbackBwdQ => v.extend(fallback_tail(d.tq)),
         Kernel::FallbackBwdKv => v.extend(fallback_tail(d.tk)),
         Kernel::FallbackDbias => v.extend(fallback_tail(d.bias.grad_rows())),
+        Kernel::FallbackDelta => v.extend([I32(d.b), I32(d.heads), I32(d.dv), I64(d.tq)]),
         Kernel::TiledFwd | Kernel::TiledBwdQ | Kernel::TiledBwdKv => {
             let tiles = match k {
                 Kernel::TiledBwdKv => d.tiled_key_tiles(),
@@ -527,7 +535,8 @@ pub fn check_aligned(kernel: Kernel, p: &Ptrs) -> Result<(), Misaligned> {
         Kernel::FallbackFwd
         | Kernel::FallbackBwdQ
         | Kernel::FallbackBwdKv
-        | Kernel::FallbackDbias => &[],
+        | Kernel::FallbackDbias
+        | Kernel::FallbackDelta => &[],
     };
     match tensors.iter().find(|(_, a)| a % 16 != 0) {
         Some(&(tensor, addr)) => Err(Misaligned {
@@ -586,6 +595,7 @@ mod tests {
             window: (-1, -1),
             drop: DropArgs::NONE,
             bias: BiasArgs::NONE,
+            d_from_o: false,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod score_terms;
 pub use registry::{device_count, open, open_lanes, open_planted, open_with, Spec, NAMES};
 
 use crate::config::AttnConfig;
+use crate::design::Design;
 use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
 use crate::error::Result;
@@ -260,6 +261,14 @@ pub trait BackendInfo: Send + Sync {
     /// kernel.
     fn fallback_fwd_kernel(&self, _config: &AttnConfig, _layout: &Layout) -> Option<String> {
         None
+    }
+    /// The numeric design its kernels follow, which the judge holds them to (declared in the
+    /// runner's caps, so a worker's campaign process learns it from the handshake): the
+    /// project's, or the project's with the fallback backward's D from the stored O
+    /// (docs/semantics.md §1.7), which moves the fallback's emulation and the gradients'
+    /// allowance with it.
+    fn design(&self) -> Design {
+        Design::Project
     }
 }
 

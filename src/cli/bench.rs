@@ -271,6 +271,9 @@ mod imp {
                 window: (-1, -1),
                 drop: smallseq::backend::launch::DropArgs::NONE,
                 bias: smallseq::backend::launch::BiasArgs::NONE,
+                // As the kernels were built (SMALLSEQ_KERNEL_DEFINES): the backward then
+                // includes the D kernel, on the forward's O.
+                d_from_o: be.d_from_o(),
             };
             let ptrs = |s: &Set| Ptrs {
                 q: p(&s.q),

@@ -57,8 +57,7 @@ pub use crate::build_commit;
 /// what device and kernel build (`smallseq.provenance`), and this build's commit
 /// (`smallseq.commit`; removed when unknown, so an older one is never passed on as this one).
 pub fn stamp(meta: &mut BTreeMap<String, String>, backend: &dyn Backend) {
-    let design = super::conditioning::Design::of_backend(backend.name());
-    stamp_as(meta, backend.name(), design, backend.provenance());
+    stamp_as(meta, backend.name(), backend.design(), backend.provenance());
 }
 
 /// [`stamp`] for outputs of a runner (in this process or a worker).

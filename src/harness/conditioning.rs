@@ -111,7 +111,9 @@ impl GradAllowance {
 /// That `W` is the envelope of the common designs ([`Design::Envelope`]). The project's own
 /// kernels ([`Design::Project`]) keep dP and D in f32 with `D = Σ_j P·dP`, so of `W` only
 /// dS's rounding remains, `W_ij = |dS_ij|`: with the envelope's terms a dQ row whose terms
-/// cancel got an allowance above its own values, and a zeroed row passed (issue 38).
+/// cancel got an allowance above its own values, and a zeroed row passed (issue 38). With D
+/// from the stored O ([`Design::ProjectDFromO`]) D carries O's rounding to the input type:
+/// `W_ij = |dS_ij| + P_ij · Σ_d |dO_id|·|O_id|`.
 #[derive(Clone, Debug)]
 pub struct OrderAllowance {
     pub o: Array3<f64>,
@@ -375,6 +377,8 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             let w = scale * w_ds;
             let w_ord = match design {
                 Design::Project => scale * ds.abs(),
+                // D from the stored O is off by O's rounding: the D term of the envelope.
+                Design::ProjectDFromO => scale * (ds.abs() + prob * d_from_o),
                 Design::Envelope => {
                     scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
                 }
@@ -384,6 +388,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dbn[(at, hb, col)] += w_ds;
                 dbo[(at, hb, col)] += match design {
                     Design::Project => ds.abs(),
+                    Design::ProjectDFromO => ds.abs() + prob * d_from_o,
                     Design::Envelope => envelope_ds_weight(ds, prob, dp, big_d, d_from_o),
                 };
             }

@@ -68,7 +68,7 @@ impl Worst {
         let dim = self.dim.map_or(String::new(), |x| format!(", dim {x}"));
         let design = match (self.design_shares(), design) {
             (false, _) => "",
-            (true, Design::Project) => {
+            (true, Design::Project | Design::ProjectDFromO) => {
                 " (the same value: a limit of the kernel design, not a deviation from it)"
             }
             (true, Design::Envelope) => {

@@ -101,6 +101,14 @@ impl Caps {
         }
     }
 
+    /// These caps declaring `design` (an in-tree backend's [`crate::backend::BackendInfo::design`]).
+    pub fn with_design(self, design: Design) -> Caps {
+        Caps {
+            design: Some(design),
+            ..self
+        }
+    }
+
     /// Validates the wire form.
     ///
     /// # Errors

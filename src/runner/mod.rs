@@ -86,7 +86,8 @@ impl<'a> InProcess<'a> {
             backend.has_small_seq(),
             1,
             (backend.computes_dropout(), backend.computes_bias()),
-        );
+        )
+        .with_design(backend.design());
         InProcess { backend, caps }
     }
 

@@ -180,6 +180,7 @@ pub fn serve(
             devices,
             (be.computes_dropout(), be.computes_bias()),
         )
+        .with_design(be.design())
         .to_wire(),
     };
     send(&mut output, &hs)?;

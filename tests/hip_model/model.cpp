@@ -601,6 +601,25 @@ static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slo
   run_small<E, O, D>("small-seq", g, bu);
 }
 
+// FTB_D_FROM_O: D = rowsum(dO ∘ O) into bu.delta before a backward's query side, from the
+// forward's O in the input type (the backend uploads it so; an f32 O holds E's values exactly).
+template <class E, class O>
+static void run_delta(const Geometry& g, Buffers<E, O>& bu, int b, int H, int Dv) {
+#if FTB_D_FROM_O
+  std::vector<typename E::T> oe(bu.o.size());
+  for (size_t i = 0; i < oe.size(); ++i) E::store(oe.data(), i, O::load(bu.o.data(), i));
+  std::string why;
+  auto grid = [](long long items) { return (items + FB_WPB - 1) / FB_WPB * FB_WPB; };
+  auto dk = [&](long long) {
+    fb_bwd_delta<E>(oe.data(), bu.d_o.data(), bu.delta.data(), g.cu_q.data(), g.cu_kv.data(),
+                    g.off_q.data(), g.off_kv.data(), b, H, Dv, g.tq);
+  };
+  check(model::run_waves(grid(g.tq * H), dk, why), "fallback bwd_delta uniform: " + why);
+#else
+  (void)g, (void)bu, (void)b, (void)H, (void)Dv;
+#endif
+}
+
 // The fallback kernels (one item per wavefront, 64-lane reductions and broadcasts).
 template <class E, class O>
 static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int Dv, int mask,
@@ -615,6 +634,7 @@ static void test_fallback(std::mt19937& rng, int b, int H, int Hkv, int Dqk, int
                  Dv, g.tq, g.scale, mask, wl, wr, FB_NO_DROP, fb_smem);
   };
   check(model::run_waves(grid(g.tq * H), fwd, why), "fallback fwd uniform: " + why);
+  run_delta(g, bu, b, H, Dv);
   auto bq = [&](long long) {
     fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                    bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
@@ -653,6 +673,7 @@ static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int w
   };
   check(model::run_blocks((long long)H * b * tiles, fwd, why), "tiled fwd uniform: " + why);
   auto grid = [](long long items) { return (items + FB_WPB - 1) / FB_WPB * FB_WPB; };
+  run_delta(g, bu, b, H, D);
   auto bq = [&](long long) {
     fb_bwd_q<E, O>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                    bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(), g.cu_kv.data(),
@@ -679,6 +700,7 @@ static void test_tiled(std::mt19937& rng, int b, int H, int Hkv, int mask, int w
   for (int i = 0; i < b; ++i) max_lk = std::max(max_lk, g.cu_kv[i + 1] - g.cu_kv[i]);
   const int ktiles = (max_lk + FT_BM - 1) / FT_BM;
   std::vector<typename E::T> smb(FtbShape<D>::ELEMS + 3 * FtbShape<D>::BN * 2);
+  run_delta(g, bu, b, H, D);
   auto tq = [&](long long) {
     ftb_bwd_q<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                        bu.delta.data(), bu.rowsum.data(), bu.dq.data(), g.cu_q.data(),

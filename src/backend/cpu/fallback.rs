@@ -1,6 +1,7 @@
 //! The fallback path on the CPU: flash-style online softmax over key blocks of 64 in f32 for
 //! any lengths, GQA/MQA, every mask and window and every dtype. Backward recomputes P from
-//! the LSE in two passes over the keys (D = Σ P·dP first, then dS), and sums dK/dV over a
+//! the LSE in two passes over the keys (D = Σ P·dP first, then dS; or, with `d_from_o`,
+//! D = rowsum(dO∘O) from the O passed in, `docs/semantics.md` §1.7), and sums dK/dV over a
 //! GQA group deterministically through per-query-head accumulators in the workspace.
 //!
 //! Dropout (`docs/semantics.md` §1.8) as FlashAttention applies it: the row sum `l` takes
@@ -168,7 +169,8 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                     k_rows.dots(&q, &mut qk);
                     v_rows.dots(&d_o, &mut dov);
                     // First pass: P and dP per visible key, and D = Σ P·dP in f32 (rowsum(dO∘O)
-                    // from the bf16-rounded O would cost the gradients several bits).
+                    // from the bf16-rounded O costs the gradients several bits: that form only
+                    // under `d_from_o`, as the GPU kernels' FTB_D_FROM_O).
                     keys.clear();
                     for c in 0..g.lk {
                         if !(be.has(Mutant::BwdMaskIgnored) || be.visible(p, i, c, g.lq, g.lk)) {
@@ -179,7 +181,16 @@ pub(super) fn backward(be: &CpuBackend, a: &BwdArgs, out: &mut BwdBufs) -> Resul
                         let dp = if z == 0.0 { 0.0 } else { dov[c] * z };
                         keys.push((c, pr, dp, z));
                     }
-                    let delta = sum(keys.iter().map(|(_, pr, dp, _)| pr * dp), loss.delta);
+                    let delta = if be.d_from_o {
+                        // The second form of docs/semantics.md §1.7, in the emulation's order
+                        // (`dot32`: from +0, products rounded before each add).
+                        let o = be.load(dt, &a.o, t, h);
+                        d_o.iter()
+                            .zip(&o)
+                            .fold(0.0, |acc, (x, y)| add(acc, x * y, loss.delta))
+                    } else {
+                        sum(keys.iter().map(|(_, pr, dp, _)| pr * dp), loss.delta)
+                    };
                     r.delta[i * heads + h] = delta;
                     dq.fill(0.0);
                     for &(c, pr, dp, z) in &keys {

@@ -11,6 +11,7 @@ mod small_seq;
 mod sums;
 
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
+use crate::design::Design;
 use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
 use crate::error::Result;
@@ -31,6 +32,9 @@ pub struct CpuBackend {
     /// Confine the defects to the small-seq path: TE's fallback is the regular CK path,
     /// which does not share the small-seq kernel's bugs.
     pub small_seq_only: bool,
+    /// The fallback backward takes D = rowsum(dO∘O) from the O passed in instead of Σ P·dP
+    /// (docs/semantics.md §1.7; the design [`crate::design::Design::ProjectDFromO`]).
+    pub d_from_o: bool,
 }
 
 /// TE #625's defects as modelled here (te-smallseq-path.md §3.2 and §6). Its padded-span
@@ -64,6 +68,16 @@ impl CpuBackend {
             label: Some("te625-model"),
             arch_override: Some("gfx942"),
             small_seq_only: true,
+            d_from_o: false,
+        }
+    }
+
+    /// This backend with the fallback backward's D taken from the stored O (`d_from_o`), as
+    /// the GPU kernels built with `FTB_D_FROM_O=1`.
+    pub fn with_d_from_o(self) -> Self {
+        CpuBackend {
+            d_from_o: true,
+            ..self
         }
     }
 
@@ -404,6 +418,14 @@ impl BackendInfo for CpuBackend {
 
     fn rounding_budget(&self, tensor: &str) -> Option<f64> {
         super::rounding_budget_of(self.name(), tensor)
+    }
+
+    fn design(&self) -> Design {
+        if self.d_from_o {
+            Design::ProjectDFromO
+        } else {
+            Design::Project
+        }
     }
 }
 

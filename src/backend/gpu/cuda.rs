@@ -318,6 +318,10 @@ impl DeviceApi for Cuda {
         p
     }
 
+    fn defines(&self) -> Vec<String> {
+        self.defines.clone()
+    }
+
     /// cudarc binds the context to the calling thread in each call.
     fn make_current(&self) -> Result<()> {
         Ok(())

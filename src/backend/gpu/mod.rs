@@ -41,6 +41,7 @@ use super::launch::{
 };
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;
+use crate::design::Design;
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
 use crate::workspace::names;
@@ -79,6 +80,12 @@ pub trait DeviceApi: Send + Sync + Sized {
     fn has_small_seq(&self) -> bool;
     /// Device, driver or runtime, and kernel build ([`BackendInfo::provenance`]).
     fn provenance(&self) -> BTreeMap<String, String>;
+    /// The preprocessor defines its kernels were built with beyond the sources' defaults
+    /// (`NAME` or `NAME=VALUE`): the launch policy reads the ones that change what a call
+    /// launches (`FTB_D_FROM_O`, [`plan::d_from_o_in`]). None where the build is fixed.
+    fn defines(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Makes the device current on the calling thread (HIP's current device is per thread).
     fn make_current(&self) -> Result<()>;
     /// A new allocation holding `bytes` (at least one byte, so never a null pointer).
@@ -106,6 +113,9 @@ pub struct GpuBackend<R: DeviceApi> {
     /// Kernels looked up so far, by name (dropped before the runtime whose modules they are
     /// in: fields drop in order).
     funcs: Mutex<HashMap<String, R::Func>>,
+    /// Whether the kernels take the fallback backward's D from the stored O
+    /// ([`plan::d_from_o_in`] of the runtime's defines).
+    d_from_o: bool,
     rt: R,
 }
 
@@ -146,8 +156,15 @@ impl<R: DeviceApi> GpuBackend<R> {
     pub fn from_runtime(rt: R) -> Self {
         GpuBackend {
             funcs: Mutex::new(HashMap::new()),
+            d_from_o: plan::d_from_o_in(&rt.defines()),
             rt,
         }
+    }
+
+    /// Whether its fallback backward takes D from the stored O (`FTB_D_FROM_O`): a launch on
+    /// raw pointers then needs `Ptrs::o` and [`LaunchDims::d_from_o`] set.
+    pub fn d_from_o(&self) -> bool {
+        self.d_from_o
     }
 
     /// The runtime.
@@ -321,7 +338,10 @@ impl<R: DeviceApi> GpuBackend<R> {
 
     fn bwd(&self, family: Family, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
         let f = &args.fwd;
-        let d = dims_of(f.config, f.layout, true);
+        let d = LaunchDims {
+            d_from_o: self.d_from_o && family == Family::Fallback,
+            ..dims_of(f.config, f.layout, true)
+        };
         if d.b == 0 {
             return Ok(());
         }
@@ -349,7 +369,14 @@ impl<R: DeviceApi> GpuBackend<R> {
         let ws_at = a.push_buf(&out.workspace);
         let dbias_at = dbias.map(|b| a.push_buf(b));
         let outputs = a.len();
-        let inp = Self::pack_inputs(&mut a, f, &[&args.d_o]);
+        // O in the input type (the forward stored it rounded to it, so the copy is exact),
+        // for the D kernel.
+        let extra: &[&ArrayView3<f32>] = if d.d_from_o {
+            &[&args.d_o, &args.o]
+        } else {
+            &[&args.d_o]
+        };
+        let inp = Self::pack_inputs(&mut a, f, extra);
         let lse_at = match args.lse.as_slice() {
             Some(host) => a.push(bytes_of(host)),
             None => a.push(bytes_of(&args.lse.iter().copied().collect::<Vec<f32>>())),
@@ -358,6 +385,7 @@ impl<R: DeviceApi> GpuBackend<R> {
         let ws_body = body_addr(base, ws_at, &out.workspace);
         let mut p = Ptrs {
             d_o: base + inp.tensors[3] as u64,
+            o: inp.tensors.get(4).map_or(0, |&at| base + at as u64),
             lse: base + lse_at as u64,
             dq: body_addr(base, dq_at, &out.dq),
             dk: body_addr(base, dk_at, &out.dk),
@@ -424,6 +452,14 @@ impl<R: DeviceApi> BackendInfo for GpuBackend<R> {
 
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
         Some(dims_of(config, layout, false).fallback_fwd_kernel(R::GPU))
+    }
+
+    fn design(&self) -> Design {
+        if self.d_from_o {
+            Design::ProjectDFromO
+        } else {
+            Design::Project
+        }
     }
 }
 

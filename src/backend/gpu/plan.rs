@@ -9,6 +9,25 @@ use crate::backend::launch::{
 };
 use smallseq_reference::Dtype;
 
+/// Whether the kernels' `FTB_D_FROM_O` is on when none of `defines` sets it (kernels/fallback.cu;
+/// `fallback_d_from_o_default_is_the_kernels` holds the two together).
+pub const FTB_D_FROM_O_DEFAULT: bool = false;
+
+/// Whether kernels built with `defines` (`NAME` or `NAME=VALUE`, as `SMALLSEQ_KERNEL_DEFINES`
+/// and the CUDA backend take them; the last one of a name wins, as on a compiler's command
+/// line) take the fallback backward's D from the stored O: `FTB_D_FROM_O` given without a value
+/// (1 to the preprocessor) or with a value other than 0.
+pub fn d_from_o_in<S: AsRef<str>>(defines: &[S]) -> bool {
+    defines
+        .iter()
+        .filter_map(|d| match d.as_ref().split_once('=') {
+            None => (d.as_ref() == "FTB_D_FROM_O").then_some(true),
+            Some((name, value)) => (name == "FTB_D_FROM_O").then(|| value.trim() != "0"),
+        })
+        .last()
+        .unwrap_or(FTB_D_FROM_O_DEFAULT)
+}
+
 /// Which direction of attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dir {
@@ -114,7 +133,9 @@ fn check_fallback(d: &LaunchDims) -> Result<(), Refusal> {
 /// - small-seq: one kernel, one work item per (slot, head);
 /// - fallback forward: the tiled kernel where [`LaunchDims::tiled_fwd`] applies (one block per
 ///   head, slot and query tile), else the scalar one (one work item per query token and head);
-/// - fallback backward: the query side (with `delta`), then the key side: tiled where
+/// - fallback backward: with D from the stored O ([`LaunchDims::d_from_o`]) the D kernel
+///   first, one work item per query token and head; the query side (with `delta`), then the
+///   key side: tiled where
 ///   [`LaunchDims::tiled_bwd`] applies, else scalar; then, for a post-scale bias (never tiled),
 ///   dBias, one work item per row of the bias tensor.
 ///
@@ -175,6 +196,13 @@ pub fn launches(
                 return Ok(vec![]);
             }
             let mut v = Vec::new();
+            // D = rowsum(dO∘O) before either query side reads it: one work item per query
+            // token and head.
+            let delta = blocks(d.tq * d.heads as i64)?;
+            if d.d_from_o && delta > 0 {
+                let name = format!("fallback_bwd_delta_{}", suffix(d, true)?);
+                v.push(one(Kernel::FallbackDelta, name, delta, 0));
+            }
             if let Some(([name_q, name_kv], key_tiles)) = d.tiled_bwd(gpu) {
                 // One block per (head, slot, query tile), then per (kv head, slot, key tile,
                 // part).
@@ -243,6 +271,7 @@ fn dims_for_signature() -> LaunchDims {
         window: (-1, -1),
         drop: DropArgs::NONE,
         bias: BiasArgs::NONE,
+        d_from_o: false,
     }
 }
 
@@ -278,6 +307,14 @@ pub fn kernels(gpu: Gpu) -> Vec<KernelInfo> {
             ..dims_for_signature()
         };
         add(one, Family::Fallback);
+        // The D kernel, launched only with D from the stored O.
+        add(
+            LaunchDims {
+                d_from_o: true,
+                ..one
+            },
+            Family::Fallback,
+        );
         // The dBias kernel, launched only for a post-scale bias.
         let biased = LaunchDims {
             bias: BiasArgs {
@@ -351,7 +388,7 @@ mod tests {
                 ("f16_o32", "f16", "_o32"),
                 ("f32", "", ""),
             ] {
-                for k in ["fwd", "bwd_q", "bwd_kv", "dbias"] {
+                for k in ["fwd", "bwd_q", "bwd_kv", "bwd_delta", "dbias"] {
                     want.push(("fallback", format!("fallback_{k}_{suf}")));
                 }
                 if suf == "f32" {
@@ -372,14 +409,14 @@ mod tests {
             }
             assert_eq!(kernel_names(gpu), want, "{gpu:?}");
         }
-        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 4 kernels, and
+        // 2 dtypes x 2 output kinds x 3 dims x fwd/bwd; 5 fallback suffixes x 5 kernels, and
         // the tiled forward for 4 suffixes x 2 dims (HIP builds no tiled backward and no
         // tiled forward at D = 256: kernels/fallback.cu says why).
         let names = kernel_names(Gpu::Hip);
         assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
         assert_eq!(
             names.iter().filter(|(s, _)| *s == "fallback").count(),
-            20 + 4 * 2
+            25 + 4 * 2
         );
     }
 
@@ -534,6 +571,55 @@ mod tests {
         assert_eq!(kinds(&biased, Dir::Bwd), want);
         let l = launches(Gpu::Hip, Family::Fallback, Dir::Bwd, &biased).unwrap();
         assert_eq!(l[2].name, "fallback_dbias_bf16");
+    }
+
+    #[test]
+    fn fallback_d_from_o_default_is_the_kernels() {
+        let src = include_str!("../../../kernels/fallback.cu");
+        let want = format!("#define FTB_D_FROM_O {}", u8::from(FTB_D_FROM_O_DEFAULT));
+        assert!(src.contains(&want), "kernels/fallback.cu lacks {want:?}");
+        assert_eq!(d_from_o_in::<&str>(&[]), FTB_D_FROM_O_DEFAULT);
+        assert!(d_from_o_in(&["FTB_D_FROM_O"]));
+        assert!(d_from_o_in(&["SS_ITEM32=1", "FTB_D_FROM_O=1"]));
+        assert!(!d_from_o_in(&["FTB_D_FROM_O=1", "FTB_D_FROM_O=0"]));
+        assert!(!d_from_o_in(&["FTB_D_FROM_OX=1", "XFTB_D_FROM_O"]));
+    }
+
+    #[test]
+    fn d_from_o_launches_the_d_kernel_before_either_query_side() {
+        for max_lq in [2, 65] {
+            let d = LaunchDims {
+                tq: 70,
+                tk: 70,
+                max_lq,
+                max_lk: 70,
+                d_from_o: true,
+                ..dims(Dtype::Bf16, true, 64)
+            };
+            let ls = launches(Gpu::Cuda, Family::Fallback, Dir::Bwd, &d).unwrap();
+            assert_eq!(ls[0].kernel, Kernel::FallbackDelta, "{ls:?}");
+            assert_eq!(ls[0].name, "fallback_bwd_delta_bf16_o32");
+            assert_eq!(ls[0].blocks, blocks(70 * 2).unwrap());
+            assert_eq!(ls.len(), 3, "{ls:?}");
+            let off = LaunchDims {
+                d_from_o: false,
+                ..d
+            };
+            let plain = launches(Gpu::Cuda, Family::Fallback, Dir::Bwd, &off).unwrap();
+            assert_eq!(plain[..], ls[1..]);
+            // The forward is the same launch either way.
+            assert_eq!(
+                launches(Gpu::Cuda, Family::Fallback, Dir::Fwd, &d),
+                launches(Gpu::Cuda, Family::Fallback, Dir::Fwd, &off)
+            );
+        }
+        let args = args_of(
+            Kernel::FallbackDelta,
+            &dims(Dtype::F16, false, 64),
+            &Ptrs::default(),
+        );
+        let codes: String = args.iter().map(Arg::code).collect();
+        assert_eq!(codes, "PPPPPPP4448");
     }
 
     #[test]

@@ -60,7 +60,7 @@ fn numeric_detail(j: &Judgement, design: Design) -> String {
     s.push(')');
     if j.worst.as_ref().is_some_and(Worst::design_shares) {
         s += match design {
-            Design::Project => {
+            Design::Project | Design::ProjectDFromO => {
                 "; the emulation holds the same value at the worst element: the kernel follows \
                  its design, and the design loses the value there"
             }

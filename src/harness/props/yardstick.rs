@@ -29,8 +29,8 @@ pub struct Yardstick {
     pub emulated_acc: (ndarray::Array3<f64>, Option<ndarray::Array3<f64>>),
     /// The numeric regimes the case reaches ([`numeric_regimes`]), for coverage.
     pub regimes: Vec<&'static str>,
-    /// The fallback path's f32 emulation of the CPU's design ([`FallbackDesign::CPU`]), the
-    /// yardstick of fallback-path outputs: computed on first use ([`Yardstick::fallback`]),
+    /// The fallback path's f32 emulation of the CPU's design ([`FallbackDesign::CPU`], with D
+    /// from the stored O under [`Design::ProjectDFromO`]), the yardstick of fallback-path outputs: computed on first use ([`Yardstick::fallback`]),
     /// so small-seq cases and backends whose fallback is not emulated never pay for it.
     fallback: std::sync::OnceLock<Outputs>,
     /// The design the order allowance is of, which also decides how a failure is worded.
@@ -45,8 +45,13 @@ impl Yardstick {
             return Ok(y);
         }
         let problem = case.problem()?;
+        // The declared design says where D comes from (docs/semantics.md §1.7).
+        let design = FallbackDesign {
+            delta_from_stored_o: self.design.d_from_stored_o(),
+            ..FallbackDesign::CPU
+        };
         let (ff, fg) = timed(Stage::Emulation, || {
-            emulate_fallback::forward_backward(&problem, case.config.dtype, &FallbackDesign::CPU)
+            emulate_fallback::forward_backward(&problem, case.config.dtype, &design)
         });
         Ok(self
             .fallback
