@@ -30,7 +30,7 @@ cp "$test_bin" "$carry/cuda_backend"
 strip "$carry/smallseq" "$carry/cuda_backend"
 # ci/kernel-cache.sh runs target/release/examples/fill_kernel_cache: the target dir's.
 [ "$tdir" = "$PWD/target" ] || [ -e target/release ] || ln -sfn "$tdir/release" target/release
-ci/kernel-cache.sh "$carry"
+ci/kernel-cache.sh "$carry" ${CARRY_VARIANTS:-default}
 du -sh "$carry"/*
 total=$(du -sb "$carry" | cut -f1)
 [ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "FAIL: $carry holds $total bytes, over the 64 MiB carry" >&2; exit 1; }
