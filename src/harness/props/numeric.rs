@@ -6,6 +6,7 @@ use super::verdict::{Failure, Outcome, Prop};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::Design;
+use crate::harness::ftz::FtzAllowance;
 use crate::harness::tolerance::{Judgement, Worst};
 
 /// Judges outputs against the oracle: the `numeric_agreement` outcome and the judgements.
@@ -19,7 +20,7 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
         None => Outcome::Pass,
         Some(j) => Outcome::Fail(Failure {
             prop: Prop::NumericAgreement,
-            detail: numeric_detail(j, y.design),
+            detail: numeric_detail(j, y.design, y.order.ftz.as_ref()),
             worst: j.worst.clone(),
             margin: j.margin,
             range_limit: super::range_limit::range_limit(case, actual, y),
@@ -31,8 +32,10 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
 /// A failed tensor's line: its error against the threshold and the emulation's error, and
 /// where the emulation itself is non-finite (its error leaves those elements out) or holds the
 /// kernel's value at the worst element, so a limit of the kernel design does not read as a
-/// kernel straying from it.
-fn numeric_detail(j: &Judgement, design: Design) -> String {
+/// kernel straying from it. Where the envelope's flush-to-zero allowance (`ftz`) reaches the
+/// row printed, the line says how much of it the row's elements were allowed, so a failure in
+/// the subnormal range reads as one beyond what fast math can lose.
+fn numeric_detail(j: &Judgement, design: Design, ftz: Option<&FtzAllowance>) -> String {
     // The figure printed is the rule that failed: where the tensor's error is inside its
     // threshold, a row of it failed the per-row rule.
     let row = j
@@ -58,6 +61,19 @@ fn numeric_detail(j: &Judgement, design: Design) -> String {
         );
     }
     s.push(')');
+    // The row the line names: the failing row, else the worst element's.
+    let at = row
+        .map(|r| (r.token, r.head))
+        .or_else(|| j.worst.as_ref().map(|w| (w.token, w.head)));
+    let flushed = ftz
+        .zip(at)
+        .map_or(0.0, |(f, (t, h))| f.row_max(&j.tensor, t, h));
+    if flushed > 0.0 {
+        s += &format!(
+            "; flush-to-zero allowance used: up to {flushed:.3e} per element of this row for \
+             f32 intermediates below 2^-126 flushed to zero"
+        );
+    }
     if j.worst.as_ref().is_some_and(Worst::design_shares) {
         s += match design {
             Design::Project => {
@@ -112,13 +128,17 @@ mod tests {
     #[test]
     fn a_row_rule_failure_prints_the_rows_figures_not_the_passing_tensors() {
         // Issue 31: "dv: max error 1.507e-2 > threshold 1.385e-1 … margin 34.70".
-        let d = numeric_detail(&judgement(1.507e-2, 1.385e-1, 34.7, false), Design::Project);
+        let d = numeric_detail(
+            &judgement(1.507e-2, 1.385e-1, 34.7, false),
+            Design::Project,
+            None,
+        );
         assert!(
             d.starts_with("dv: row (token 5, head 2) error 1.000e-2 > its threshold 2.882e-4"),
             "{d}"
         );
         assert!(d.contains("inside its threshold 1.385e-1"), "{d}");
-        let d = numeric_detail(&judgement(0.5, 0.1, 2.0, false), Design::Project);
+        let d = numeric_detail(&judgement(0.5, 0.1, 2.0, false), Design::Project, None);
         assert!(
             d.starts_with("dv: max error 5.000e-1 > threshold 1.000e-1"),
             "{d}"
@@ -128,8 +148,8 @@ mod tests {
     #[test]
     fn only_the_projects_design_is_told_it_meets_a_limit_of_its_design() {
         let j = judgement(0.5, 0.1, 2.0, true);
-        assert!(numeric_detail(&j, Design::Project).contains("the kernel follows its design"));
-        let d = numeric_detail(&j, Design::Envelope);
+        assert!(numeric_detail(&j, Design::Project, None).contains("the kernel follows its design"));
+        let d = numeric_detail(&j, Design::Envelope, None);
         assert!(!d.contains("follows its design"), "{d}");
         assert!(d.contains("declared no design"), "{d}");
     }
