@@ -153,4 +153,80 @@ mod tests {
         assert!(!d.contains("follows its design"), "{d}");
         assert!(d.contains("declared no design"), "{d}");
     }
+
+    mod flush_to_zero {
+        use crate::case::{Case, Outputs};
+        use crate::harness::conditioning::Design;
+        use crate::harness::ftz::tests::flushing_case;
+        use crate::harness::props::{numeric, oracle_for, Outcome};
+        use ndarray::Array3;
+
+        /// What a correct kernel built with flush-to-zero returns: the f64 reference rounded to
+        /// f32, with every value that P_1 alone carries flushed to zero.
+        fn flushed_outputs(c: &Case) -> Outputs {
+            let y = oracle_for(c, Design::Envelope).unwrap();
+            let f32s = |a: &Array3<f64>| a.mapv(|x| f64::from(x as f32));
+            let mut out = Outputs {
+                o: y.reference.o.as_ref().map(f32s),
+                lse: y
+                    .reference
+                    .lse
+                    .as_ref()
+                    .map(|a| a.mapv(|x| f64::from(x as f32))),
+                dq: y.reference.dq.as_ref().map(f32s),
+                dk: y.reference.dk.as_ref().map(f32s),
+                dv: y.reference.dv.as_ref().map(f32s),
+                dbias: None,
+            };
+            let reference = y.reference.dk.as_ref().unwrap();
+            assert!(
+                reference[(1, 0, 0)].abs() > 1e-37 && reference[(1, 0, 0)].abs() < 1e-35,
+                "the flushed dK row is {:e}",
+                reference[(1, 0, 0)]
+            );
+            out.dq.as_mut().unwrap()[(0, 0, 0)] = 0.0;
+            out.dk.as_mut().unwrap()[(1, 0, 0)] = 0.0;
+            out.dv.as_mut().unwrap()[(1, 0, 0)] = 0.0;
+            out
+        }
+
+        fn verdict(c: &Case, out: &Outputs, design: Design) -> Outcome {
+            numeric(c, out, &oracle_for(c, design).unwrap()).0
+        }
+
+        #[test]
+        fn a_row_flush_to_zero_zeroes_passes_the_envelope_and_fails_the_project_design() {
+            let c = flushing_case();
+            let out = flushed_outputs(&c);
+            assert!(
+                matches!(verdict(&c, &out, Design::Envelope), Outcome::Pass),
+                "{:?}",
+                verdict(&c, &out, Design::Envelope)
+            );
+            match verdict(&c, &out, Design::Project) {
+                Outcome::Fail(f) => assert!(!f.detail.contains("flush-to-zero"), "{}", f.detail),
+                other => panic!("the project's design keeps subnormals: {other:?}"),
+            }
+        }
+
+        #[test]
+        fn an_error_far_above_what_flushing_loses_still_fails_and_says_so() {
+            let c = flushing_case();
+            let mut out = flushed_outputs(&c);
+            // 1e-33 is above a thousand times anything the row's f32 terms can flush.
+            out.dk.as_mut().unwrap()[(1, 0, 0)] = -1e-33;
+            match verdict(&c, &out, Design::Envelope) {
+                Outcome::Fail(f) => {
+                    // Both of dK's rows are tiny here, so the tensor rule is the one that fails.
+                    assert!(f.detail.starts_with("dk: max error 9.99"), "{}", f.detail);
+                    assert!(
+                        f.detail.contains("flush-to-zero allowance used"),
+                        "{}",
+                        f.detail
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 }
