@@ -29,9 +29,10 @@
 //! lies under `τ`, may lose all of itself.
 
 use super::row_dots::{dots, Columns};
-use super::subnormal::F32_MIN_NORMAL as TAU;
+use super::subnormal::{min_nonzero, F32_MIN_NORMAL as TAU};
 use crate::case::Case;
-use ndarray::{s, Array2, Array3, ArrayView1};
+use ndarray::{s, Array2, Array3};
+use std::collections::BTreeMap;
 
 /// Below this magnitude an f32 value, or a sum it enters, can come out subnormal (module doc).
 pub const GATE: f64 = 1.323_488_980_084_844e-23; // 2^-76
@@ -39,31 +40,20 @@ pub const GATE: f64 = 1.323_488_980_084_844e-23; // 2^-76
 /// The f32 spacing below `τ`, as slack on a flushed P's f32 value.
 const SPACING: f64 = 1.401_298_464_324_817e-45;
 
-/// Per-element bounds of what flush-to-zero can take from each output, in its units.
+/// Per-element bounds of what flush-to-zero can take from each output, in its units, by
+/// tensor name (`o`, `dq`, `dk`, `dv`, and `dbias` laid out as [`crate::case::dbias_rows`]).
 #[derive(Clone, Debug)]
 pub struct FtzAllowance {
-    pub o: Array3<f64>,
-    pub dq: Option<Array3<f64>>,
-    pub dk: Option<Array3<f64>>,
-    pub dv: Option<Array3<f64>>,
-    /// dBias's, laid out as [`crate::case::dbias_rows`].
-    pub dbias: Option<Array3<f64>>,
+    by_tensor: BTreeMap<&'static str, Array3<f64>>,
 }
 
 impl FtzAllowance {
-    /// The tensor of `name` (`o`, `dq`, `dk`, `dv`), if the case has it.
+    /// The bounds of tensor `name`, if the case has it.
     pub fn of(&self, name: &str) -> Option<&Array3<f64>> {
-        match name {
-            "o" => Some(&self.o),
-            "dq" => self.dq.as_ref(),
-            "dk" => self.dk.as_ref(),
-            "dv" => self.dv.as_ref(),
-            "dbias" => self.dbias.as_ref(),
-            _ => None,
-        }
+        self.by_tensor.get(name)
     }
 
-    /// The largest allowance of row `(token, head)` of `name`; 0 where there is none.
+    /// The largest bound of row `(token, head)` of `name`; 0 where there is none.
     pub fn row_max(&self, name: &str, token: usize, head: usize) -> f64 {
         self.of(name)
             .and_then(|a| {
@@ -77,14 +67,6 @@ impl FtzAllowance {
 /// `1` where `x` is nonzero and below [`GATE`]: a value that may flush (a zero is exact).
 fn may_flush(x: f64) -> f64 {
     f64::from(u8::from(x > 0.0 && x < GATE))
-}
-
-/// The smallest nonzero finite magnitude of `x`; infinity when there is none.
-fn min_nonzero<T: Copy + Into<f64>>(x: ArrayView1<'_, T>) -> f64 {
-    x.iter()
-        .map(|&e| e.into().abs())
-        .filter(|a| *a > 0.0 && a.is_finite())
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// The bounds of the module doc for `case`, from the f64 reference's `o` (`[Tq, H, Dv]`) and
@@ -112,9 +94,8 @@ pub fn ftz_allowance(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Option<
     let mut any = false;
     let (mut qk, mut dps) = (Vec::new(), Vec::new());
     for (row, lse_r) in case.live_rows(lse) {
-        let (t, h, hk) = (row.token, row.head, row.kv_head);
-        let first_key = case.layout.kv.offset(row.slot);
-        let slot_keys = first_key..first_key + case.layout.kv.len(row.slot);
+        let slot_keys = case.slot_keys(&row);
+        let (t, h, hk, first_key) = (row.token, row.head, row.kv_head, slot_keys.start);
         let q = case.q.slice(s![t, h, ..]);
         let q64: Vec<f64> = q.iter().map(|&x| x.into()).collect();
         dots(&q64, &k_cols, hk, slot_keys.clone(), -0.0, &mut qk);
@@ -211,17 +192,12 @@ pub fn ftz_allowance(case: &Case, o: &Array3<f64>, lse: &Array2<f64>) -> Option<
         }
     }
     any.then(|| {
-        let (dq, dk, dv) = match grads {
-            Some((q, k, v)) => (Some(q), Some(k), Some(v)),
-            None => (None, None, None),
-        };
-        FtzAllowance {
-            o: f_o,
-            dq,
-            dk,
-            dv,
-            dbias: f_db,
+        let mut by_tensor = BTreeMap::from([("o", f_o)]);
+        if let Some((dq, dk, dv)) = grads {
+            by_tensor.extend([("dq", dq), ("dk", dk), ("dv", dv)]);
         }
+        by_tensor.extend(f_db.map(|d| ("dbias", d)));
+        FtzAllowance { by_tensor }
     })
 }
 
