@@ -32,9 +32,10 @@ pub fn numeric(case: &Case, actual: &Outputs, y: &Yardstick) -> (Outcome, Vec<Ju
 /// A failed tensor's line: its error against the threshold and the emulation's error, and
 /// where the emulation itself is non-finite (its error leaves those elements out) or holds the
 /// kernel's value at the worst element, so a limit of the kernel design does not read as a
-/// kernel straying from it. Where the envelope's flush-to-zero allowance (`ftz`) reaches the
-/// row printed, the line says how much of it the row's elements were allowed, so a failure in
-/// the subnormal range reads as one beyond what fast math can lose.
+/// kernel straying from it. Where the envelope's flush-to-zero allowance (`ftz`) of the row
+/// printed is at least a tenth of the threshold printed, the line says how much of it the
+/// row's elements were allowed, so a failure in the subnormal range reads as one beyond what
+/// fast math can lose.
 fn numeric_detail(j: &Judgement, design: Design, ftz: Option<&FtzAllowance>) -> String {
     // The figure printed is the rule that failed: where the tensor's error is inside its
     // threshold, a row of it failed the per-row rule.
@@ -68,7 +69,10 @@ fn numeric_detail(j: &Judgement, design: Design, ftz: Option<&FtzAllowance>) -> 
     let flushed = ftz
         .zip(at)
         .map_or(0.0, |(f, (t, h))| f.row_max(&j.tensor, t, h));
-    if flushed > 0.0 {
+    // Named only where it weighed in the verdict: beside an error of inf against a threshold
+    // of 2e3, a flushing allowance of 3e-35 says nothing.
+    let threshold = row.map_or(j.threshold, |r| r.threshold);
+    if flushed > 0.0 && flushed >= threshold / 10.0 {
         s += &format!(
             "; flush-to-zero allowance used: up to {flushed:.3e} per element of this row for \
              f32 intermediates below 2^-126 flushed to zero"
