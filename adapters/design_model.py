@@ -21,6 +21,12 @@ Designs (`--design`):
   tf32       fa2's rounding points, with every product of an f32 case taken in TF32 (10-bit
              mantissa operands), as cuDNN and CUTLASS kernels may on f32 data.
 
+Flush-to-zero (`--ftz`, any design): every f32 value the model forms (matmul operands and
+results, exp2's, the running sums, D, dP − D, dS, the gradients) below 2^-126 is flushed to
+zero, as a kernel built with fast math (-ftz=true) does; numpy's matmul keeps its own partial
+sums, so the products inside one matmul are not flushed. Such a model declares no design:
+the envelope's flush-to-zero allowance must pass it.
+
 Capabilities: bf16 and f16 (and f32 for tf32), every mask and window, GQA, head_dim_v !=
 head_dim_qk, backward and LSE. No bias, no dropout. Rows without keys: O = 0, LSE = -inf,
 no gradient.
@@ -38,6 +44,7 @@ import smallseq_adapter as kit  # noqa: E402
 
 DESIGNS = ("fa2", "normalised", "tf32")
 LOG2E = math.log2(math.e)
+F32_MIN_NORMAL = np.float32(2.0**-126)
 
 
 def f32(x) -> np.ndarray:
@@ -45,22 +52,29 @@ def f32(x) -> np.ndarray:
 
 
 class Design:
-    def __init__(self, name: str, block: int):
-        self.name, self.block = name, block
+    def __init__(self, name: str, block: int, ftz: bool = False):
+        self.name, self.block, self.ftz = name, block, ftz
+
+    def flush(self, x) -> np.ndarray:
+        """An f32 value as a flush-to-zero build holds it: subnormals are zero."""
+        x = f32(x)
+        if not self.ftz:
+            return x
+        return np.where(np.abs(x) < F32_MIN_NORMAL, np.float32(0), x).astype(np.float32)
 
     def operand(self, x: np.ndarray, dtype: str) -> np.ndarray:
         """An mma operand: the dtype's value (exact in f32), or TF32 for f32 in `tf32`."""
         if dtype == "f32" and self.name == "tf32":
-            return f32(kit.round_to_dtype(x, "tf32"))
-        return f32(x)
+            return self.flush(kit.round_to_dtype(x, "tf32"))
+        return self.flush(x)
 
     def store(self, x: np.ndarray, dtype: str) -> np.ndarray:
         """A 16-bit intermediate (P, dS) or an output: rounded once from f32."""
-        return f32(kit.round_to_dtype(f32(x), dtype))
+        return f32(kit.round_to_dtype(self.flush(x), dtype))
 
     def matmul(self, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
         """f32 accumulation of operands taken as the design's mma takes them."""
-        return f32(self.operand(a, dtype)) @ f32(self.operand(b, dtype))
+        return self.flush(f32(self.operand(a, dtype)) @ f32(self.operand(b, dtype)))
 
     def forward(self, s: np.ndarray, vis: np.ndarray, v: np.ndarray, dtype: str):
         """One head of one slot: s [Lq, Lk] f32 raw scores Q·Kᵀ (unscaled), vis [Lq, Lk],
@@ -77,20 +91,21 @@ class Design:
             m_new = np.maximum(m, sb.max(axis=1, initial=-np.inf))
             m_use = np.where(np.isfinite(m_new), m_new, f32(0))
             alpha = np.where(np.isfinite(m), np.exp2(f32(m * scale_log2 - m_use * scale_log2)), f32(0))
+            alpha = self.flush(alpha)
             e = np.where(np.isfinite(sb), np.exp2(f32(sb * scale_log2 - (m_use * scale_log2)[:, None])), f32(0))
-            e = f32(e)
-            l = f32(l * alpha + e.sum(axis=1, dtype=np.float32))
+            e = self.flush(e)
+            l = self.flush(self.flush(l * alpha) + e.sum(axis=1, dtype=np.float32))
             if self.name == "normalised":
                 p = self.store(e / np.where(l > 0, l, 1)[:, None], dtype)
-                acc = f32(acc * alpha[:, None] + self.matmul(p, v[c0 : c0 + block], dtype))
+                acc = self.flush(self.flush(acc * alpha[:, None]) + self.matmul(p, v[c0 : c0 + block], dtype))
             else:
                 p = self.store(e, dtype)
-                acc = f32(acc * alpha[:, None] + self.matmul(p, v[c0 : c0 + block], dtype))
+                acc = self.flush(self.flush(acc * alpha[:, None]) + self.matmul(p, v[c0 : c0 + block], dtype))
             m = m_new
         if self.name == "normalised":
             o = acc
         else:
-            o = f32(acc / np.where(l > 0, l, 1)[:, None])
+            o = self.flush(acc / np.where(l > 0, l, 1)[:, None])
         o = np.where(rows[:, None], o, f32(0))
         lse = np.where(rows, f32(m * f32(self.scale) + np.log(np.where(l > 0, l, 1))), f32(-np.inf))
         return o, f32(lse), rows
@@ -101,17 +116,17 @@ class Design:
         scale_log2 = f32(self.scale * LOG2E)
         lse_log2 = np.where(rows, f32(lse * f32(LOG2E)), f32(0))
         p = np.where(vis & rows[:, None], np.exp2(f32(s * scale_log2 - lse_log2[:, None])), f32(0))
-        p = f32(p)
+        p = self.flush(p)
         p16 = self.store(p, dtype)
         dv = self.matmul(p16.T, d_o, dtype)
         dp = self.matmul(d_o, v.T, dtype)
         if self.name == "normalised":
-            d = f32((p * dp).sum(axis=1, dtype=np.float32))
+            d = self.flush((self.flush(p * dp)).sum(axis=1, dtype=np.float32))
         else:
-            d = f32((f32(d_o) * f32(o_stored)).sum(axis=1, dtype=np.float32))
-        ds = self.store(f32(p * f32(dp - d[:, None])), dtype)
-        dq = f32(self.matmul(ds, k, dtype) * scale)
-        dk = f32(self.matmul(ds.T, q, dtype) * scale)
+            d = self.flush((self.flush(self.flush(d_o) * self.flush(o_stored))).sum(axis=1, dtype=np.float32))
+        ds = self.store(self.flush(p * self.flush(dp - d[:, None])), dtype)
+        dq = self.flush(self.matmul(ds, k, dtype) * scale)
+        dk = self.flush(self.matmul(ds.T, q, dtype) * scale)
         return dq, dk, dv
 
 
@@ -161,19 +176,22 @@ def adapter(argv=None) -> kit.Adapter:
     ap = kit.arg_parser(__doc__)
     ap.add_argument("--design", choices=DESIGNS, default="fa2")
     ap.add_argument("--block", type=int, default=128, help="keys per online-softmax block (fa2, tf32)")
+    ap.add_argument("--ftz", action="store_true",
+                    help="flush subnormal f32 values to zero, as a fast-math (-ftz=true) build does")
     ap.add_argument("--declare", choices=["project", "envelope"], default=None,
                     help="declare this design in the handshake (caps.design; default: none), to "
                          "see the judge hold a model to a design it does not follow")
     args = ap.parse_args([] if argv is None else argv)
     if args.block < 1:
         ap.error(f"--block {args.block}: must be at least 1")
-    design = Design(args.design, args.block)
+    design = Design(args.design, args.block, args.ftz)
     caps = kit.Caps(
         dtypes=["bf16", "f16"] + (["f32"] if args.design == "tf32" else []),
         masks=list(kit.MASKS), window=True, gqa=True, dv_ne_dqk=True, max_tokens=1 << 14,
         backward=True, lse=True, padded_offsets=True, arch="cpu", design=args.declare,
     )
-    prov = {"implementation": f"adapters/design_model.py --design {args.design} --block {args.block}"}
+    ftz = " --ftz" if args.ftz else ""
+    prov = {"implementation": f"adapters/design_model.py --design {args.design} --block {args.block}{ftz}"}
     return kit.Adapter(f"design-model-{args.design}", f"numpy {np.__version__}", caps,
                        lambda case, want: attention(design, case, want), prov, no_key_lse=args.no_key_lse)
 

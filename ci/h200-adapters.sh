@@ -61,12 +61,16 @@ for f in /tmp/ad/*.log; do
   grep '^FAIL' "$f" | cut -c1-300 | head -6 | tee -a "$log"
 done
 # Triage of every campaign that wrote a report (groups, verdicts, standalone scripts), in
-# one page: docs/local-loop.md, "Triage".
+# one page: docs/local-loop.md, "Triage". Its --time ends it inside the limit, the largest
+# groups first, with what it finished written after each group; the timeout is the backstop
+# (SIGTERM: it still writes, SIGKILL 10 s later).
 ran=()
 for d in /tmp/ad/*/; do [ -e "$d/report.json" ] && ran+=("$d"); done
 if [ "${#ran[@]}" -gt 0 ]; then
   mkdir -p "$out/triage"
-  timeout -k 10 "${SMALLSEQ_TRIAGE_LIMIT:-300}" "$bin" triage "${ran[@]}" --out "$out/triage" --shrink-time 5s \
+  limit=${SMALLSEQ_TRIAGE_LIMIT:-300}
+  timeout -k 10 "$limit" "$bin" triage "${ran[@]}" --out "$out/triage" --shrink-time 5s \
+    --shrink-reruns 40 --time "$(( limit > 30 ? limit - 15 : limit * 2 / 3 ))s" \
     > "$out/triage/triage.log" 2>&1
   say "triage: exit $? ($(tail -2 "$out/triage/triage.log" | head -1))"
   grep -E '^[0-9]+\. ' "$out/triage/triage.log" | head -30 | tee -a "$log"
@@ -76,5 +80,9 @@ fi
 # Not a bare `wait`: the long campaign is this shell's child too (setsid did not fork).
 wait "$smoke"
 cp /tmp/smoke.log "$out/smoke.log"
-tar czf "$out/adapters.tar.gz" -C /tmp ad 2>/dev/null
+# What comes home: the triage (its representatives and scripts are copies, a few kB each) and
+# each campaign's report, summary and log; the campaign folders (capsules of every failure,
+# 488 MB on 2026-12-05) stay behind.
+[ -d "$out/triage" ] && tar czf "$out/triage.tar.gz" -C "$out" triage
+(cd /tmp/ad && tar czf "$out/adapters.tar.gz" ./*.log ./*/report.json ./*/summary.md 2>/dev/null)
 ls -la "$out" | tee -a "$log"

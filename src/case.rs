@@ -141,6 +141,13 @@ pub struct VisibleRow {
 }
 
 impl Case {
+    /// The key tokens of `row`'s slot, visible or not: the range its dot products with the
+    /// keys are formed over (`harness::row_dots`).
+    pub fn slot_keys(&self, row: &VisibleRow) -> std::ops::Range<usize> {
+        let first = self.layout.kv.offset(row.slot);
+        first..first + self.layout.kv.len(row.slot)
+    }
+
     /// The rows of [`Case::visible_rows`] whose `lse [Tq, H]` entry is finite (those with a
     /// visible key), each with that entry.
     pub fn live_rows<'a>(

@@ -21,7 +21,8 @@ pub enum Design {
     ProjectDFromO,
     /// Any of the common designs: dP or D held in the input type, D formed from the stored O,
     /// P recomputed from the stored LSE, each query head's dK and dV stored in 16 bits before a
-    /// GQA group is summed (FlashAttention-2, TE, cuDNN, PyTorch's math path in 16 bits).
+    /// GQA group is summed, f32 intermediates flushed to zero below 2^-126 (FlashAttention-2,
+    /// TE, cuDNN, PyTorch's math path in 16 bits, fast-math builds).
     Envelope,
 }
 
@@ -72,7 +73,8 @@ impl Design {
             }
             Design::Envelope => {
                 "any common design (FlashAttention-2, TE, cuDNN): dP, D or a query head's dK/dV \
-                 may be held in 16 bits, D from the stored O, P from the stored LSE"
+                 may be held in 16 bits, D from the stored O, P from the stored LSE, f32 \
+                 subnormals flushed to zero"
             }
         }
     }

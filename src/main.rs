@@ -85,11 +85,15 @@ fn main() -> ExitCode {
     {
         let stop = stop.clone();
         // Ctrl-C or SIGTERM: `fuzz` and `mutants` read the flag, stop shrinking, finish their
-        // case and write the report of what ran. Further signals change nothing: `timeout`
+        // case and write the report of what ran; `triage` finishes its groups in flight and
+        // writes the others as not triaged. Further signals change nothing: `timeout`
         // signals the child and then its process group, so two arrive at once, and a report
         // must never be skipped (SIGKILL still leaves the last partial report). Every other
         // command exits at once, as without a handler.
-        let graceful = matches!(cli.command, Command::Fuzz(_) | Command::Mutants(_));
+        let graceful = matches!(
+            cli.command,
+            Command::Fuzz(_) | Command::Mutants(_) | Command::Triage(_)
+        );
         let _ = ctrlc::set_handler(move || {
             if !graceful {
                 std::process::exit(cli::EXIT_INTERRUPTED);

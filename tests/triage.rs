@@ -55,6 +55,50 @@ fn campaign(out: &Path, extra: &[&str]) {
     assert!(o.status.code().is_some_and(|c| c <= 1), "fuzz: {o:?}");
 }
 
+/// A campaign of `cases` cases with scale-twice planted in the CPU backend (several groups),
+/// its failures shrunk for `shrink`; the folder and its failure count.
+fn planted_campaign(name: &str, cases: &str, shrink: &str) -> (PathBuf, usize) {
+    let dir = tmp(name);
+    let flags = [
+        "--plant",
+        "scale-twice",
+        "--cases",
+        cases,
+        "--shrink-time",
+        shrink,
+    ];
+    campaign(&dir, &flags);
+    let failures = read_json(&dir.join("report.json"))["failures"]
+        .as_array()
+        .unwrap()
+        .len();
+    (dir, failures)
+}
+
+/// A campaign through the adapter kit's numpy reference with a planted off-by-one in the key
+/// length, run as a worker, its failures shrunk for `shrink` by the campaign; `None` (and a
+/// SKIP line) without a Python that has numpy and safetensors.
+fn planted_exec_campaign(name: &str, cases: &str, shrink: &str) -> Option<PathBuf> {
+    if python_kit().is_none() {
+        println!("SKIP: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
+        return None;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let planted = root.join("adapters/tests/planted.py");
+    let worker = format!("{} {} --plant last-key", python(), planted.display());
+    let dir = tmp(name);
+    let flags = ["--backend", "exec", "--worker", &worker, "--cases", cases];
+    campaign(&dir, &[&flags[..], &["--shrink-time", shrink]].concat());
+    Some(dir)
+}
+
+/// Removes the folders a test wrote.
+fn remove(dirs: &[&Path]) {
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// Runs a group's standalone script, which must reproduce the failure (exit 1).
 fn script_reproduces(script: &str) {
     if python_kit().is_none() {
@@ -240,27 +284,9 @@ fn the_replay_and_the_range_limit_list_decide_the_verdict() {
 /// embeds the adapter and reproduces the failure with numpy alone.
 #[test]
 fn an_exec_campaign_triages_through_its_worker_and_scripts_its_adapter() {
-    if python_kit().is_none() {
-        println!("SKIP: no Python with numpy and safetensors (SMALLSEQ_PYTHON)");
+    let Some(dir) = planted_exec_campaign("exec", "6", "2s") else {
         return;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let planted = root.join("adapters/tests/planted.py");
-    let worker = format!("{} {} --plant last-key", python(), planted.display());
-    let dir = tmp("exec");
-    campaign(
-        &dir,
-        &[
-            "--backend",
-            "exec",
-            "--worker",
-            &worker,
-            "--cases",
-            "6",
-            "--shrink-time",
-            "2s",
-        ],
-    );
+    };
     let o = run(bin().arg("triage").arg(&dir).arg("--shrink-time").arg("2s"));
     assert_eq!(o.status.code(), Some(1));
     let t = read_json(&dir.join("triage.json"));
@@ -286,4 +312,149 @@ fn an_exec_campaign_triages_through_its_worker_and_scripts_its_adapter() {
     );
     script_reproduces(script);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The groups of a triage.json as (signature, count, verdict, clause), in their order.
+fn verdicts(t: &serde_json::Value) -> Vec<String> {
+    (t["groups"].as_array().unwrap().iter())
+        .map(|g| {
+            format!(
+                "{} x{} {} {}",
+                g["signature"], g["count"], g["finding"]["verdict"], g["finding"]["clause"]
+            )
+        })
+        .collect()
+}
+
+/// Cut off by its `--time` (here at once), triage still writes every group: those it finished
+/// with their verdicts, the others as not triaged, each failure in one group; and it says it
+/// was interrupted.
+#[test]
+fn a_triage_cut_off_by_its_time_writes_every_group_it_reached_and_names_the_rest() {
+    let (dir, failures) = planted_campaign("cut", "8", "0s");
+    let out = tmp("cut-out");
+    let o = run(bin()
+        .arg("triage")
+        .arg(&dir)
+        .args(["--out"])
+        .arg(&out)
+        .args(["--jobs", "1", "--time", "0s", "--shrink-time", "5s"]));
+    assert_eq!(o.status.code(), Some(130), "interrupted by its time");
+    let t = read_json(&out.join("triage.json"));
+    let groups = t["groups"].as_array().unwrap();
+    assert!(
+        groups.len() >= 2,
+        "the planted campaign makes several groups"
+    );
+    let counted: u64 = groups.iter().map(|g| g["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted as usize, failures, "every failure in one group");
+    let late: Vec<_> = (groups.iter())
+        .filter(|g| g["finding"]["verdict"] == "not_triaged")
+        .collect();
+    assert!(!late.is_empty(), "{t}");
+    // What was reached was reached largest first: no triaged group after an untriaged one.
+    let first_late = (groups.iter())
+        .position(|g| g["finding"]["verdict"] == "not_triaged")
+        .unwrap();
+    assert!(groups[first_late..]
+        .iter()
+        .all(|g| g["finding"]["verdict"] == "not_triaged"));
+    let md = std::fs::read_to_string(out.join("triage.md")).unwrap();
+    assert!(md.contains("not triaged (time)"), "{md}");
+    remove(&[&dir, &out]);
+}
+
+/// SIGTERM (what `timeout` sends) mid-triage: the groups finished before it keep their
+/// verdicts on disk, the rest are named, and the files are whole JSON and Markdown.
+#[test]
+fn a_signal_mid_triage_keeps_the_finished_groups() {
+    let Some(dir) = planted_exec_campaign("signal", "12", "0s") else {
+        return;
+    };
+    let out = tmp("signal-out");
+    // One job, long shrinks and a worker slowed to 0.3 s a call: the signal lands mid-group.
+    let mut child = bin()
+        .env("SMALLSEQ_PLANTED_DELAY", "0.3")
+        .arg("triage")
+        .arg(&dir)
+        .arg("--out")
+        .arg(&out)
+        .args(["--jobs", "1", "--shrink-time", "60s"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: signals the child this test started, by its id.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let t = read_json(&out.join("triage.json"));
+    let groups = t["groups"].as_array().unwrap();
+    assert!(!groups.is_empty());
+    // The group in flight stopped shrinking and was judged; the rest were not reached.
+    assert_ne!(groups[0]["finding"]["verdict"], "not_triaged", "{t}");
+    assert!(Path::new(groups[0]["representative"].as_str().unwrap()).is_file());
+    let md = std::fs::read_to_string(out.join("triage.md")).unwrap();
+    assert!(md.starts_with("# Triage of "), "{md}");
+    remove(&[&dir, &out]);
+}
+
+/// Every group's representative, shrunk by the campaign or by triage, lies in triage's own
+/// folder, so the campaigns can stay behind: it still replays with the campaign removed.
+#[test]
+fn representatives_are_copied_beside_the_triage_and_replay_without_the_campaign() {
+    let (dir, _) = planted_campaign("copied", "6", "1s");
+    let out = tmp("copied-out");
+    let o = run(bin().arg("triage").arg(&dir).arg("--out").arg(&out));
+    assert_eq!(o.status.code(), Some(1));
+    let t = read_json(&out.join("triage.json"));
+    let groups = t["groups"].as_array().unwrap();
+    assert!(!groups.is_empty());
+    assert!(
+        groups.iter().any(|g| g["shrunk_here"] == false),
+        "a representative the campaign shrank is copied, not shrunk again: {t}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    for g in groups {
+        let rep = PathBuf::from(g["representative"].as_str().unwrap());
+        assert!(rep.starts_with(out.join("triage")), "{}", rep.display());
+        if g["shrunk_here"] == false {
+            let src = g["source"].as_str().unwrap();
+            assert!(src.starts_with(dir.to_str().unwrap()), "{src}");
+        }
+        assert!(g["repro"].as_str().unwrap().contains(rep.to_str().unwrap()));
+        // Re-judged from its stored outputs alone: the failure is still there.
+        let o = run(bin().arg("repro").arg(&rep));
+        assert_eq!(o.status.code(), Some(1), "{}", rep.display());
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Groups triaged side by side (sharing one worker pool per implementation) get the same
+/// groups, in the same order, with the same verdicts as one at a time.
+#[test]
+fn concurrent_triage_gives_the_verdicts_of_one_job() {
+    let (dir, _) = planted_campaign("jobs", "8", "0s");
+    let mut dirs = vec![dir.clone()];
+    // Through a worker too, where there is a Python: its groups share one pool.
+    dirs.extend(planted_exec_campaign("jobs-exec", "6", "0s"));
+    let triage = |jobs: &str| {
+        let out = tmp(&format!("jobs-out-{jobs}"));
+        let o = run(bin()
+            .arg("triage")
+            .args(&dirs)
+            .arg("--out")
+            .arg(&out)
+            .args(["--jobs", jobs, "--shrink-time", "0s"]));
+        assert_eq!(o.status.code(), Some(1));
+        let t = read_json(&out.join("triage.json"));
+        let _ = std::fs::remove_dir_all(&out);
+        t
+    };
+    let one = verdicts(&triage("1"));
+    assert!(one.len() >= 2, "{one:?}");
+    assert_eq!(verdicts(&triage("4")), one);
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

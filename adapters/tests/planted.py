@@ -9,11 +9,15 @@ the campaign's judgement (tests/bias_cases.rs).
 - dbias: dBias is scaled by 5/4 (every other output is right);
 - undeclared-dbias: no defect, but caps.dbias is left out, as in an adapter written before it:
   the campaign must not ask for dBias (the kit would refuse it as undeclared).
+
+SMALLSEQ_PLANTED_DELAY=SECONDS makes every call that long at least, so that a test can
+signal a triage while it replays (tests/triage.rs).
 """
 
 import dataclasses
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,8 +32,10 @@ def adapter(argv=None) -> kit.Adapter:
     ap.add_argument("--plant", required=True, choices=["last-key", "batch", "dbias", "undeclared-dbias"])
     args = ap.parse_args([] if argv is None else argv)
     base = numpy_reference.adapter()
+    delay = float(os.environ.get("SMALLSEQ_PLANTED_DELAY", "0"))
 
     def run(case, want):
+        time.sleep(delay)
         if args.plant == "last-key" and case.skv.slots and case.skv.lens[0] > 1:
             lens = case.skv.lens.copy()
             lens[0] -= 1

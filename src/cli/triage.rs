@@ -13,17 +13,18 @@ use smallseq::harness::campaign::repro_cmd;
 use smallseq::harness::capsule::{self, KERNEL_DEFINES_ENV, WORKER};
 use smallseq::harness::props::{Checker, Prop};
 use smallseq::harness::repro::Recorded;
-use smallseq::harness::shrink::shrink;
-use smallseq::harness::triage::{self, Group};
+use smallseq::harness::shrink::shrink_capped;
+use smallseq::harness::triage::{self, Group, Signature};
 use smallseq::harness::triage_report::{Triage, Triaged};
 use smallseq::harness::triage_script;
 use smallseq::harness::triage_verdict::{judge, Finding, Replay, Verdict};
 use smallseq::wrapper::RunOptions;
 use smallseq::Case;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Group a campaign's failures, shrink and script a representative of each, and give each
 /// group a verdict: defect, design or range limit, or harness error.
@@ -32,13 +33,25 @@ pub struct TriageArgs {
     /// Campaign output directories (each with report.json and capsules/).
     #[arg(required = true)]
     pub dirs: Vec<PathBuf>,
-    /// Where triage.md, triage.json and triage/ (scripts, shrunk capsules) go (default: the
-    /// first DIR).
+    /// Where triage.md, triage.json and triage/ (each group's representative capsule, shrunk
+    /// or copied, and its script) go (default: the first DIR).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Time spent shrinking a representative the campaign left unshrunk (0s: none).
     #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
     pub shrink_time: Duration,
+    /// At most this many reruns while shrinking one representative (a worker's case can take
+    /// seconds).
+    #[arg(long, default_value_t = 200)]
+    pub shrink_reruns: usize,
+    /// Groups triaged at once (default: one per core). Each worker-run implementation gets a
+    /// pool of up to 4 workers, shared by the groups in flight.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Start no group after this long: the groups in flight stop shrinking and finish, the
+    /// rest are written as "not triaged (time)". Ctrl-C and SIGTERM do the same at once.
+    #[arg(long, value_parser = super::parse_duration)]
+    pub time: Option<Duration>,
     /// Judge from the capsules alone: do not rerun representatives on their backend or worker.
     #[arg(long)]
     pub no_replay: bool,
@@ -47,6 +60,36 @@ pub struct TriageArgs {
     /// SMALLSEQ_PYTHON when set, else python3, which needs numpy and safetensors.
     #[arg(long)]
     pub adapters: Option<PathBuf>,
+}
+
+/// What every thread of a triage shares: the groups, the finished verdicts (in group order)
+/// and the files they are written to after each group.
+struct Shared<'g> {
+    groups: &'g [Group],
+    done: Mutex<Vec<Option<Triaged>>>,
+    dirs: Vec<String>,
+    out: PathBuf,
+}
+
+impl Shared<'_> {
+    /// The triage as it stands: finished groups with their verdicts, the others not triaged.
+    fn snapshot(&self, done: &[Option<Triaged>]) -> Triage {
+        Triage {
+            dirs: self.dirs.clone(),
+            groups: (self.groups.iter().zip(done))
+                .map(|(g, t)| t.clone().unwrap_or_else(|| Triaged::not_triaged(g)))
+                .collect(),
+        }
+    }
+
+    /// Records group `i`'s verdict and rewrites triage.md and triage.json, so that a triage
+    /// cut off by a time limit (even by SIGKILL) leaves every group finished before it.
+    fn finish(&self, i: usize, t: Triaged) -> Result<(), String> {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        done[i] = Some(t);
+        let snap = self.snapshot(&done);
+        snap.write(&self.out).map(|_| ()).map_err(|e| e.to_string())
+    }
 }
 
 pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
@@ -58,42 +101,96 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             return Ok(super::EXIT_USAGE);
         }
     };
+    // Largest first (`triage::group`'s order): a triage cut off by its time loses the small
+    // groups, not the ones that hold most failures.
     let groups = triage::group(items);
     let work = out.join("triage");
     if let Err(e) = std::fs::create_dir_all(&work) {
         tell!("smallseq triage: cannot create {}: {e}", work.display());
         return Ok(super::EXIT_USAGE);
     }
+    let shared = Shared {
+        groups: &groups,
+        done: Mutex::new(vec![None; groups.len()]),
+        dirs: args.dirs.iter().map(|d| d.display().to_string()).collect(),
+        out: out.clone(),
+    };
+    // Written before the first group: a triage killed at once still leaves the groups.
+    if let Err(e) = shared.snapshot(&vec![None; groups.len()]).write(&out) {
+        tell!("smallseq triage: {e}");
+        return Ok(super::EXIT_USAGE);
+    }
+    let jobs = args
+        .jobs
+        .unwrap_or_else(super::target::cores)
+        .clamp(1, groups.len().max(1));
     let bar = ProgressBar::new(groups.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("triage [{bar:30}] {pos}/{len} groups: {msg}")
             .expect("a fixed template"),
     );
-    let mut triaged = Vec::new();
-    let mut backends = Backends::default();
-    for (i, g) in groups.iter().enumerate() {
-        bar.set_message(format!("{} {}", g.signature.property, g.signature.tensor));
-        if !bar.is_hidden() {
-            bar.tick();
-        } else {
-            tell!(
-                "triage: group {}/{}: {} {} ({} case(s))",
-                i + 1,
-                groups.len(),
-                g.signature.property,
-                g.signature.tensor,
-                g.items.len()
-            );
+    let backends = Backends::for_groups(&groups, jobs);
+    let next = AtomicUsize::new(0);
+    let finished = AtomicBool::new(false);
+    let write_error = Mutex::new(None::<String>);
+    std::thread::scope(|s| {
+        if let Some(limit) = args.time {
+            let (stop, finished) = (&stop, &finished);
+            s.spawn(move || {
+                let start = Instant::now();
+                while !finished.load(Ordering::SeqCst) {
+                    if start.elapsed() >= limit {
+                        if !stop.swap(true, Ordering::SeqCst) {
+                            tell!(
+                                "smallseq triage: --time reached: finishing the groups in flight"
+                            );
+                        }
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
         }
-        triaged.push(one_group(args, &mut backends, (&work, i + 1), g, &stop));
-        bar.inc(1);
-    }
+        let threads: Vec<_> = (0..jobs)
+            .map(|_| {
+                s.spawn(|| loop {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(g) = groups.get(i) else { return };
+                    bar.set_message(format!("{} {}", g.signature.property, g.signature.tensor));
+                    if bar.is_hidden() {
+                        tell!(
+                            "triage: group {}/{}: {} {} ({} case(s))",
+                            i + 1,
+                            groups.len(),
+                            g.signature.property,
+                            g.signature.tensor,
+                            g.items.len()
+                        );
+                    }
+                    let t = one_group(args, &backends, (&work, i + 1), g, &stop);
+                    if let Err(e) = shared.finish(i, t) {
+                        let mut w = write_error.lock().unwrap_or_else(|p| p.into_inner());
+                        w.get_or_insert(e);
+                    }
+                    bar.inc(1);
+                })
+            })
+            .collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        finished.store(true, Ordering::SeqCst);
+    });
     bar.finish_and_clear();
-    let t = Triage {
-        dirs: args.dirs.iter().map(|d| d.display().to_string()).collect(),
-        groups: triaged,
+    let t = shared.snapshot(&shared.done.lock().unwrap_or_else(|p| p.into_inner()));
+    let written = match write_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => t.write(&out).map_err(|e| e.to_string()),
     };
-    let (json, md) = match t.write(&out) {
+    let (json, md) = match written {
         Ok(p) => p,
         Err(e) => {
             tell!("smallseq triage: {e}");
@@ -114,6 +211,9 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
     }
     say!("triage: {}", t.summary());
     say!("wrote {} and {}", md.display(), json.display());
+    if t.count(Verdict::NotTriaged) > 0 {
+        return Ok(super::EXIT_INTERRUPTED);
+    }
     let open = t.count(Verdict::Defect) + t.count(Verdict::HarnessError);
     Ok(if open > 0 { 1 } else { 0 })
 }
@@ -121,31 +221,16 @@ pub fn run(args: &TriageArgs, stop: Arc<AtomicBool>) -> Result<i32> {
 /// The triage of one group, whatever goes wrong on the way (each failure becomes evidence).
 fn one_group(
     args: &TriageArgs,
-    backends: &mut Backends,
+    backends: &Backends,
     (work, n): (&Path, usize),
     g: &Group,
     stop: &AtomicBool,
 ) -> Triaged {
-    let cases = g
-        .items
-        .iter()
-        .map(|i| format!("{}: case {}", i.dir.display(), i.entry.case))
-        .collect();
-    let mut t = Triaged {
-        count: g.items.len(),
-        signature: g.signature.clone(),
-        representative: None,
-        shrunk_here: false,
-        repro: None,
-        script: None,
-        script_note: None,
-        finding: Finding {
-            verdict: Verdict::HarnessError,
-            clause: None,
-            evidence: Vec::new(),
-        },
-        cases,
-        classes: g.classes(),
+    let mut t = Triaged::not_triaged(g);
+    t.finding = Finding {
+        verdict: Verdict::HarnessError,
+        clause: None,
+        evidence: Vec::new(),
     };
     let Some((item, path, shrunk)) = g.representative() else {
         t.finding.evidence.push(format!(
@@ -174,33 +259,61 @@ fn one_group(
     } else {
         recorded_detail(&case, &g.signature.property).unwrap_or_else(|| item.entry.detail.clone())
     };
-    backends.with_replay(args, &case.clone(), &repro_backend, |replay, why| {
-        let mut salt_replay = replay;
-        let prop = Prop::ALL
-            .into_iter()
-            .find(|p| p.name() == g.signature.property);
-        if let (false, Some(r), Some(prop), false) =
-            (shrunk, salt_replay.as_ref(), prop, g.signature.range_limit)
-        {
-            if !args.shrink_time.is_zero() {
-                let (small, steps) = shrink(r.checker, &case, prop, args.shrink_time, stop);
-                let run = (steps > 0)
-                    .then(|| r.checker.check(&small, 0).ok())
-                    .flatten();
-                if let Some(run) = run {
-                    let dest = work.join(format!("group-{n:02}-shrunk.safetensors"));
-                    if capsule::write(&dest, &small, &run, r.checker, 0, None).is_ok() {
-                        (case, path, t.shrunk_here) = (small, dest, true);
-                        // Shrinking checks with salt 0, so the shrunk case replays with it.
-                        if let Some(r) = salt_replay.as_mut() {
-                            r.salt = 0;
+    backends.with_replay(
+        args,
+        &case.clone(),
+        &repro_backend,
+        &g.signature,
+        |replay, why| {
+            let mut salt_replay = replay;
+            let prop = Prop::ALL
+                .into_iter()
+                .find(|p| p.name() == g.signature.property);
+            if let (false, Some(r), Some(prop), false) =
+                (shrunk, salt_replay.as_ref(), prop, g.signature.range_limit)
+            {
+                if !args.shrink_time.is_zero() {
+                    let (small, steps) = shrink_capped(
+                        r.checker,
+                        &case,
+                        prop,
+                        args.shrink_time,
+                        args.shrink_reruns,
+                        stop,
+                    );
+                    let run = (steps > 0)
+                        .then(|| r.checker.check(&small, 0).ok())
+                        .flatten();
+                    if let Some(run) = run {
+                        let dest = work.join(format!("group-{n:02}-shrunk.safetensors"));
+                        if capsule::write(&dest, &small, &run, r.checker, 0, None).is_ok() {
+                            (case, path, t.shrunk_here) = (small, dest, true);
+                            // Shrinking checks with salt 0, so the shrunk case replays with it.
+                            if let Some(r) = salt_replay.as_mut() {
+                                r.salt = 0;
+                            }
                         }
                     }
                 }
             }
+            t.finding = judge(&g.signature, &detail, &case, salt_replay.as_ref(), why);
+        },
+    );
+    // The representative travels with triage.md: campaign folders can be too large to bring
+    // back from a device call, a capsule is a few kilobytes.
+    if !t.shrunk_here {
+        let copy = work.join(format!("group-{n:02}.safetensors"));
+        match std::fs::copy(&path, &copy) {
+            Ok(_) => {
+                t.source = Some(path.display().to_string());
+                path = copy;
+            }
+            Err(e) => t.finding.evidence.push(format!(
+                "the representative could not be copied to {}: {e}",
+                copy.display()
+            )),
         }
-        t.finding = judge(&g.signature, &detail, &case, salt_replay.as_ref(), why);
-    });
+    }
     t.representative = Some(path.display().to_string());
     t.repro = Some(repro_cmd(&path, &repro_backend, &item.profile));
     let dest = work.join(format!("group-{n:02}.py"));
@@ -221,21 +334,43 @@ fn recorded_detail(case: &Case, prop: &str) -> Option<String> {
     f.get("detail")?.as_str().map(str::to_string)
 }
 
-/// The backends and workers representatives replay on, opened once each: a worker that
-/// imports a framework takes seconds to start, and a campaign has many groups.
-#[derive(Default)]
+/// One backend or worker pool, opened on first use by whichever thread needs it first.
+type Opened = Arc<OnceLock<Result<Target, String>>>;
+
+/// The backends and workers representatives replay on, opened once each and shared by the
+/// threads: a worker that imports a framework takes seconds to start, and a campaign has many
+/// groups.
 struct Backends {
-    open: std::collections::HashMap<String, Result<Target, String>>,
+    open: Mutex<HashMap<String, Opened>>,
+    /// Workers per pool, by implementation: its groups, at most the jobs and at most 4.
+    workers: HashMap<String, usize>,
 }
 
 impl Backends {
-    /// Calls `f` with a replay of `case` on its recorded backend or worker, or with none and
-    /// why.
+    fn for_groups(groups: &[Group], jobs: usize) -> Backends {
+        let mut workers: HashMap<String, usize> = HashMap::new();
+        for g in groups {
+            *workers
+                .entry(g.signature.implementation.clone())
+                .or_default() += 1;
+        }
+        for n in workers.values_mut() {
+            *n = (*n).min(jobs).min(4);
+        }
+        Backends {
+            open: Mutex::new(HashMap::new()),
+            workers,
+        }
+    }
+
+    /// Calls `f` with a replay of `case` (of a group of `sig`) on its recorded backend or
+    /// worker, or with none and why.
     fn with_replay(
-        &mut self,
+        &self,
         args: &TriageArgs,
         case: &Case,
         name: &str,
+        sig: &Signature,
         f: impl FnOnce(Option<Replay>, &str),
     ) {
         if args.no_replay {
@@ -269,14 +404,14 @@ impl Backends {
             profile.name(),
             planted.join(",")
         );
-        let opened = self.open.entry(key).or_insert_with(|| {
-            // The CUDA backend reads its defines when it opens, and workers inherit them.
-            if defines.is_empty() {
-                std::env::remove_var(KERNEL_DEFINES_ENV);
-            } else {
-                std::env::set_var(KERNEL_DEFINES_ENV, &defines);
-            }
-            open_target(name, worker, profile, &recorded.planted)
+        let slot = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.entry(key).or_default().clone()
+        };
+        let workers = self.workers.get(&sig.implementation).copied().unwrap_or(1);
+        // Outside the map's lock: two implementations' workers start side by side.
+        let opened = slot.get_or_init(|| {
+            open_target(name, worker, profile, &recorded.planted, &defines, workers)
         });
         let t = match opened {
             Ok(t) => t,
@@ -300,12 +435,16 @@ impl Backends {
     }
 }
 
-/// The backend `name` (planted bugs in this process), or a worker for `exec` and the GPUs.
+/// The backend `name` (planted bugs in this process), or a pool of `workers` workers for
+/// `exec` and the GPUs, which get the recorded kernel `defines` in their environment (not
+/// this process's: threads opening other targets read it).
 fn open_target(
     name: &str,
     worker: Option<String>,
     profile: Profile,
     planted: &[smallseq::mutants::Mutant],
+    defines: &str,
+    workers: usize,
 ) -> Result<Target, String> {
     if name == "exec" || target::is_gpu(name) {
         let targs = TargetArgs {
@@ -317,7 +456,8 @@ fn open_target(
             case_timeout: None,
             start_timeout: Duration::from_secs(600),
         };
-        return target::open_with_env(&targs, profile, Some(1), Vec::new()).map(|(t, _)| t);
+        let env = vec![(KERNEL_DEFINES_ENV.to_string(), defines.to_string())];
+        return target::open_with_env(&targs, profile, Some(workers), env).map(|(t, _)| t);
     }
     backend::open_planted(name, planted)
         .map(Target::InProcess)

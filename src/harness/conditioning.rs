@@ -34,6 +34,7 @@
 //! boundary, which neighbour it takes is noise too, a jump `J_ij` (the type's spacing there), so
 //! `allowance(dQ[i, h, x]) += scale · Σ_j J_ij · |K[j, x]|` and likewise dK with |Q|.
 
+use super::ftz::{ftz_allowance, FtzAllowance};
 use super::row_dots::{dots, dots_and_magnitudes, Columns};
 use crate::case::Case;
 use ndarray::{s, Array2, Array3};
@@ -128,6 +129,9 @@ pub struct OrderAllowance {
     /// design, `adapters/design_model.py`, recomputes P from the stored LSE with exponents of
     /// 10⁵ and lands 12 f16 units of P from an emulation that is exact there).
     pub in_tensor_rule: bool,
+    /// The share of the arrays above that flush-to-zero of f32 intermediates can lose
+    /// ([`super::ftz`]): the envelope's only, and `None` where no value of the case can flush.
+    pub ftz: Option<FtzAllowance>,
 }
 
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
@@ -418,17 +422,30 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
         o: noise_o,
         dv: noise_dv,
     };
+    // Fast-math builds flush what the project's kernels keep as subnormals: the envelope's
+    // designs include them, the project's design does not.
+    let ftz = match design {
+        Design::Project => None,
+        Design::Envelope => ftz_allowance(case, o, lse),
+    };
+    let with_ftz = |mut a: Array3<f64>, name: &str| {
+        if let Some(f) = ftz.as_ref().and_then(|f| f.of(name)) {
+            a += f;
+        }
+        a
+    };
     match g {
         None => Allowances {
             p_noise,
             grads: None,
             order: OrderAllowance {
-                o: ord_o,
+                o: with_ftz(ord_o, "o"),
                 dq: None,
                 dk: None,
                 dv: None,
                 dbias: None,
                 in_tensor_rule: design == Design::Envelope,
+                ftz,
             },
         },
         Some((mut dq, mut dk, mut odq, mut odk, odv)) => {
@@ -448,12 +465,13 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 p_noise,
                 grads: Some(GradAllowance { dq, dk, dbias: dbn }),
                 order: OrderAllowance {
-                    o: ord_o,
-                    dq: Some(odq),
-                    dk: Some(odk),
-                    dv: Some(odv),
-                    dbias: dbo,
+                    o: with_ftz(ord_o, "o"),
+                    dq: Some(with_ftz(odq, "dq")),
+                    dk: Some(with_ftz(odk, "dk")),
+                    dv: Some(with_ftz(odv, "dv")),
+                    dbias: dbo.map(|d| with_ftz(d, "dbias")),
                     in_tensor_rule: design == Design::Envelope,
+                    ftz,
                 },
             }
         }

@@ -10,6 +10,7 @@ pub mod conditioning;
 pub mod coverage;
 pub mod data_class;
 pub mod fit;
+pub mod ftz;
 pub mod fuzz_input;
 pub mod gen;
 pub mod geometry;

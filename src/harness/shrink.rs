@@ -95,8 +95,23 @@ pub fn shrink(
     budget: Duration,
     stop: &AtomicBool,
 ) -> (Case, usize) {
+    shrink_capped(checker, case, prop, budget, usize::MAX, stop)
+}
+
+/// [`shrink`] that also stops after `max_reruns` candidate runs: a worker's case can take
+/// seconds, and `smallseq triage` shares one device call between many groups.
+pub fn shrink_capped(
+    checker: &Checker,
+    case: &Case,
+    prop: Prop,
+    budget: Duration,
+    max_reruns: usize,
+    stop: &AtomicBool,
+) -> (Case, usize) {
     let start = Instant::now();
-    let over = || start.elapsed() >= budget || stop.load(Ordering::SeqCst);
+    let reruns = std::cell::Cell::new(0usize);
+    let over =
+        || start.elapsed() >= budget || reruns.get() >= max_reruns || stop.load(Ordering::SeqCst);
     let mut best = case.clone();
     let mut steps = 0;
     'outer: while !over() {
@@ -104,10 +119,10 @@ pub fn shrink(
             if over() {
                 break 'outer;
             }
-            if size(&cand) <= size(&best)
-                && cand_differs(&cand, &best)
-                && still_fails(checker, &cand, prop)
-            {
+            if size(&cand) <= size(&best) && cand_differs(&cand, &best) && {
+                reruns.set(reruns.get() + 1);
+                still_fails(checker, &cand, prop)
+            } {
                 best = cand;
                 steps += 1;
                 continue 'outer;

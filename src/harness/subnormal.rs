@@ -110,7 +110,7 @@ pub fn smallest_scaled_term(case: &Case, lse: &Array2<f64>, o: Option<&Array3<f6
 /// The smallest nonzero magnitude of `x`; infinity when all are zero (a zero factor makes an
 /// exactly zero product, which rounds the same at any scale). Non-finite values are skipped:
 /// they are handled by the properties that see them.
-fn min_nonzero<T: Copy + Into<f64>>(x: ArrayView1<'_, T>) -> f64 {
+pub(crate) fn min_nonzero<T: Copy + Into<f64>>(x: ArrayView1<'_, T>) -> f64 {
     x.iter()
         .map(|&e| e.into().abs())
         .filter(|a| *a > 0.0 && a.is_finite())

@@ -1,8 +1,9 @@
 //! What `smallseq triage` writes: `triage.json` (for scripts) and `triage.md` (for people),
 //! one section per group, largest first.
 
-use super::triage::{Signature, TriageError};
+use super::triage::{Group, Signature, TriageError};
 use super::triage_verdict::{Finding, Verdict};
+use crate::files::write_atomic;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -11,8 +12,11 @@ use std::path::{Path, PathBuf};
 pub struct Triaged {
     pub count: usize,
     pub signature: Signature,
-    /// The capsule the verdict was given on (a shrunk one where there is one).
+    /// The capsule the verdict was given on (a shrunk one where there is one), copied into
+    /// triage's own folder so that it travels with triage.md without the campaigns.
     pub representative: Option<String>,
+    /// Where the representative came from: the campaign's capsule it is a copy of.
+    pub source: Option<String>,
     /// Whether triage shrank it (the campaign had left no shrunk capsule).
     pub shrunk_here: bool,
     pub repro: Option<String>,
@@ -24,6 +28,35 @@ pub struct Triaged {
     pub cases: Vec<String>,
     /// The members' whole classes (dtype, path, heads, passes, mask), with their counts.
     pub classes: Vec<(String, usize)>,
+}
+
+impl Triaged {
+    /// A group triage did not reach: its members and signature, no verdict.
+    pub fn not_triaged(g: &Group) -> Triaged {
+        Triaged {
+            count: g.items.len(),
+            signature: g.signature.clone(),
+            representative: None,
+            source: None,
+            shrunk_here: false,
+            repro: None,
+            script: None,
+            script_note: None,
+            finding: Finding {
+                verdict: Verdict::NotTriaged,
+                clause: None,
+                evidence: vec![
+                    "triage stopped (its --time, or a signal) before this group was reached".into(),
+                ],
+            },
+            cases: g
+                .items
+                .iter()
+                .map(|i| format!("{}: case {}", i.dir.display(), i.entry.case))
+                .collect(),
+            classes: g.classes(),
+        }
+    }
 }
 
 /// The first `shown` of `all`, `; `-separated, and how many more there are.
@@ -54,9 +87,13 @@ impl Triage {
     /// One line: groups and failures per verdict.
     pub fn summary(&self) -> String {
         let failures: usize = self.groups.iter().map(|g| g.count).sum();
+        let late = match self.count(Verdict::NotTriaged) {
+            0 => String::new(),
+            n => format!(", {n} not triaged (time)"),
+        };
         format!(
             "{} group(s) of {failures} failure(s): {} defect(s), {} design or range limit(s), {} \
-             harness error(s)",
+             harness error(s){late}",
             self.groups.len(),
             self.count(Verdict::Defect),
             self.count(Verdict::DesignOrRangeLimit),
@@ -102,10 +139,10 @@ impl Triage {
             s += &format!(
                 "- representative: {}{}\n",
                 g.representative.as_ref().unwrap_or(&none),
-                if g.shrunk_here {
-                    " (shrunk by triage)"
-                } else {
-                    ""
+                match (g.shrunk_here, &g.source) {
+                    (true, _) => " (shrunk by triage)".to_string(),
+                    (false, Some(src)) => format!(" (a copy of {src})"),
+                    (false, None) => String::new(),
                 }
             );
             if let Some(r) = &g.repro {
@@ -133,16 +170,21 @@ impl Triage {
         s
     }
 
-    /// Writes `triage.json` and `triage.md` into `out`; returns their paths.
+    /// Writes `triage.json` and `triage.md` into `out`, each whole or not at all (a temporary
+    /// file renamed: triage rewrites them after every group, and a kill mid-write must leave
+    /// the previous version); returns their paths.
     ///
     /// # Errors
     /// [`TriageError::Write`] naming the file.
     pub fn write(&self, out: &Path) -> Result<(PathBuf, PathBuf), TriageError> {
         let put = |name: &str, text: String| {
             let path = out.join(name);
-            std::fs::write(&path, text).map_err(|source| TriageError::Write {
+            write_atomic(&path, text.as_bytes()).map_err(|e| TriageError::Write {
                 path: path.clone(),
-                source,
+                source: match e {
+                    crate::error::Error::Io { source, .. } => source,
+                    other => std::io::Error::other(other.to_string()),
+                },
             })?;
             Ok(path)
         };

@@ -19,6 +19,8 @@ pub enum Verdict {
     Defect,
     DesignOrRangeLimit,
     HarnessError,
+    /// Triage stopped (its `--time`, or a signal) before the group was reached: no verdict.
+    NotTriaged,
 }
 
 impl Verdict {
@@ -27,6 +29,7 @@ impl Verdict {
             Verdict::Defect => "defect",
             Verdict::DesignOrRangeLimit => "design or range limit",
             Verdict::HarnessError => "harness error",
+            Verdict::NotTriaged => "not triaged (time)",
         }
     }
 }
