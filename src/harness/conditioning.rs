@@ -425,7 +425,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     // Fast-math builds flush what the project's kernels keep as subnormals: the envelope's
     // designs include them, the project's design does not.
     let ftz = match design {
-        Design::Project => None,
+        Design::Project | Design::ProjectDFromO => None,
         Design::Envelope => ftz_allowance(case, o, lse),
     };
     let with_ftz = |mut a: Array3<f64>, name: &str| {
