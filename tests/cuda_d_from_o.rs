@@ -7,37 +7,18 @@
 
 #[path = "support/cuda_device.rs"]
 mod cuda_device;
+#[path = "support/d_from_o_cases.rs"]
+mod d_from_o_cases;
 
 use smallseq::backend::gpu::cuda::CudaBackend;
 use smallseq::backend::BackendInfo;
 use smallseq::design::Design;
-use smallseq::dispatch::Profile;
-use smallseq::harness::campaign::case_seed;
-use smallseq::harness::gen::{build, draw_geometry_for};
-use smallseq::harness::props::{Checker, Outcome};
-use smallseq::harness::rng::Rng;
-use smallseq::wrapper::RunOptions;
-use smallseq_reference::{Dtype, Layout, Mask};
 
 fn gpu(test: &str) -> Option<CudaBackend> {
     cuda_device::cuda_or_skip(test, &["FTB_D_FROM_O=1"])
 }
 
-/// Every failing outcome of `checker` on `case`, named.
-fn failures(checker: &Checker, case: &smallseq::case::Case, i: u64, what: &str) -> Vec<String> {
-    let run = checker.check(case, i).unwrap();
-    run.outcomes
-        .iter()
-        .filter_map(|(prop, o)| match o {
-            Outcome::Fail(f) => Some(format!("{what}: {prop}: {f:?}")),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The campaign's own cases whose backward takes the fallback (seed 41), then slots of 512
-/// tokens on the tiled kernels (bf16 and f16, D = 64 and 128, causal and not, GQA) and on the
-/// scalar ones (f32): every property passes under the declared design.
+/// Every property passes under the declared design on the cases of [`d_from_o_cases`].
 #[test]
 fn d_from_o_fallback_cases_pass_every_property() {
     let Some(be) = gpu("d_from_o_fallback_cases_pass_every_property") else {
@@ -45,71 +26,6 @@ fn d_from_o_fallback_cases_pass_every_property() {
     };
     assert_eq!(be.design(), Design::ProjectDFromO);
     assert!(be.d_from_o());
-    let checker = Checker::isolated(&be);
-    let opts = RunOptions::default();
-    let mut failed = Vec::new();
-    let mut fallback = 0;
-    for i in 0..600u64 {
-        let cs = case_seed(41, i);
-        let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
-        let case = build(&g, cs ^ 0xda7a).unwrap();
-        let Ok(pair) = smallseq::harness::props::run_pair(&be, &case, &opts) else {
-            continue;
-        };
-        if case.d_o.is_none() || !pair.fallback().1 {
-            continue;
-        }
-        fallback += 1;
-        failed.extend(failures(
-            &checker,
-            &case,
-            i,
-            &format!("case {i} (seed {cs})"),
-        ));
-    }
-    eprintln!("{fallback} campaign cases with a fallback backward");
-    assert!(fallback >= 100, "only {fallback} fallback backwards drawn");
-    let base = draw_geometry_for(&mut Rng::new(case_seed(41, 0)), Profile::Native);
-    let shapes = [
-        (Dtype::Bf16, 128, 4, 4, Mask::NoMask, vec![(512, 512)]),
-        (
-            Dtype::Bf16,
-            128,
-            4,
-            2,
-            Mask::Causal,
-            vec![(512, 512), (3, 40)],
-        ),
-        (
-            Dtype::F16,
-            64,
-            2,
-            1,
-            Mask::CausalBottomRight,
-            vec![(200, 512)],
-        ),
-        (
-            Dtype::F16,
-            128,
-            2,
-            2,
-            Mask::NoMask,
-            vec![(512, 300), (0, 5)],
-        ),
-        (Dtype::F32, 64, 2, 2, Mask::Causal, vec![(512, 512)]),
-    ];
-    for (n, (dtype, d, heads, kv_heads, mask, lens)) in shapes.into_iter().enumerate() {
-        let mut g = base.clone();
-        let mut cfg = smallseq::AttnConfig::new(dtype, heads, d, mask);
-        cfg.params.num_kv_heads = kv_heads;
-        g.config = cfg;
-        g.layout = Layout::packed(&lens);
-        g.backward = true;
-        g.segments = None;
-        g.production = false;
-        let case = build(&g, 0x512 + n as u64).unwrap();
-        let what = format!("{dtype} d{d} h{heads}/{kv_heads} {mask:?} {lens:?}");
-        failed.extend(failures(&checker, &case, n as u64, &what));
-    }
+    let failed = d_from_o_cases::failures_on(&be, 600);
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

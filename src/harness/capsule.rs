@@ -81,6 +81,9 @@ pub fn stamp_as(
 /// The metadata key of [`Replay`], a JSON object.
 pub const REPLAY: &str = "smallseq.replay";
 
+/// The metadata key of the path the stored outputs' backward ran (`small_seq`, `fallback`).
+pub const PATH_BWD: &str = "smallseq.path_bwd";
+
 /// The variable the CUDA backend reads extra kernel defines from.
 pub const KERNEL_DEFINES_ENV: &str = "SMALLSEQ_KERNEL_DEFINES";
 
@@ -234,7 +237,7 @@ pub fn write(
         c.meta.insert("smallseq.path".into(), p.name().into());
     }
     if let Some(p) = run.path_bwd {
-        c.meta.insert("smallseq.path_bwd".into(), p.name().into());
+        c.meta.insert(PATH_BWD.into(), p.name().into());
     }
     c.meta.insert(
         "smallseq.verdict".into(),

@@ -139,6 +139,7 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     }
     d.say(harness_line(case));
     let y = oracle_for(case, super::conditioning::Design::of_case(case))?;
+    let y = y.for_stored(case)?;
     let (num, js) = numeric(case, &case.outputs, &y);
     d.say(format!(
         "numeric regimes of the case: {} (docs/reach.md)",

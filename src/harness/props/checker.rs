@@ -200,6 +200,7 @@ impl<'a> Checker<'a> {
         };
         let actual = base.outputs();
         let y = oracle_for(case, self.design())?;
+        let y = y.for_backward(case, base.fallback().1)?;
         let declared = self.no_key_rows_as_declared(case, &actual);
         let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
         outcomes.push((Prop::NumericAgreement, num));

@@ -38,7 +38,16 @@ impl Checker<'_> {
         let fb_out = fb.outputs();
         // The forced-fallback run is judged against the reference like the base run: its own
         // verdict is the sharpest this property has (a failure of it is a failure).
-        let (fb_num, fb_js) = numeric(case, &fb_out, y);
+        let fb_y = match y.for_backward(case, fb.fallback().1) {
+            Ok(fy) => fy,
+            Err(e) => {
+                return fail(
+                    Prop::FallbackEquivalence,
+                    format!("fallback yardstick: {e}"),
+                )
+            }
+        };
+        let (fb_num, fb_js) = numeric(case, &fb_out, &fb_y);
         if let Outcome::Fail(mut f) = fb_num {
             f.prop = Prop::FallbackEquivalence;
             f.detail = format!("forced fallback against the reference: {}", f.detail);
@@ -69,7 +78,8 @@ impl Checker<'_> {
                         dv: Some(b.dv.mapv(f64::from)),
                         ..Outputs::default()
                     };
-                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, y) {
+                    // The mixed backward ran the fallback: its yardstick is the forced run's.
+                    if let (Outcome::Fail(mut f), _) = numeric(case, &mixed, &fb_y) {
                         f.prop = Prop::FallbackEquivalence;
                         f.detail = format!("small-seq forward + fallback backward: {}", f.detail);
                         return Outcome::Fail(f);

@@ -10,8 +10,10 @@ use crate::stages::{timed, Stage};
 use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
 use smallseq_reference::emulate_fallback::{self, FallbackDesign};
 use smallseq_reference::{emulate_dbias, forward_backward, Dtype};
+use std::borrow::Cow;
 
 /// What a case's outputs are judged by, computed once per case.
+#[derive(Clone)]
 pub struct Yardstick {
     /// The f64 reference.
     pub reference: Outputs,
@@ -56,6 +58,33 @@ impl Yardstick {
         Ok(self
             .fallback
             .get_or_init(|| emulated_outputs(&ff, fg.as_ref())))
+    }
+
+    /// This yardstick for outputs whose backward ran the fallback path (`fallback_bwd`). Under
+    /// [`Design::ProjectDFromO`] that backward takes D from the stored O, which only the
+    /// fallback emulation follows: its gradients become the emulated ones, so the tensor rule
+    /// owes the design's own error (O's rounding to the input type, which D carries into every
+    /// dS of the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`).
+    /// Every other design and path keeps the yardstick as it is.
+    pub fn for_backward(&self, case: &Case, fallback_bwd: bool) -> Result<Cow<'_, Yardstick>> {
+        if !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
+            return Ok(Cow::Borrowed(self));
+        }
+        let fb = self.fallback(case)?;
+        let mut y = self.clone();
+        y.emulated.dq = fb.dq.clone();
+        y.emulated.dk = fb.dk.clone();
+        y.emulated.dv = fb.dv.clone();
+        Ok(Cow::Owned(y))
+    }
+
+    /// [`Self::for_backward`] of a stored case: the backward path its capsule records (the
+    /// forward's where a capsule predates that key, as `repro` reads it).
+    pub fn for_stored(&self, case: &Case) -> Result<Cow<'_, Yardstick>> {
+        use crate::harness::capsule::PATH_BWD;
+        let path = (case.meta.get(PATH_BWD)).or_else(|| case.meta.get("smallseq.path"));
+        let fallback_bwd = path.map(String::as_str) == Some(crate::dispatch::Path::Fallback.name());
+        self.for_backward(case, fallback_bwd)
     }
 
     /// `actual` judged tensor by tensor; `order` takes the per-row rule's allowance for
