@@ -6,7 +6,8 @@
 #   ci/h200-adapters.sh BIN OUT_DIR [ADAPTER_TIME] [CUDA_TIME]
 # CUDA_TIME 0 starts no CUDA campaign (BIN then needs no cuda feature). SMALLSEQ_SHARD=I/N runs
 # shard I of N of every adapter campaign (a campaign longer than one device call: run the
-# shards in separate calls, then `smallseq merge` their directories).
+# shards in separate calls, then `smallseq merge` their directories). ADAPTER_SEED (default 17)
+# is the campaigns' seed.
 set -u
 bin=$1 out=$2
 export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
@@ -50,7 +51,7 @@ for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
             "jax-cudnn|adapters/jax_attention.py --implementation cudnn"; do
   name=${spec%%|*} script=${spec#*|}
   timeout -k 20 540 "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
-    --seed 17 --jobs 2 --shrink-time 5s ${SMALLSEQ_SHARD:+--shard "$SMALLSEQ_SHARD"} --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
+    --seed "${ADAPTER_SEED:-17}" --jobs 2 --shrink-time 5s ${SMALLSEQ_SHARD:+--shard "$SMALLSEQ_SHARD"} --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"
@@ -83,6 +84,15 @@ cp /tmp/smoke.log "$out/smoke.log"
 # What comes home: the triage (its representatives and scripts are copies, a few kB each) and
 # each campaign's report, summary and log; the campaign folders (capsules of every failure,
 # 488 MB on 2026-12-05) stay behind.
-[ -d "$out/triage" ] && tar czf "$out/triage.tar.gz" -C "$out" triage
+# A device call brings back files of at most 16 MiB: a larger archive (27 MB for 73 groups on
+# 2026-12-05, unshrunk representatives) comes home in parts, joined with
+# `cat triage.tar.xz.part-* | tar xJ`.
+if [ -d "$out/triage" ]; then
+  tar cJf "$out/triage.tar.xz" -C "$out" triage
+  if [ "$(stat -c %s "$out/triage.tar.xz")" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15m -d "$out/triage.tar.xz" "$out/triage.tar.xz.part-" && rm "$out/triage.tar.xz"
+  fi
+  rm -rf "$out/triage"
+fi
 (cd /tmp/ad && tar czf "$out/adapters.tar.gz" ./*.log ./*/report.json ./*/summary.md 2>/dev/null)
 ls -la "$out" | tee -a "$log"
