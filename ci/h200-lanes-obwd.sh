@@ -11,37 +11,15 @@
 #   ci/h200-lanes-obwd.sh      writes $OUT/log.txt, $OUT/obwd/ and $OUT/lanes.tar.gz
 set -u
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/h200-lanes}
-mkdir -p "$out" /tmp/ln
-carry=$PWD/target/carry
-ss=$carry/smallseq
-log=$out/log.txt
-t0=$SECONDS
-say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$log"; }
-export SMALLSEQ_KERNEL_CACHE=/tmp/smallseq-kcache PYTHONUNBUFFERED=1
-mkdir -p "$SMALLSEQ_KERNEL_CACHE"
-tar xJf "$carry/kernel-cache.tar.xz" -C "$SMALLSEQ_KERNEL_CACHE"
-say "$(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); kernel cache $(ls "$SMALLSEQ_KERNEL_CACHE" | wc -l) entries"
-run() { # NAME SECONDS ARGS...
-  local name=$1 secs=$2; shift 2
-  timeout -k 10 $((secs + 60)) "$ss" fuzz "$@" --time "${secs}s" --seed 7301 --shrink-time 1s --force \
-    --out "/tmp/ln/$name" >"/tmp/ln/$name.log" 2>&1
-  say "$name: exit $?; $(grep -m1 'cases in' "/tmp/ln/$name.log")"
-  grep -E '^\| (backend|judging|generation|allowances|emulation|reference|other|waiting for the merge) ' \
-    "/tmp/ln/$name/summary.md" 2>/dev/null | tee -a "$log"
-  grep -m3 '^FAIL' "/tmp/ln/$name.log" | cut -c1-300 | tee -a "$log"
-}
+DEFAULT_OUT=/tmp/h200-lanes WORK=/tmp/ln
+. ci/device-call.sh
 secs=${SCALE_SECS:-20}
-for round in 1 2; do
-  run "cpu-$round" "$secs" --backend cpu
-  run "inproc16-$round" "$secs" --backend cuda --in-process --jobs 16
-done
-run inproc32 "$secs" --backend cuda --in-process --jobs 32
+cpu_against_in_process "$secs"
 CARGO_MANIFEST_DIR=$PWD SMALLSEQ_REQUIRE_GPU=1 timeout -k 10 "${TEST_TIMEOUT:-150}" "$carry/cuda_backend" \
-  --test-threads 1 > /tmp/ln/tests.log 2>&1
-say "GPU tests (default build): exit $? ($(grep -E '^test result' /tmp/ln/tests.log | tail -1))"
-grep -E '^test .* (ok|FAILED)$|panicked' /tmp/ln/tests.log | head -20 | tee -a "$log"
+  --test-threads 1 > $work/tests.log 2>&1
+say "GPU tests (default build): exit $? ($(grep -E '^test result' $work/tests.log | tail -1))"
+grep -E '^test .* (ok|FAILED)$|panicked' $work/tests.log | head -20 | tee -a "$log"
 FUZZ_TIME=${FUZZ_TIME:-150} bash ci/h200-obwd.sh "$carry" "$out/obwd" 2>&1 | tail -40 >> "$log"
-cp /tmp/ln/tests.log "$out/"
-tar czf "$out/lanes.tar.gz" -C /tmp/ln $(cd /tmp/ln && ls -d */summary.md */report.json *.log 2>/dev/null)
+cp $work/tests.log "$out/"
+pack_campaigns "$out/lanes.tar.gz"
 say done

@@ -16,6 +16,7 @@
 use super::{Backend, BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;
 use crate::dispatch::gate::GateDefects;
+use crate::design::Design;
 use crate::dispatch::Arch;
 use crate::error::{Error, Fault, FaultKind, Result};
 use crate::mutants::Defects;
@@ -57,15 +58,19 @@ impl Lanes {
         let Some(first) = lanes.first() else {
             return Err(Error::config("a backend of lanes needs at least one lane"));
         };
-        let who = |b: &dyn Backend| (b.name().to_string(), b.arch(), b.provenance());
+        // The design too: lanes judged as one backend must round where one backend does.
+        let who = |b: &dyn Backend| (b.name().to_string(), b.arch(), b.provenance(), b.design());
         let one = who(first.as_ref());
         if let Some(other) = lanes.iter().find(|b| who(b.as_ref()) != one) {
             return Err(Error::config(format!(
-                "lanes of one backend must be alike: {} on {} beside {} on {}",
+                "lanes of one backend must be alike: {} on {} (design {}) beside {} on {} \
+                 (design {})",
                 one.0,
                 one.1.name(),
+                one.3.name(),
                 other.name(),
-                other.arch().name()
+                other.arch().name(),
+                other.design().name()
             )));
         }
         Ok(Lanes {
@@ -166,6 +171,9 @@ impl BackendInfo for Lanes {
     }
     fn fallback_fwd_kernel(&self, config: &AttnConfig, layout: &Layout) -> Option<String> {
         self.lanes[0].fallback_fwd_kernel(config, layout)
+    }
+    fn design(&self) -> Design {
+        self.lanes[0].design()
     }
     fn lost(&self) -> Option<String> {
         locked(&self.lost).clone()
@@ -330,5 +338,20 @@ mod tests {
         let e = Lanes::new(mixed).unwrap_err().to_string();
         assert!(e.contains("cpu") && e.contains("te625-model"), "{e}");
         assert!(Lanes::new(Vec::new()).is_err());
+    }
+
+    /// The campaign judges lanes under their design (D from the stored O here), so lanes of
+    /// two designs are refused as lanes of two backends are.
+    #[test]
+    fn lanes_declare_their_backends_design_and_refuse_two() {
+        let alike: Vec<Box<dyn Backend>> = (0..2)
+            .map(|_| Box::new(CpuBackend::default().with_d_from_o()) as Box<dyn Backend>)
+            .collect();
+        assert_eq!(Lanes::new(alike).unwrap().design(), Design::ProjectDFromO);
+        let mixed: Vec<Box<dyn Backend>> = vec![
+            Box::new(CpuBackend::default()),
+            Box::new(CpuBackend::default().with_d_from_o()),
+        ];
+        assert!(Lanes::new(mixed).is_err());
     }
 }
