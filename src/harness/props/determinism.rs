@@ -52,8 +52,7 @@ impl Checker<'_> {
         }
         let declared = |t: &str| caps.declares_nondeterministic(t);
         let named = caps.nondeterministic.join(", ");
-        let exact = |o: &Outputs| keep(o, |t| !declared(t));
-        if let Some(d) = bitwise_diff(&exact(cx.actual), &exact(again)) {
+        if let Some(d) = self.repeat_diff(cx.actual, again) {
             return fail(
                 Prop::Determinism,
                 format!(
@@ -67,6 +66,20 @@ impl Checker<'_> {
             return Outcome::Pass;
         }
         self.declared_within_tolerance(cx, again, &named)
+    }
+
+    /// [`bitwise_diff`] over the outputs the runner does not declare nondeterministic: the
+    /// comparison of two runs that should repeat their bits. `dont_care` uses it too, else a
+    /// declared dQ that moved between its re-poisoned run and its plain rerun would be blamed
+    /// on don't-care tokens (the H200 efficient-kernel campaigns' `dont_care` failures beside
+    /// their `determinism` ones).
+    pub(super) fn repeat_diff(&self, a: &Outputs, b: &Outputs) -> Option<String> {
+        let caps = self.runner.caps();
+        if caps.nondeterministic.is_empty() {
+            return bitwise_diff(a, b);
+        }
+        let exact = |o: &Outputs| keep(o, |t| !caps.declares_nondeterministic(t));
+        bitwise_diff(&exact(a), &exact(b))
     }
 
     /// The declared outputs of `again` judged by `numeric_agreement`: each within its
