@@ -4,7 +4,10 @@
 //! at fault, not the implementation). The order of the tests is the order of trust: a case
 //! outside the semantics or without a finite reference says nothing about the implementation;
 //! a failure that does not come back on replay is not one to send upstream; one that
-//! smallseq's emulation shares is the design's.
+//! smallseq's emulation shares is the design's. `determinism` is the exception to "one
+//! replay": a run-order difference comes on some reruns only, so its representative is
+//! rerun until one differs ([`DETERMINISM_RERUNS`]), and a difference in outputs the
+//! implementation declares nondeterministic is its design.
 
 use super::props::{numeric, oracle, Checker, Outcome, Reruns};
 use super::repro::judge_stored;
