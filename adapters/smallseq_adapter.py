@@ -990,11 +990,27 @@ class Caps:
     # the numeric design the implementation follows (docs/judgement.md, "Declared designs"): "project" holds it
     # to smallseq's own roundings; None (undeclared) judges it against every common design
     design: Optional[str] = None
+    # the outputs whose bits may differ between runs of the same inputs (docs/worker-protocol.md,
+    # caps.nondeterministic): `determinism` holds their reruns to tolerance instead of to their
+    # bits, the other outputs keep the bitwise rule; `nondeterministic_note` says why (quoted by
+    # triage). E.g. Caps(nondeterministic=("dq",), nondeterministic_note="dq summed with atomics")
+    nondeterministic: Sequence[str] = ()
+    nondeterministic_note: Optional[str] = None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         if d["design"] is None:
             del d["design"]
+        # absent when empty: the handshake of an adapter that declares nothing is unchanged
+        unknown = [t for t in self.nondeterministic if t not in OUTPUTS + ("dbias",)]
+        if unknown:
+            raise ValueError(f"Caps.nondeterministic: {unknown} are not output names {list(OUTPUTS) + ['dbias']}")
+        if self.nondeterministic:
+            d["nondeterministic"] = list(self.nondeterministic)
+        else:
+            del d["nondeterministic"]
+        if d["nondeterministic_note"] is None:
+            del d["nondeterministic_note"]
         return d
 
     def outside(self, case: Case) -> Optional[str]:

@@ -48,6 +48,15 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   `torch.autograd.grad` then gives dBias with the sum over the broadcast slots and heads done
   by autograd. cudnn declares no dbias: torch's cuDNN backward returns dQ, dK and dV only
   (its attn_mask is passed without requires_grad). ALiBi has no dBias (§1.9).
+- Determinism (efficient declares dq nondeterministic, `caps.nondeterministic`): PyTorch's
+  memory-efficient backward splits the keys over thread blocks (`num_splits_key`) and each
+  adds its partial dQ into one f32 accumulator in the order the blocks take its lock
+  (aten/src/ATen/native/transformers/cuda/attention_backward.cu; under
+  `torch.use_deterministic_algorithms(True, warn_only=True)` it warns "Memory Efficient
+  attention defaults to a non-deterministic algorithm", pytorch/pytorch#101847, and strict
+  deterministic mode forces one split, #91979). We do not set that mode: the campaign tests
+  the kernel as frameworks call it, so dQ's reruns are held to tolerance, not to their bits.
+  dK and dV are each written by the one block that owns their keys, and stay bitwise.
 
 Cannot express: dropout; bias and windows on flash (no mask); dBias on cudnn; top-left/bottom-right causal with
 Lq != Lk on flash (unsupported per case); GQA on efficient (SDPA refuses it); f32 on flash
@@ -81,6 +90,9 @@ def caps_for(kernel: str) -> kit.Caps:
     if kernel == "efficient":
         caps.gqa = False
         caps.head_dims = FUSED_DIMS
+        # dQ's key splits are summed in run order (see the header); dK, dV stay bitwise.
+        caps.nondeterministic = ("dq",)
+        caps.nondeterministic_note = "dq summed over key splits in the order they take an atomic lock"
     if kernel == "flash":
         caps.dtypes, caps.window, caps.dv_ne_dqk, caps.head_dims = ["bf16", "f16"], False, False, FUSED_DIMS
     if kernel == "cudnn":

@@ -15,6 +15,14 @@
   (external-apis.md §1.4), so `--no-key-lse` defaults to +inf on flash; cuDNN documents no
   value, so on cudnn it is measured at start (`probe`, recorded in the handshake).
 - Backward: autograd through varlen_attn's registered backward.
+- Determinism (flash declares dq nondeterministic, `caps.nondeterministic`): torch's flash
+  backward passes `deterministic = false` to FA2's `mha_varlen_bwd` unless
+  `torch.use_deterministic_algorithms(True)` is set, and warns under `warn_only=True` that
+  "Flash Attention defaults to a non-deterministic algorithm"
+  (aten/src/ATen/native/transformers/cuda/attention_backward.cu). FA2's backward then adds
+  each key block's dQ into an f32 accumulator with atomics, in run order; dK and dV belong
+  to the block of their keys and stay bitwise. An H200 campaign saw 2 determinism failures
+  (adapters/FINDINGS.md). We do not set the deterministic mode: frameworks call it as is.
 - Don't-care tokens: varlen_attn has no padded offsets, so `padded_offsets` is false (the
   campaign sends no gaps between slots). Tail slack past `cu_seqlens[-1]`: `--tail trim`
   (default) slices it off before the call, as external-apis.md advises, and writes 0 /
@@ -186,6 +194,10 @@ def adapter(argv=None) -> kit.Adapter:
         head_dims=HEAD_DIMS, max_tokens=1 << 20, backward=True, lse=True,
     )
     caps.devices = args.devices
+    if args.kernel == "flash":
+        # FA2's dQ is summed over key blocks with atomics (see the header); dK, dV stay bitwise.
+        caps.nondeterministic = ("dq",)
+        caps.nondeterministic_note = "dq summed over key blocks with atomics (FA2, deterministic=false)"
     return kit.Adapter(f"torch-varlen-{args.kernel}", "torch", caps, impl.run,
                        no_key_lse=no_key_lse, setup=impl.setup)
 

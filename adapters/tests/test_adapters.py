@@ -45,6 +45,20 @@ class Declarations(unittest.TestCase):
         self.assertEqual(torch_varlen.adapter([]).no_key_lse, "+inf")
         self.assertEqual(torch_varlen.adapter(["--kernel", "cudnn"]).no_key_lse, kit.PROBE)
 
+    def test_nondeterministic_dq_is_declared_where_documented(self):
+        # PyTorch's memory-efficient and FA2 backwards sum dQ over key blocks in run order
+        # (torch_sdpa.py's and torch_varlen.py's headers); nothing else declares anything.
+        hs = kit.handshake(torch_sdpa.adapter(["--kernel", "efficient"]))
+        self.assertEqual(hs["caps"]["nondeterministic"], ["dq"])
+        self.assertIn("atomic", hs["caps"]["nondeterministic_note"])
+        self.assertEqual(kit.handshake(torch_varlen.adapter([]))["caps"]["nondeterministic"], ["dq"])
+        quiet = [torch_sdpa.adapter(["--kernel", k]) for k in ("math", "flash", "cudnn")] + [
+            torch_varlen.adapter(["--kernel", "cudnn"]), numpy_reference.adapter(),
+            jax_attention.adapter(["--implementation", "xla"]), jax_attention.adapter(["--implementation", "cudnn"]),
+            te_jax.adapter([])]
+        for a in quiet:
+            self.assertNotIn("nondeterministic", kit.handshake(a)["caps"], a.name)
+
     def test_declared_limits(self):
         sdpa = {k: torch_sdpa.caps_for(k) for k in ("math", "efficient", "flash", "cudnn")}
         self.assertFalse(sdpa["math"].lse)

@@ -72,6 +72,20 @@ class Loop(unittest.TestCase):
             self.assertIn(key, caps)
         self.assertEqual(replies, [])
 
+    def test_the_handshake_carries_declared_nondeterministic_outputs(self):
+        # Undeclared: the field is absent, as in every handshake written before it.
+        hs, _ = self.converse(echo_adapter(), [])
+        self.assertNotIn("nondeterministic", hs["caps"])
+        self.assertNotIn("nondeterministic_note", hs["caps"])
+        hs, _ = self.converse(
+            echo_adapter(nondeterministic=("dq",), nondeterministic_note="dq summed with atomics"), [])
+        self.assertEqual(hs["caps"]["nondeterministic"], ["dq"])
+        self.assertEqual(hs["caps"]["nondeterministic_note"], "dq summed with atomics")
+        # A name that is no output is the adapter's mistake, said before any handshake.
+        with self.assertRaises(ValueError) as cm:
+            kit.Caps(nondeterministic=("dx",)).to_json()
+        self.assertIn("Caps.nondeterministic", str(cm.exception))
+
     def probing_adapter(self, no_key_value):
         """numpy_reference with `no_key_value` written into the LSE of rows without keys."""
         import numpy_reference

@@ -4,9 +4,12 @@
 //! at fault, not the implementation). The order of the tests is the order of trust: a case
 //! outside the semantics or without a finite reference says nothing about the implementation;
 //! a failure that does not come back on replay is not one to send upstream; one that
-//! smallseq's emulation shares is the design's.
+//! smallseq's emulation shares is the design's. `determinism` is the exception to "one
+//! replay": a run-order difference comes on some reruns only, so its representative is
+//! rerun until one differs ([`DETERMINISM_RERUNS`]), and a difference in outputs the
+//! implementation declares nondeterministic is its design.
 
-use super::props::{numeric, oracle, Checker, Outcome};
+use super::props::{numeric, oracle, Checker, Outcome, Reruns};
 use super::repro::judge_stored;
 use super::triage::Signature;
 use crate::case::Case;
@@ -50,6 +53,12 @@ pub struct Replay<'r, 'c> {
     /// How it is named in the evidence ("the cpu backend with scale-twice planted").
     pub through: String,
 }
+
+/// How many reruns a `determinism` representative gets before its failure is called
+/// irreproducible. A run-order race differs on some reruns and not on others: one passing
+/// replay proves nothing (an H200 campaign of PyTorch's memory-efficient kernel: dQ differed
+/// in 10 cases, and the one replay of its representative was bitwise equal).
+pub const DETERMINISM_RERUNS: usize = 8;
 
 /// The properties `repro` re-judges from the stored outputs alone.
 const STORED: [&str; 3] = [
@@ -205,6 +214,18 @@ pub fn judge(
         ));
         return finding(Verdict::HarnessError, None, ev);
     }
+    if let (Some(r), "determinism") = (replay, sig.property.as_str()) {
+        return match r.checker.rerun_determinism(case, DETERMINISM_RERUNS) {
+            Ok(reruns) => determinism_finding(sig, detail, case, r, &reruns, ev),
+            Err(e) => {
+                ev.push(format!(
+                    "the replay through {} could not run: {e}",
+                    r.through
+                ));
+                finding(Verdict::HarnessError, None, ev)
+            }
+        };
+    }
     match replay {
         Some(r) => match r.checker.check(case, r.salt) {
             Err(e) => {
@@ -283,6 +304,62 @@ pub fn judge(
     }
     let c = clause(&sig.property, &sig.tensor, detail, case);
     finding(Verdict::Defect, Some(c), ev)
+}
+
+/// The verdict on a determinism group from its reruns: none differed, a harness error; only
+/// outputs the implementation declares nondeterministic differed, within tolerance, a design
+/// limit; anything else, a defect.
+fn determinism_finding(
+    sig: &Signature,
+    detail: &str,
+    case: &Case,
+    r: &Replay,
+    reruns: &Reruns,
+    mut ev: Vec<String>,
+) -> Finding {
+    let counted = format!("{} of {} reruns differed", reruns.differed(), reruns.made);
+    let Some(d) = &reruns.difference else {
+        ev.push(format!(
+            "replayed through {}: run once, then rerun into NaN-filled outputs: {counted} \
+             (irreproducible: a difference rarer than 1 in {}, or a capsule written by another \
+             build or device)",
+            r.through, reruns.limit
+        ));
+        return finding(Verdict::HarnessError, None, ev);
+    };
+    let at: Vec<String> = (d.tensors.iter())
+        .map(|t| {
+            format!(
+                "{} at {} element(s), first {}",
+                t.tensor, t.elements, t.first
+            )
+        })
+        .collect();
+    ev.push(format!(
+        "replayed through {}: run once, then rerun into NaN-filled outputs until one differed \
+         (up to {}): {counted}: {}",
+        r.through,
+        reruns.limit,
+        at.join("; ")
+    ));
+    if let Outcome::Fail(f) = &d.verdict {
+        ev.push(format!("determinism fails again: {}", f.detail));
+        let c = clause(&sig.property, &sig.tensor, detail, case);
+        return finding(Verdict::Defect, Some(c), ev);
+    }
+    // The rerun passed: what differed is declared nondeterministic and within tolerance.
+    let caps = r.checker.runner.caps();
+    let names: Vec<&str> = (d.tensors.iter())
+        .map(|t| t.tensor)
+        .filter(|t| caps.declares_nondeterministic(t))
+        .collect();
+    let why = (caps.nondeterministic_note.as_deref()).map_or(String::new(), |n| format!(" ({n})"));
+    ev.push(format!(
+        "declared nondeterministic: {}{why}, by the implementation's caps.nondeterministic; \
+         the rerun stays within numeric_agreement's tolerance",
+        names.join(", ")
+    ));
+    finding(Verdict::DesignOrRangeLimit, None, ev)
 }
 
 #[cfg(test)]

@@ -67,7 +67,19 @@ pub struct Caps {
     /// The numeric design it declares (docs/judgement.md, "Declared designs"); `None`: undeclared, judged
     /// against the envelope of the common designs.
     pub design: Option<Design>,
+    /// The outputs it declares not bitwise deterministic (`caps.nondeterministic`, names of
+    /// [`OUTPUTS`] in that order): a kernel that sums partial results in the order its blocks
+    /// finish (PyTorch's memory-efficient backward and dQ) differs from run to run in the last
+    /// bits by design. `determinism` holds their reruns to tolerance instead of to their bits;
+    /// the others keep the bitwise rule.
+    pub nondeterministic: Vec<String>,
+    /// Why (`caps.nondeterministic_note`), quoted where triage calls a rerun difference a
+    /// design limit.
+    pub nondeterministic_note: Option<String>,
 }
+
+/// The outputs `caps.nondeterministic` may name, in the order the declaration is kept.
+pub const OUTPUTS: [&str; 6] = ["o", "lse", "dq", "dk", "dv", "dbias"];
 
 impl Caps {
     /// Everything the in-tree backends compute, on `arch`. A backend that computes the bias
@@ -98,6 +110,8 @@ impl Caps {
             bias,
             dbias: bias,
             design: Some(Design::Project),
+            nondeterministic: Vec::new(),
+            nondeterministic_note: None,
         }
     }
 
@@ -107,6 +121,11 @@ impl Caps {
             design: Some(design),
             ..self
         }
+    }
+
+    /// Whether `tensor` is declared not bitwise deterministic.
+    pub fn declares_nondeterministic(&self, tensor: &str) -> bool {
+        self.nondeterministic.iter().any(|t| t == tensor)
     }
 
     /// Validates the wire form.
@@ -153,6 +172,22 @@ impl Caps {
             a.parse::<crate::dispatch::Arch>()
                 .map_err(|e| bad("arch", a, e))?;
         }
+        if let Some(t) = w
+            .nondeterministic
+            .iter()
+            .find(|t| !OUTPUTS.contains(&t.as_str()))
+        {
+            return Err(bad(
+                "nondeterministic",
+                t,
+                format!("expected output names among {}", OUTPUTS.join(", ")),
+            ));
+        }
+        // Kept in the outputs' order, each once: the report and the failure texts list them so.
+        let nondeterministic: Vec<String> = (OUTPUTS.iter())
+            .filter(|o| w.nondeterministic.iter().any(|t| t == *o))
+            .map(|o| o.to_string())
+            .collect();
         Ok(Caps {
             dtypes,
             layouts,
@@ -177,6 +212,8 @@ impl Caps {
             bias: w.bias,
             dbias: w.dbias,
             design,
+            nondeterministic,
+            nondeterministic_note: w.nondeterministic_note.clone(),
         })
     }
 
@@ -206,6 +243,8 @@ impl Caps {
             bias: self.bias,
             dbias: self.dbias,
             design: self.design.map(|d| d.name().into()),
+            nondeterministic: self.nondeterministic.clone(),
+            nondeterministic_note: self.nondeterministic_note.clone(),
         }
     }
 
@@ -290,6 +329,13 @@ impl Caps {
                 self.no_key_row.name()
             ));
         }
+        if !self.nondeterministic.is_empty() {
+            v.push(format!(
+                "bitwise determinism of {}: declared nondeterministic (caps.nondeterministic); \
+                 their reruns are held to numeric_agreement's tolerance instead",
+                self.nondeterministic.join(", ")
+            ));
+        }
         if let Some(h) = &self.head_dims {
             let list: Vec<String> = h.iter().map(|d| d.to_string()).collect();
             v.push(format!("head dims other than {}", list.join(", ")));
@@ -330,6 +376,12 @@ pub struct WireCaps {
     /// Added after the first workers: absent in their handshakes, so `false`.
     pub dbias: bool,
     pub design: Option<String>,
+    /// Added with issue 31's determinism findings; left out of the wire when empty, so the
+    /// in-tree workers' handshakes and the capsules that record caps stay as they were.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nondeterministic: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nondeterministic_note: Option<String>,
 }
 
 #[cfg(test)]
@@ -381,6 +433,38 @@ mod tests {
         let w: WireCaps = serde_json::from_str(r#"{"design": "fa9"}"#).unwrap();
         let e = Caps::from_wire(&w).unwrap_err().to_string();
         assert!(e.contains("caps.design") && e.contains("'fa9'"), "{e}");
+    }
+
+    #[test]
+    fn nondeterministic_outputs_are_read_in_order_and_unknown_names_refused() {
+        let empty: WireCaps = serde_json::from_str("{}").unwrap();
+        let e = Caps::from_wire(&empty).unwrap();
+        assert!(e.nondeterministic.is_empty() && !e.declares_nondeterministic("dq"));
+        // Absent from the wire when empty: old handshakes and capsules are unchanged.
+        let wire = serde_json::to_string(&e.to_wire()).unwrap();
+        assert!(!wire.contains("nondeterministic"), "{wire}");
+        let w: WireCaps = serde_json::from_str(
+            r#"{"nondeterministic": ["dv", "dq", "dq"], "nondeterministic_note": "atomics"}"#,
+        )
+        .unwrap();
+        let c = Caps::from_wire(&w).unwrap();
+        assert_eq!(c.nondeterministic, ["dq", "dv"]);
+        assert!(c.declares_nondeterministic("dq") && !c.declares_nondeterministic("dk"));
+        assert_eq!(c.nondeterministic_note.as_deref(), Some("atomics"));
+        assert_eq!(Caps::from_wire(&c.to_wire()).unwrap(), c);
+        assert!(
+            c.not_covered()
+                .iter()
+                .any(|l| l.starts_with("bitwise determinism of dq, dv: declared")),
+            "{:?}",
+            c.not_covered()
+        );
+        let w: WireCaps = serde_json::from_str(r#"{"nondeterministic": ["dx"]}"#).unwrap();
+        let e = Caps::from_wire(&w).unwrap_err().to_string();
+        assert!(
+            e.contains("caps.nondeterministic") && e.contains("'dx'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl<'a> InProcess<'a> {
     pub fn backend(&self) -> &'a dyn Backend {
         self.backend
     }
+
+    /// This backend declaring `caps` instead of the in-tree ones: what a worker's handshake
+    /// would say (`caps.nondeterministic`, `caps.no_key_row`), for tests of how the
+    /// properties read a declaration without a worker process.
+    pub fn with_caps(self, caps: Caps) -> Self {
+        InProcess { caps, ..self }
+    }
 }
 
 impl Runner for InProcess<'_> {

@@ -3,7 +3,7 @@
 //! past a slot's valid tokens shows here before its error is large enough for the tolerance.
 
 use super::checker::{CaseContext, Checker};
-use super::relation::{bitwise_diff, mask_dont_care};
+use super::relation::mask_dont_care;
 use super::verdict::{fail, skip, Outcome, Prop};
 use crate::case::{Case, Outputs};
 use crate::harness::gen::{dont_care_rows, poison};
@@ -26,8 +26,10 @@ impl Checker<'_> {
             Ok(p) => {
                 let mut other = p.outputs();
                 // Only valid outputs must be unchanged; don't-care outputs were checked above.
+                // Outputs declared nondeterministic repeat no bits to compare: numeric_agreement
+                // judges them on the poisoned base run, determinism on its rerun.
                 mask_dont_care(case, &mut other, actual);
-                match bitwise_diff(actual, &other) {
+                match self.repeat_diff(actual, &other) {
                     None => Outcome::Pass,
                     Some(d) => self.blame_dont_care(case, actual, d),
                 }
@@ -47,7 +49,7 @@ impl Checker<'_> {
             Ok(p) => {
                 let mut again = p.outputs();
                 mask_dont_care(case, &mut again, actual);
-                if bitwise_diff(actual, &again).is_some() {
+                if self.repeat_diff(actual, &again).is_some() {
                     skip(
                         "reruns of the same inputs differ: non-determinism, judged by \
                          determinism",

@@ -11,7 +11,7 @@
 //! | `rounding_bias` | `bias.rs` |
 //! | `workspace` | `workspace.rs` |
 //! | `dont_care` | `dont_care.rs` |
-//! | `determinism` | `determinism.rs` |
+//! | `determinism` (and `reruns.rs`: triage's replay of a determinism failure, rerun until one differs) | `determinism.rs` |
 //! | `fallback_equivalence` | `fallback.rs` |
 //! | `metamorphic` (slot order, batch split, GQA; the scale relation in `scale.rs`, dropout's in `dropout.rs`) | `metamorphic.rs` |
 //! | `crash`, `hang` | `fault.rs` |
@@ -38,6 +38,7 @@ mod numeric;
 mod range_limit;
 mod range_verdict;
 mod relation;
+mod reruns;
 mod scale;
 mod score_bias;
 #[cfg(test)]
@@ -51,6 +52,7 @@ pub use dont_care::dont_care_outputs;
 pub use metamorphic::METAMORPHIC_PER_CASE;
 pub use numeric::numeric;
 pub use relation::paths_agree;
+pub use reruns::{tensor_diffs, Difference, Reruns, TensorDiff};
 pub use verdict::{CaseRun, Failure, Outcome, Prop};
 pub use yardstick::{numeric_regimes, oracle, oracle_for, Yardstick};
 
