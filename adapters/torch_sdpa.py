@@ -48,7 +48,9 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   `torch.autograd.grad` then gives dBias with the sum over the broadcast slots and heads done
   by autograd. cudnn declares no dbias: torch's cuDNN backward returns dQ, dK and dV only
   (its attn_mask is passed without requires_grad). ALiBi has no dBias (§1.9).
-- Determinism (efficient declares dq nondeterministic, `caps.nondeterministic`): PyTorch's
+- Determinism (efficient and flash declare dq nondeterministic, `caps.nondeterministic`). Flash
+  runs FA2's backward with deterministic=false, dQ added over key blocks with atomics (PyTorch
+  warns "Flash Attention defaults to a non-deterministic algorithm"), as torch_varlen.py. PyTorch's
   memory-efficient backward splits the keys over thread blocks (`num_splits_key`) and each
   adds its partial dQ into one f32 accumulator in the order the blocks take its lock
   (aten/src/ATen/native/transformers/cuda/attention_backward.cu; under
@@ -95,6 +97,9 @@ def caps_for(kernel: str) -> kit.Caps:
         caps.nondeterministic_note = "dq summed over key splits in the order they take an atomic lock"
     if kernel == "flash":
         caps.dtypes, caps.window, caps.dv_ne_dqk, caps.head_dims = ["bf16", "f16"], False, False, FUSED_DIMS
+        # The same FA2 backward as torch_varlen.py's flash (deterministic=false there too).
+        caps.nondeterministic = ("dq",)
+        caps.nondeterministic_note = "dq summed over key blocks with atomics (FA2, deterministic=false)"
     if kernel == "cudnn":
         caps.dtypes, caps.head_dims = ["bf16", "f16"], [d for d in FUSED_DIMS if d != 192]
     return caps

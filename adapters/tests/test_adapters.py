@@ -52,7 +52,9 @@ class Declarations(unittest.TestCase):
         self.assertEqual(hs["caps"]["nondeterministic"], ["dq"])
         self.assertIn("atomic", hs["caps"]["nondeterministic_note"])
         self.assertEqual(kit.handshake(torch_varlen.adapter([]))["caps"]["nondeterministic"], ["dq"])
-        quiet = [torch_sdpa.adapter(["--kernel", k]) for k in ("math", "flash", "cudnn")] + [
+        flash = kit.handshake(torch_sdpa.adapter(["--kernel", "flash"]))["caps"]
+        self.assertEqual(flash["nondeterministic"], ["dq"])
+        quiet = [torch_sdpa.adapter(["--kernel", k]) for k in ("math", "cudnn")] + [
             torch_varlen.adapter(["--kernel", "cudnn"]), numpy_reference.adapter(),
             jax_attention.adapter(["--implementation", "xla"]), jax_attention.adapter(["--implementation", "cudnn"]),
             te_jax.adapter([])]

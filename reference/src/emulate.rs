@@ -50,12 +50,29 @@ pub fn forward_backward(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGra
     forward_backward_with(p, dtype, DsOperand::BlockScaled)
 }
 
+/// [`forward_backward`] with D = rowsum(dO∘O) from the stored (dtype-rounded) O instead of
+/// Σ P·dP (docs/semantics.md §1.7, the second form): the roundings of the GPU's tiled
+/// fallback backward built with `FTB_D_FROM_O=1` (P and dS as 16-bit operands of its matrix
+/// products, dS scaled per block), whose D carries O's rounding into every dS of the row.
+pub fn forward_backward_d_from_o(p: &Problem, dtype: Dtype) -> (EmuForward, Option<EmuGradients>) {
+    emulate(p, dtype, DsOperand::BlockScaled, true)
+}
+
 /// [`forward_backward`] of a design that carries dS as `ds` says (the other designs a range
 /// limit may be of).
 pub fn forward_backward_with(
     p: &Problem,
     dtype: Dtype,
     ds: DsOperand,
+) -> (EmuForward, Option<EmuGradients>) {
+    emulate(p, dtype, ds, false)
+}
+
+fn emulate(
+    p: &Problem,
+    dtype: Dtype,
+    ds: DsOperand,
+    d_from_o: bool,
 ) -> (EmuForward, Option<EmuGradients>) {
     let a = p.params;
     let (nh, nkv, dqk, dv) = (a.num_heads, a.num_kv_heads, a.head_dim_qk, a.head_dim_v);
@@ -78,7 +95,15 @@ pub fn forward_backward_with(
             continue;
         }
         for hk in 0..nkv {
-            emulate_group(p, a, (i, sg), hk, (dtype, ds), &mut fwd, grads.as_mut());
+            emulate_group(
+                p,
+                a,
+                (i, sg),
+                hk,
+                (dtype, ds, d_from_o),
+                &mut fwd,
+                grads.as_mut(),
+            );
         }
     }
     (fwd, grads)
@@ -138,7 +163,7 @@ fn emulate_group(
     a: &AttnParams,
     (slot, sg): (usize, SlotGeom),
     hk: usize,
-    (dtype, ds_design): (Dtype, DsOperand),
+    (dtype, ds_design, d_from_o): (Dtype, DsOperand, bool),
     fwd: &mut EmuForward,
     grads: Option<&mut EmuGradients>,
 ) {
@@ -235,10 +260,16 @@ fn emulate_group(
                 })
                 .collect();
             let prr = &pr[r * lk..(r + 1) * lk];
-            let big_d = prr
-                .iter()
-                .zip(&dp)
-                .fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+            let big_d = if d_from_o {
+                // This head's O as stored, from the forward above (the order of `dot32`, as
+                // the fallback emulation and the CPU backend take it).
+                let o: Vec<f32> = (0..dv).map(|d| fwd.o[[sg.off_q + r, h, d]]).collect();
+                dot32(d_o.row(r), &o)
+            } else {
+                prr.iter()
+                    .zip(&dp)
+                    .fold(0.0f32, |acc, (&x, &y)| acc + x * y)
+            };
             for c in 0..lk {
                 raw[r * lk + c] = prr[c] * (dp[c] - big_d);
             }

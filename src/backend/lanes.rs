@@ -15,8 +15,8 @@
 
 use super::{Backend, BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;
-use crate::dispatch::gate::GateDefects;
 use crate::design::Design;
+use crate::dispatch::gate::GateDefects;
 use crate::dispatch::Arch;
 use crate::error::{Error, Fault, FaultKind, Result};
 use crate::mutants::Defects;

@@ -61,20 +61,23 @@ impl Yardstick {
     }
 
     /// This yardstick for outputs whose backward ran the fallback path (`fallback_bwd`). Under
-    /// [`Design::ProjectDFromO`] that backward takes D from the stored O, which only the
-    /// fallback emulation follows: its gradients become the emulated ones, so the tensor rule
-    /// owes the design's own error (O's rounding to the input type, which D carries into every
-    /// dS of the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`).
-    /// Every other design and path keeps the yardstick as it is.
+    /// [`Design::ProjectDFromO`] that backward takes D from the stored O, which the small-seq
+    /// design's emulation does not: dQ and dK become those of the same emulation with D from
+    /// its stored O (`emulate::forward_backward_d_from_o`), so the tensor rule owes the
+    /// design's own error (O's rounding to the input type, which D carries into every dS of
+    /// the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`). dV
+    /// does not depend on D and keeps its yardstick; so do every other design and path.
     pub fn for_backward(&self, case: &Case, fallback_bwd: bool) -> Result<Cow<'_, Yardstick>> {
         if !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
             return Ok(Cow::Borrowed(self));
         }
-        let fb = self.fallback(case)?;
+        let problem = case.problem()?;
+        let (_, g) = timed(Stage::Emulation, || {
+            emulate::forward_backward_d_from_o(&problem, case.config.dtype)
+        });
         let mut y = self.clone();
-        y.emulated.dq = fb.dq.clone();
-        y.emulated.dk = fb.dk.clone();
-        y.emulated.dv = fb.dv.clone();
+        y.emulated.dq = g.as_ref().map(|g| g.dq.mapv(f64::from));
+        y.emulated.dk = g.as_ref().map(|g| g.dk.mapv(f64::from));
         Ok(Cow::Owned(y))
     }
 
