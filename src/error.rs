@@ -118,6 +118,10 @@ pub struct Fault {
     pub detail: String,
     /// The tail of the worker's stderr.
     pub stderr: String,
+    /// The case timeout a hang ran out of, in seconds (`--case-timeout`, else the default of
+    /// the case's size): recorded in the capsule, so that `repro` waits as long and no
+    /// longer. `None` for a crash.
+    pub timeout_s: Option<f64>,
 }
 
 /// The library's result type.

@@ -214,7 +214,9 @@ fn planted_fault(mode: &str, prop: &str, how: &str) -> Value {
     );
     assert_eq!(r["properties"][prop]["fail"].as_u64().unwrap(), n);
     assert_eq!(r["properties"][prop]["pass"].as_u64().unwrap(), 20 - n);
-    // The printed command, run as printed (without the variable: the capsule records it).
+    // The printed command, run exactly as printed (without the variable: the capsule records
+    // it, and a hang's capsule its 2 s case timeout, which the rerun waits and no longer than
+    // the default's 30 s).
     let line = failures[0]["repro"].as_str().unwrap();
     let words: Vec<&str> = line.split_whitespace().collect();
     assert!(
@@ -222,11 +224,19 @@ fn planted_fault(mode: &str, prop: &str, how: &str) -> Value {
         "{line}"
     );
     let mut c = Command::new(words[0]);
-    c.args(&words[1..]).args(["--case-timeout", "2s"]);
+    c.args(&words[1..]);
     c.env_remove("SMALLSEQ_MUTANT_FAULT");
+    let started = std::time::Instant::now();
     let o = c.output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{text}");
+    if prop == "hang" {
+        assert!(
+            text.contains("with its case timeout of 2.0 s"),
+            "the rerun takes the recorded timeout: {text}"
+        );
+        assert!(started.elapsed().as_secs() < 25, "{:?}", started.elapsed());
+    }
     assert!(
         text.contains(&format!("SMALLSEQ_MUTANT_FAULT={mode}\n")),
         "the capsule records the fault as it was planted: {text}"

@@ -97,6 +97,7 @@ impl Lanes {
             kind: FaultKind::Crash,
             detail: why.to_string(),
             stderr: String::new(),
+            timeout_s: None,
         })
     }
 

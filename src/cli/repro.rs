@@ -27,7 +27,8 @@ pub struct ReproArgs {
     /// Run an in-tree backend in a worker process.
     #[arg(long)]
     pub isolate: bool,
-    /// Time the worker may take for one run of the case (default: from the case's size).
+    /// Time the worker may take for one run of the case (default: the case timeout a hang
+    /// capsule records, else from the case's size).
     #[arg(long, value_parser = super::parse_duration)]
     pub case_timeout: Option<std::time::Duration>,
     /// Dispatch profile for a rerun (default: the capsule's, else native).
@@ -127,12 +128,26 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             );
             return Ok(super::EXIT_USAGE);
         }
+        // A hang reruns under the case timeout it ran out of (unless --case-timeout says
+        // otherwise): the default for the case's size can be far longer than the campaign's.
+        let mut recorded_timeout = None;
         if let Some(f) = fault {
-            let kind = serde_json::from_str::<serde_json::Value>(f)
-                .ok()
+            let v = serde_json::from_str::<serde_json::Value>(f).ok();
+            let kind = (v.as_ref())
                 .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
                 .unwrap_or_else(|| "fault".into());
-            say!("the capsule records a worker {kind}; rerunning in a worker process");
+            recorded_timeout = (v.as_ref())
+                .and_then(|v| v.get("case_timeout_s")?.as_f64())
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(std::time::Duration::from_secs_f64);
+            match (recorded_timeout, args.case_timeout) {
+                (Some(t), None) => say!(
+                    "the capsule records a worker {kind}; rerunning in a worker process with its \
+                     case timeout of {:.1} s",
+                    t.as_secs_f64()
+                ),
+                _ => say!("the capsule records a worker {kind}; rerunning in a worker process"),
+            }
         }
         let targs = TargetArgs {
             backend: name.clone(),
@@ -143,7 +158,7 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
             isolate: true,
             in_process: false,
             devices: None,
-            case_timeout: args.case_timeout,
+            case_timeout: args.case_timeout.or(recorded_timeout),
             start_timeout: std::time::Duration::from_secs(600),
         };
         let env = if args.current_env {

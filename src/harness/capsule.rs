@@ -222,6 +222,7 @@ pub fn write(
                 "detail": f.detail,
                 "stderr_tail": f.stderr,
                 "worker": runner.worker_command(),
+                "case_timeout_s": f.timeout_s,
             })
             .to_string(),
         );

@@ -197,6 +197,7 @@ impl Worker {
                         timeout.as_secs_f64()
                     ),
                     stderr: tail,
+                    timeout_s: Some(timeout.as_secs_f64()),
                 })
             }
         }
@@ -210,6 +211,7 @@ impl Worker {
             kind: FaultKind::Crash,
             detail: format!("{detail}{}", last_lines(&tail)),
             stderr: tail,
+            timeout_s: None,
         }
     }
 
