@@ -14,6 +14,6 @@ use smallseq::design::Design;
 fn d_from_o_fallback_cases_pass_every_property_on_the_cpu() {
     let be = CpuBackend::default().with_d_from_o();
     assert_eq!(be.design(), Design::ProjectDFromO);
-    let failed = d_from_o_cases::failures_on(&be, 300);
+    let failed = d_from_o_cases::failures_on(&be, 200);
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
