@@ -17,3 +17,29 @@ fn d_from_o_fallback_cases_pass_every_property_on_the_cpu() {
     let failed = d_from_o_cases::failures_on(&be, 200);
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+/// The cases of seed 3371 whose dBias failed on the H100 under D from the stored O while the
+/// judge took dBias's D as Σ P·dP (bench/NOTES.md v21): dBias = Σ dS carries the design's D.
+#[test]
+fn dbias_follows_the_declared_d() {
+    use smallseq::dispatch::Profile;
+    use smallseq::harness::campaign::case_seed;
+    use smallseq::harness::gen::{build, draw_geometry_for};
+    use smallseq::harness::props::{Checker, Outcome};
+    use smallseq::harness::rng::Rng;
+    let be = CpuBackend::default().with_d_from_o();
+    let checker = Checker::isolated(&be);
+    let mut failed = Vec::new();
+    for i in [873u64, 2657, 3631] {
+        let cs = case_seed(3371, i);
+        let g = draw_geometry_for(&mut Rng::new(cs), Profile::Native);
+        let case = build(&g, cs ^ 0xda7a).unwrap();
+        assert!(case.config.params.bias.grad_shape().is_some(), "case {i} has a dBias");
+        for (p, o) in checker.check(&case, i).unwrap().outcomes {
+            if let Outcome::Fail(f) = o {
+                failed.push(format!("case {i}: {p}: {}", f.detail));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

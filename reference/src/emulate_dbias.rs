@@ -8,10 +8,20 @@ use crate::emulate::{dot32, scores32, Rows};
 use crate::problem::Problem;
 use crate::slot::SlotGeom;
 use crate::types::Dtype;
-use ndarray::Array4;
+use ndarray::{Array3, Array4};
 
 /// dBias `[Bb, Hb, Sq, Sk]` of a case with a post-scale bias and `d_o`; `None` otherwise.
 pub fn dbias(p: &Problem, dtype: Dtype) -> Option<Array4<f32>> {
+    dbias_with(p, dtype, None)
+}
+
+/// [`dbias`] with D = rowsum(dO∘O) from `o`, the stored `[Tq, H, Dv]` output
+/// (docs/semantics.md §1.7, the second form), in `dot32`'s order.
+pub fn dbias_d_from_o(p: &Problem, dtype: Dtype, o: &Array3<f32>) -> Option<Array4<f32>> {
+    dbias_with(p, dtype, Some(o))
+}
+
+fn dbias_with(p: &Problem, dtype: Dtype, o: Option<&Array3<f32>>) -> Option<Array4<f32>> {
     let a = p.params;
     let (AttnBias::PostScale(t), Some(d_o)) = (&a.bias, p.d_o.as_ref()) else {
         return None;
@@ -66,7 +76,13 @@ pub fn dbias(p: &Problem, dtype: Dtype) -> Option<Array4<f32>> {
                         }
                     })
                     .collect();
-                let big_d = pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+                let big_d = match o {
+                    Some(o) => {
+                        let row: Vec<f32> = o.slice(ndarray::s![sg.off_q + r, h, ..]).to_vec();
+                        dot32(dor.row(r), &row)
+                    }
+                    None => pr.iter().zip(&dp).fold(0.0f32, |acc, (&x, &y)| acc + x * y),
+                };
                 for c in 0..lk {
                     acc[[bb, hb, r, c]] += pr[c] * (dp[c] - big_d);
                 }

@@ -65,19 +65,28 @@ impl Yardstick {
     /// design's emulation does not: dQ and dK become those of the same emulation with D from
     /// its stored O (`emulate::forward_backward_d_from_o`), so the tensor rule owes the
     /// design's own error (O's rounding to the input type, which D carries into every dS of
-    /// the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`). dV
-    /// does not depend on D and keeps its yardstick; so do every other design and path.
+    /// the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`); so
+    /// does dBias (Σ dS). dV does not depend on D and keeps its yardstick; so do every other
+    /// design and path.
     pub fn for_backward(&self, case: &Case, fallback_bwd: bool) -> Result<Cow<'_, Yardstick>> {
         if !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
             return Ok(Cow::Borrowed(self));
         }
         let problem = case.problem()?;
-        let (_, g) = timed(Stage::Emulation, || {
-            emulate::forward_backward_d_from_o(&problem, case.config.dtype)
+        let dtype = case.config.dtype;
+        let (f, g) = timed(Stage::Emulation, || {
+            emulate::forward_backward_d_from_o(&problem, dtype)
         });
         let mut y = self.clone();
         y.emulated.dq = g.as_ref().map(|g| g.dq.mapv(f64::from));
         y.emulated.dk = g.as_ref().map(|g| g.dk.mapv(f64::from));
+        // dBias = Σ dS carries the same D.
+        if y.emulated.dbias.is_some() {
+            y.emulated.dbias = timed(Stage::Emulation, || {
+                emulate_dbias::dbias_d_from_o(&problem, dtype, &f.o)
+            })
+            .map(|d| d.mapv(f64::from));
+        }
         Ok(Cow::Owned(y))
     }
 
