@@ -129,6 +129,11 @@ pub struct OrderAllowance {
     /// design, `adapters/design_model.py`, recomputes P from the stored LSE with exponents of
     /// 10⁵ and lands 12 f16 units of P from an emulation that is exact there).
     pub in_tensor_rule: bool,
+    /// The same for dQ and dK alone: set for a backward that takes D from the stored O
+    /// ([`crate::harness::props::Yardstick::for_backward`]), where which way each element of
+    /// O rounded moves D and no emulation can follow it (the implementation's O is not the
+    /// emulation's); the allowance's `P_ij · Σ_d |dO_id|·|O_id|` term is that rounding.
+    pub grads_in_tensor_rule: bool,
     /// The share of the arrays above that flush-to-zero of f32 intermediates can lose
     /// ([`super::ftz`]): the envelope's only, and `None` where no value of the case can flush.
     pub ftz: Option<FtzAllowance>,
@@ -445,6 +450,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dv: None,
                 dbias: None,
                 in_tensor_rule: design == Design::Envelope,
+                grads_in_tensor_rule: false,
                 ftz,
             },
         },
@@ -471,6 +477,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                     dv: Some(with_ftz(odv, "dv")),
                     dbias: dbo.map(|d| with_ftz(d, "dbias")),
                     in_tensor_rule: design == Design::Envelope,
+                    grads_in_tensor_rule: false,
                     ftz,
                 },
             }

@@ -489,6 +489,7 @@ pub fn judge_all(
 ) -> Vec<Judgement> {
     let _judging = crate::stages::enter(crate::stages::Stage::Judging);
     let in_tensor_rule = order.is_some_and(|o| o.in_tensor_rule);
+    let grads_in_tensor_rule = order.is_some_and(|o| o.grads_in_tensor_rule);
     let layout = &case.layout;
     let dtype = case.config.dtype;
     let lse_magnitude = lse_magnitude.max(1.0);
@@ -542,7 +543,8 @@ pub fn judge_all(
             _ => None,
         });
         let order = order.map(|o| o.view().into_dyn());
-        let in_tensor_rule = in_tensor_rule && name != "dbias";
+        let in_tensor_rule = (in_tensor_rule && name != "dbias")
+            || (grads_in_tensor_rule && matches!(name, "dq" | "dk"));
         // LSE is stored as f32 whatever the inputs' type.
         let stored = if name == "lse" { Dtype::F32 } else { dtype };
         if let (Some(actual), Some(reference), Some(emulated)) = (a, r, e) {

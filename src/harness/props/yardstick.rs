@@ -66,8 +66,10 @@ impl Yardstick {
     /// its stored O (`emulate::forward_backward_d_from_o`), so the tensor rule owes the
     /// design's own error (O's rounding to the input type, which D carries into every dS of
     /// the row) and a value the design loses reads as the design's (`tests/d_from_o.rs`); so
-    /// does dBias (Σ dS). dV does not depend on D and keeps its yardstick; so do every other
-    /// design and path.
+    /// does dBias (Σ dS). Which way each element of O rounded is the implementation's, so
+    /// the tensor rule of dQ and dK also takes the order allowance off each element (its
+    /// `P·Σ|dO|·|O|` term is that rounding; [`OrderAllowance::grads_in_tensor_rule`]). dV does
+    /// not depend on D and keeps its yardstick; so do every other design and path.
     pub fn for_backward(&self, case: &Case, fallback_bwd: bool) -> Result<Cow<'_, Yardstick>> {
         if !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
             return Ok(Cow::Borrowed(self));
@@ -78,6 +80,7 @@ impl Yardstick {
             emulate::forward_backward_d_from_o(&problem, dtype)
         });
         let mut y = self.clone();
+        y.order.grads_in_tensor_rule = true;
         y.emulated.dq = g.as_ref().map(|g| g.dq.mapv(f64::from));
         y.emulated.dk = g.as_ref().map(|g| g.dk.mapv(f64::from));
         // dBias = Σ dS carries the same D.
