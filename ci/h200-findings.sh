@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Runs every standalone script of adapters/findings/ on the device (torch and jax there; no
+# Runs the standalone scripts of adapters/findings/ on the device (torch and jax there; no
 # smallseq needed) and says which reproduce: exit 1 of a script = reproduced, 0 = not, 2 =
-# refused, 3 = the script failed (adapters/standalone.py). A pending finding (findings/pending/)
-# moves up into FINDINGS.md as a confirmed defect only once its script reproduces alone.
-#   ci/h200-findings.sh OUT     writes OUT/findings.txt and each script's output
+# refused, 3 = the script failed (adapters/standalone.py). The pending capsules of
+# adapters/findings/pending/pending.txt get their script written first; a pending finding moves
+# into adapters/FINDINGS.md as a confirmed defect only once its script reproduces on its own.
+#   ci/h200-findings.sh OUT     writes OUT/findings.txt, each script and its output
 set -u
 cd "$(dirname "$0")/.."
 out=${1:?usage: ci/h200-findings.sh OUT}
 mkdir -p "$out"
-for s in adapters/findings/*.py adapters/findings/pending/*.py; do
+pending=adapters/findings/pending
+grep -v '^#' "$pending/pending.txt" | while read -r capsule adapter flags; do
+  [ -n "$capsule" ] || continue
+  # shellcheck disable=SC2086  # the adapter's flags are words
+  python3 adapters/standalone.py "$pending/$capsule" --adapter "$adapter" $flags \
+    -o "$out/${capsule%.safetensors}.py" > /dev/null 2>&1 ||
+    echo "${capsule%.safetensors}: no script written" | tee -a "$out/findings.txt"
+done
+for s in adapters/findings/*.py "$out"/*.py; do
   [ -e "$s" ] || continue
   name=$(basename "$s" .py)
   timeout -k 5 120 python3 "$s" > "$out/$name.txt" 2>&1
