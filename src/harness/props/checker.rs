@@ -83,6 +83,25 @@ impl<'a> Checker<'a> {
     /// holds something other than the semantics' zeros (`caps.no_key_row`): those rows of O
     /// and LSE take the semantics' values, and the case's gradients (which such rows feed)
     /// are not judged; `Caps::not_covered` says so in the report. `None`: judged as it is.
+    /// The yardstick of `base`'s outputs (the checker's design, following the path its
+    /// backward took: [`Yardstick::for_backward`]) and their `numeric_agreement` verdict.
+    pub(super) fn judge_base(
+        &self,
+        case: &Case,
+        base: &Pair,
+        actual: &Outputs,
+    ) -> Result<(Yardstick, Outcome, Vec<Judgement>)> {
+        let y = oracle_for(case, self.design())?;
+        let followed = match y.for_backward(case, base.fallback().1)? {
+            std::borrow::Cow::Owned(o) => Some(o),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        let y = followed.unwrap_or(y);
+        let declared = self.no_key_rows_as_declared(case, actual);
+        let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(actual), &y);
+        Ok((y, num, judgements))
+    }
+
     pub(super) fn no_key_rows_as_declared(&self, case: &Case, actual: &Outputs) -> Option<Outputs> {
         if self.runner.caps().no_key_row == NoKeyRow::Zero {
             return None;
@@ -199,10 +218,7 @@ impl<'a> Checker<'a> {
             }
         };
         let actual = base.outputs();
-        let y = oracle_for(case, self.design())?;
-        let y = y.for_backward(case, base.fallback().1)?;
-        let declared = self.no_key_rows_as_declared(case, &actual);
-        let (num, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
+        let (y, num, judgements) = self.judge_base(case, &base, &actual)?;
         outcomes.push((Prop::NumericAgreement, num));
         let cx = CaseContext {
             case,

@@ -5,9 +5,7 @@
 //! single passing replay proves nothing; how many reruns differed, and where, is the evidence.
 
 use super::checker::{CaseContext, Checker};
-use super::numeric::numeric;
 use super::verdict::Outcome;
-use super::yardstick::oracle_for;
 use crate::case::{Case, Outputs};
 use crate::error::Result;
 
@@ -57,9 +55,7 @@ impl Checker<'_> {
     pub fn rerun_determinism(&self, case: &Case, limit: usize) -> Result<Reruns> {
         let base = self.runner.run_pair(case, &self.opts)?;
         let actual = base.outputs();
-        let y = oracle_for(case, self.design())?;
-        let declared = self.no_key_rows_as_declared(case, &actual);
-        let (_, judgements) = numeric(case, declared.as_ref().unwrap_or(&actual), &y);
+        let (y, _, judgements) = self.judge_base(case, &base, &actual)?;
         let cx = CaseContext {
             case,
             base: &base,
