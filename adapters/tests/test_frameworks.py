@@ -41,7 +41,10 @@ def geometries(dtype):
 
 
 class FrameworkCase(unittest.TestCase):
-    def compare(self, adapter, tol, dtype="f32"):
+    def compare(self, adapter, tol, dtype="f32", known=lambda case, out: None):
+        """`known(case, out)`: why `out` of `case` is not compared (a confirmed defect of the
+        framework with its own standalone script in adapters/findings/), else None; what it
+        names is printed, so the smoke test stays green on what FINDINGS.md already holds."""
         kit.start(adapter)  # setup, and the no-key LSE convention where it is probed
         checked = 0
         for name, case in geometries(dtype):
@@ -59,6 +62,10 @@ class FrameworkCase(unittest.TestCase):
                 exp = ref.attention(case, want)
                 no_key = case.no_key_rows()
                 for out in sorted(want):
+                    why = known(case, out)
+                    if why:
+                        print(f"KNOWN DEFECT, not compared: {adapter.name} {name} {out}: {why}")
+                        continue
                     rows = ~no_key if out in ("o", "lse", "dq") and adapter.caps.no_key_row == "other" else slice(None)
                     a, b = np.asarray(got[out], np.float64)[rows], np.asarray(exp[out], np.float64)[rows]
                     np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {out}")
@@ -113,6 +120,15 @@ class TorchMath(FrameworkCase):
         self.compare(torch_sdpa.adapter(["--kernel", "math"]), 2e-5)
 
 
+def cudnn_no_key_rows(case, out):
+    """cuDNN SDPA's backward lets query rows that see no key add to dK and dV: confirmed with
+    adapters/findings/sdpa_no_key_rows_backward.py (FINDINGS.md, item 4 of 2026-12-04; on
+    this very geometry, `long`: dK off by 1.386)."""
+    if out in ("dk", "dv") and case.no_key_rows().any():
+        return "rows without keys add to dK and dV (FINDINGS.md item 4, sdpa_no_key_rows_backward.py)"
+    return None
+
+
 @unittest.skipUnless(has_cuda(), "no CUDA torch")
 class TorchFused(FrameworkCase):
     """A smoke test for the H200 before a campaign (bf16: loose bounds; the campaign judges)."""
@@ -122,7 +138,8 @@ class TorchFused(FrameworkCase):
 
         for kernel in ("efficient", "flash", "cudnn"):
             with self.subTest(kernel=kernel):
-                self.compare(torch_sdpa.adapter(["--kernel", kernel]), 6e-2, "bf16")
+                known = cudnn_no_key_rows if kernel == "cudnn" else (lambda case, out: None)
+                self.compare(torch_sdpa.adapter(["--kernel", kernel]), 6e-2, "bf16", known)
 
     def test_varlen_bf16(self):
         import torch_varlen
