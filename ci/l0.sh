@@ -46,7 +46,30 @@ fi
 # of ci/python-kit.sh (made by ci/prereqs.sh under .ci/run), not whatever python3 is on PATH.
 SMALLSEQ_PYTHON=${SMALLSEQ_PYTHON:-$(ci/python-kit.sh)} || exit 2
 export SMALLSEQ_PYTHON
-stage tests cargo test --workspace --release "${features[@]}"
+# The HIP host model's two clang-heavy tests (each kernel mutant and variant is a build of
+# tests/hip_model/model.cpp: about two minutes) run beside the others, which leave the two cores
+# idle about a fifth of their time (workers, signals and subprocesses wait).
+heavy=(kernel_mutants_fail_the_model kernel_variants_pass_the_model)
+stage test-build bash -c 'cargo test --workspace --release "$@" --no-run --message-format=json \
+  > target/l0/test-build.json' _ "${features[@]}"
+hip_model=$(python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "hip_lane_model" and m.get("executable"):
+        print(m["executable"])' target/l0/test-build.json)
+[ -x "$hip_model" ] || { echo "FAIL: no hip_lane_model test binary" >&2; exit 1; }
+"$hip_model" --exact "${heavy[@]}" > target/l0/hip-model.log 2>&1 &
+hip_pid=$!
+skips=()
+for t in "${heavy[@]}"; do skips+=(--skip "$t"); done
+stage tests cargo test --workspace --release "${features[@]}" -- "${skips[@]}"
+hip_model_tests() {
+  local rc=0
+  wait "$hip_pid" || rc=$?
+  cat target/l0/hip-model.log
+  return "$rc"
+}
+stage hip-model-tests hip_model_tests
 # The binary `cargo test` built for the CLI tests (with the same features): `cargo run` would
 # resolve the dependencies' features without the dev-dependencies and compile again.
 bin=target/release/smallseq
