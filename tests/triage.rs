@@ -458,3 +458,54 @@ fn concurrent_triage_gives_the_verdicts_of_one_job() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// A hang's representative is replayed under the case timeout its capsule records (2 s here),
+/// as `repro` reruns it, not under the default of its size (30 s and more): the replay hangs
+/// again and the group is a defect, in a fraction of the default.
+#[test]
+fn a_hang_replays_under_its_recorded_case_timeout() {
+    let dir = tmp("hang");
+    let mut cmd = bin();
+    cmd.args([
+        "fuzz",
+        "--isolate",
+        "--cases",
+        "4",
+        "--seed",
+        "3",
+        "--jobs",
+        "1",
+    ])
+    .args(["--case-timeout", "2s", "--shrink-time", "0s", "--out"])
+    .arg(&dir)
+    .env("SMALLSEQ_MUTANT_FAULT", "hang");
+    let o = run(&mut cmd);
+    assert_eq!(o.status.code(), Some(1), "the campaign met its hangs");
+    let started = std::time::Instant::now();
+    let out = tmp("hang-triage");
+    let o = run(bin()
+        .args(["triage", "--jobs", "1", "--shrink-time", "0s", "--out"])
+        .arg(&out)
+        .arg(&dir)
+        .env_remove("SMALLSEQ_MUTANT_FAULT"));
+    let took = started.elapsed();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a hang that hangs again is a defect"
+    );
+    let t = read_json(&out.join("triage.json"));
+    let hang = t["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["signature"]["property"] == "hang")
+        .expect("a hang group");
+    assert_eq!(hang["finding"]["verdict"], "defect", "{hang}");
+    assert!(
+        hang["finding"]["evidence"].to_string().contains("2.0 s"),
+        "rerun with the recorded timeout: {hang}"
+    );
+    assert!(took.as_secs() < 25, "triage took {took:?}");
+    remove(&[&dir, &out]);
+}

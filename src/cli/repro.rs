@@ -4,7 +4,7 @@ use super::target::{self, TargetArgs};
 use anyhow::Result;
 use smallseq::backend;
 use smallseq::dispatch::{apply_profile_defaults, EnvView, Profile};
-use smallseq::harness::capsule::{FAULT, KERNEL_DEFINES_ENV, PROVENANCE, WORKER};
+use smallseq::harness::capsule::{self, FAULT, KERNEL_DEFINES_ENV, PROVENANCE, WORKER};
 use smallseq::harness::props::Checker;
 use smallseq::harness::repro::{judge_stored, rerun, Recorded};
 use smallseq::mutants::Mutant;
@@ -130,16 +130,12 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         }
         // A hang reruns under the case timeout it ran out of (unless --case-timeout says
         // otherwise): the default for the case's size can be far longer than the campaign's.
-        let mut recorded_timeout = None;
+        let recorded_timeout = capsule::recorded_case_timeout(&case);
         if let Some(f) = fault {
             let v = serde_json::from_str::<serde_json::Value>(f).ok();
             let kind = (v.as_ref())
                 .and_then(|v| Some(v.get("kind")?.as_str()?.to_string()))
                 .unwrap_or_else(|| "fault".into());
-            recorded_timeout = (v.as_ref())
-                .and_then(|v| v.get("case_timeout_s")?.as_f64())
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .map(std::time::Duration::from_secs_f64);
             match (recorded_timeout, args.case_timeout) {
                 (Some(t), None) => say!(
                     "the capsule records a worker {kind}; rerunning in a worker process with its \
@@ -260,7 +256,7 @@ pub(super) fn recorded_worker(case: &smallseq::Case) -> Option<String> {
 /// Worker variables a capsule's provenance records (a planted worker fault): set for the
 /// rerun's worker, so the printed repro command needs no environment of its own. (Kernel
 /// defines are replayed through this process's environment, which workers inherit.)
-fn replayed_worker_env(case: &smallseq::Case) -> Vec<(String, String)> {
+pub(super) fn replayed_worker_env(case: &smallseq::Case) -> Vec<(String, String)> {
     case.meta
         .get(PROVENANCE)
         .and_then(|p| serde_json::from_str::<std::collections::BTreeMap<String, String>>(p).ok())

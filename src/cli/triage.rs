@@ -398,11 +398,21 @@ impl Backends {
             (None, true) => format!("the {name} backend"),
             (None, false) => format!("the {name} backend with {} planted", planted.join(",")),
         };
+        // A hang's representative reruns under the case timeout it ran out of, as `repro`
+        // does (in a pool of its own: the others keep the default of their size).
+        let timeout = capsule::recorded_case_timeout(case);
+        // A worker's crash or hang reruns in a worker, with the environment that worker had
+        // (a planted fault), as `repro` reruns it: in this process it could not fault.
+        let fault_env = case
+            .meta
+            .contains_key(capsule::FAULT)
+            .then(|| super::repro::replayed_worker_env(case));
         let key = format!(
-            "{name}\n{}\n{}\n{}\n{defines}",
+            "{name}\n{}\n{}\n{}\n{defines}\n{:?}\n{fault_env:?}",
             worker.as_deref().unwrap_or(""),
             profile.name(),
-            planted.join(",")
+            planted.join(","),
+            timeout.map(|t| t.as_millis())
         );
         let slot = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -411,7 +421,18 @@ impl Backends {
         let workers = self.workers.get(&sig.implementation).copied().unwrap_or(1);
         // Outside the map's lock: two implementations' workers start side by side.
         let opened = slot.get_or_init(|| {
-            open_target(name, worker, profile, &recorded.planted, &defines, workers)
+            open_target(
+                name,
+                worker,
+                profile,
+                &recorded.planted,
+                &defines,
+                Pool {
+                    workers,
+                    case_timeout: timeout,
+                    fault_env,
+                },
+            )
         });
         let t = match opened {
             Ok(t) => t,
@@ -435,28 +456,44 @@ impl Backends {
     }
 }
 
+/// How a replay's workers are run.
+struct Pool {
+    workers: usize,
+    /// The case timeout a hang capsule records (`None`: the default of the case's size).
+    case_timeout: Option<Duration>,
+    /// A worker fault's capsule: the environment its worker had (it reruns in a worker).
+    fault_env: Option<Vec<(String, String)>>,
+}
+
 /// The backend `name` (planted bugs in this process), or a pool of `workers` workers for
-/// `exec` and the GPUs, which get the recorded kernel `defines` in their environment (not
-/// this process's: threads opening other targets read it).
+/// `exec`, the GPUs and a worker fault's capsule (`fault_env`: the environment its worker had;
+/// the case timeout it ran out of), which get the recorded kernel `defines` in their
+/// environment (not this process's: threads opening other targets read it).
 fn open_target(
     name: &str,
     worker: Option<String>,
     profile: Profile,
     planted: &[smallseq::mutants::Mutant],
     defines: &str,
-    workers: usize,
+    pool: Pool,
 ) -> Result<Target, String> {
-    if name == "exec" || target::is_gpu(name) {
+    let Pool {
+        workers,
+        case_timeout,
+        fault_env,
+    } = pool;
+    if name == "exec" || target::is_gpu(name) || fault_env.is_some() {
         let targs = TargetArgs {
             backend: name.to_string(),
             worker,
             isolate: true,
             in_process: false,
             devices: None,
-            case_timeout: None,
+            case_timeout,
             start_timeout: Duration::from_secs(600),
         };
-        let env = vec![(KERNEL_DEFINES_ENV.to_string(), defines.to_string())];
+        let mut env = vec![(KERNEL_DEFINES_ENV.to_string(), defines.to_string())];
+        env.extend(fault_env.unwrap_or_default());
         return target::open_with_env(&targs, profile, Some(workers), env).map(|(t, _)| t);
     }
     backend::open_planted(name, planted)

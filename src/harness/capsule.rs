@@ -81,6 +81,14 @@ pub fn stamp_as(
 /// The metadata key of [`Replay`], a JSON object.
 pub const REPLAY: &str = "smallseq.replay";
 
+/// The case timeout a hang capsule records (`case_timeout_s` of [`FAULT`]): the time the
+/// worker was given before the case was called a hang. `None` for any other capsule.
+pub fn recorded_case_timeout(case: &Case) -> Option<std::time::Duration> {
+    let v: serde_json::Value = serde_json::from_str(case.meta.get(FAULT)?).ok()?;
+    let s = v.get("case_timeout_s")?.as_f64()?;
+    (s.is_finite() && s > 0.0).then(|| std::time::Duration::from_secs_f64(s))
+}
+
 /// The metadata key of the path the stored outputs' backward ran (`small_seq`, `fallback`).
 pub const PATH_BWD: &str = "smallseq.path_bwd";
 
