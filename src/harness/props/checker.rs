@@ -79,10 +79,6 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// `actual` as judged when the implementation declares that a row with no visible key
-    /// holds something other than the semantics' zeros (`caps.no_key_row`): those rows of O
-    /// and LSE take the semantics' values, and the case's gradients (which such rows feed)
-    /// are not judged; `Caps::not_covered` says so in the report. `None`: judged as it is.
     /// The yardstick of `base`'s outputs (the checker's design, following the path its
     /// backward took: [`Yardstick::for_backward`]) and their `numeric_agreement` verdict.
     pub(super) fn judge_base(
@@ -102,6 +98,10 @@ impl<'a> Checker<'a> {
         Ok((y, num, judgements))
     }
 
+    /// `actual` as judged when the implementation declares that a row with no visible key
+    /// holds something other than the semantics' zeros (`caps.no_key_row`): those rows of O
+    /// and LSE take the semantics' values, and the case's gradients (which such rows feed)
+    /// are not judged; `Caps::not_covered` says so in the report. `None`: judged as it is.
     pub(super) fn no_key_rows_as_declared(&self, case: &Case, actual: &Outputs) -> Option<Outputs> {
         if self.runner.caps().no_key_row == NoKeyRow::Zero {
             return None;
