@@ -89,8 +89,18 @@ pub fn recorded_case_timeout(case: &Case) -> Option<std::time::Duration> {
     (s.is_finite() && s > 0.0).then(|| std::time::Duration::from_secs_f64(s))
 }
 
+/// The metadata key of the path the stored outputs' forward ran (`small_seq`, `fallback`).
+pub const PATH: &str = "smallseq.path";
+
 /// The metadata key of the path the stored outputs' backward ran (`small_seq`, `fallback`).
 pub const PATH_BWD: &str = "smallseq.path_bwd";
+
+/// The paths a capsule's stored outputs ran, forward and backward, by name: the backward's
+/// taken as the forward's where a capsule predates [`PATH_BWD`].
+pub fn recorded_paths(case: &Case) -> (Option<&str>, Option<&str>) {
+    let fwd = case.meta.get(PATH).map(String::as_str);
+    (fwd, case.meta.get(PATH_BWD).map(String::as_str).or(fwd))
+}
 
 /// The variable the CUDA backend reads extra kernel defines from.
 pub const KERNEL_DEFINES_ENV: &str = "SMALLSEQ_KERNEL_DEFINES";
@@ -243,7 +253,7 @@ pub fn write(
         serde_json::to_string(&replay).expect("replay serialises"),
     );
     if let Some(p) = run.path_fwd {
-        c.meta.insert("smallseq.path".into(), p.name().into());
+        c.meta.insert(PATH.into(), p.name().into());
     }
     if let Some(p) = run.path_bwd {
         c.meta.insert(PATH_BWD.into(), p.name().into());

@@ -163,13 +163,9 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         d.failed = true;
         d.say(format!("dont_care FAILED: {msg}"));
     }
-    let small = |key: &str| {
-        case.meta
-            .get(key)
-            .map(|p| p.as_str() == Path::SmallSeq.name())
-    };
-    let fwd_small = small("smallseq.path").unwrap_or(false);
-    let paths = (fwd_small, small("smallseq.path_bwd").unwrap_or(fwd_small));
+    let (fwd, bwd) = super::capsule::recorded_paths(case);
+    let small = Some(Path::SmallSeq.name());
+    let paths = (fwd == small, bwd == small);
     if let (Some(be), true) = (case.meta.get("smallseq.backend"), paths.0 || paths.1) {
         let counts = conformance::counts(case, paths, &case.outputs, &y.emulated, y.undecided());
         match conformance::judge(&counts, |t| rounding_budget_of(be, t)) {

@@ -193,7 +193,10 @@ pub fn class_of(case: &Case) -> String {
         _ => "gqa",
     };
     let passes = if case.d_o.is_some() { "fwd+bwd" } else { "fwd" };
-    let path = case.meta.get("smallseq.path").map_or("-", String::as_str);
+    let path = case
+        .meta
+        .get(super::capsule::PATH)
+        .map_or("-", String::as_str);
     format!(
         "{} {path} {heads} {passes} {}",
         case.config.dtype,

@@ -96,10 +96,8 @@ impl Yardstick {
     /// [`Self::for_backward`] of a stored case: the backward path its capsule records (the
     /// forward's where a capsule predates that key, as `repro` reads it).
     pub fn for_stored(&self, case: &Case) -> Result<Cow<'_, Yardstick>> {
-        use crate::harness::capsule::PATH_BWD;
-        let path = (case.meta.get(PATH_BWD)).or_else(|| case.meta.get("smallseq.path"));
-        let fallback_bwd = path.map(String::as_str) == Some(crate::dispatch::Path::Fallback.name());
-        self.for_backward(case, fallback_bwd)
+        let (_, bwd) = crate::harness::capsule::recorded_paths(case);
+        self.for_backward(case, bwd == Some(crate::dispatch::Path::Fallback.name()))
     }
 
     /// `actual` judged tensor by tensor; `order` takes the per-row rule's allowance for
