@@ -71,7 +71,10 @@ impl Yardstick {
     /// `P·Σ|dO|·|O|` term is that rounding; [`OrderAllowance::grads_in_tensor_rule`]). dV does
     /// not depend on D and keeps its yardstick; so do every other design and path.
     pub fn for_backward(&self, case: &Case, fallback_bwd: bool) -> Result<Cow<'_, Yardstick>> {
-        if !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
+        // Already following it (the base run's backward took the fallback, and the forced
+        // fallback run asks again): the same yardstick, not a second emulation.
+        let followed = self.order.grads_in_tensor_rule;
+        if followed || !(fallback_bwd && self.design.d_from_stored_o() && case.d_o.is_some()) {
             return Ok(Cow::Borrowed(self));
         }
         let problem = case.problem()?;
