@@ -83,6 +83,11 @@ pub fn run<T: Send>(
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 waited_ns.fetch_add(wait.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                // The merge may have moved on while this thread looked: a stop that came
+                // after the index was taken, but before it starts, leaves it unstarted.
+                if halt.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
+                    return;
+                }
                 if tx.send((i, work(i))).is_err() {
                     break;
                 }
