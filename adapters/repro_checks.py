@@ -27,8 +27,15 @@ GRADS = ("dq", "dk", "dv")
 def thresholds(detail: str) -> dict:
     """Per tensor, the threshold a numeric_agreement detail names ("o: max error E >
     threshold T"), for every tensor it names."""
-    pat = r"\b(o|lse|dq|dk|dv): max error (\S+) > threshold ([0-9.eE+-]+)"
+    pat = r"\b(o|lse|dq|dk|dv|dbias): max error (\S+) > threshold ([0-9.eE+-]+)"
     return {m.group(1): float(m.group(3)) for m in re.finditer(pat, detail)}
+
+
+def row_thresholds(detail: str) -> dict:
+    """Per tensor, the row rule's failures a numeric_agreement detail names ("dv: row (token
+    24, head 0) error E > its threshold T"), as {tensor: (token, head, threshold)}."""
+    pat = r"\b(o|lse|dq|dk|dv): row \(token (\d+), head (\d+)\) error \S+ > its threshold ([0-9.eE+-]+)"
+    return {m.group(1): (int(m.group(2)), int(m.group(3)), float(m.group(4))) for m in re.finditer(pat, detail)}
 
 
 def relation_limit(detail: str):
@@ -63,6 +70,11 @@ def first_difference(a, b, rows):
 
 
 def valid_rows(case: kit.Case, name: str) -> np.ndarray:
+    """The rows of `name` that hold values, as a bool mask of its first axis: tokens, or for
+    dbias the bias's batch rows, all of them (the reference holds 0 where no slot reads an
+    entry, so every entry is compared)."""
+    if name == kit.DBIAS:
+        return np.ones(case.bias.shape[0], bool)
     return (case.sq if name in ("o", "lse", "dq") else case.skv).valid()
 
 
@@ -87,6 +99,8 @@ def wanted(adapter: kit.Adapter, case: kit.Case) -> frozenset:
         want.add("lse")
     if adapter.caps.backward and case.d_o is not None:
         want |= set(GRADS)
+        if adapter.caps.dbias and case.bias is not None:
+            want.add(kit.DBIAS)
     return frozenset(want)
 
 
@@ -102,7 +116,7 @@ def judged_rows(adapter: kit.Adapter, case: kit.Case, name: str):
     the adapter declares they hold something else (then gradients are not judged: None)."""
     rows = valid_rows(case, name)
     if adapter.caps.no_key_row != "zero" and case.no_key_rows().any():
-        if name in GRADS:
+        if name in GRADS or name == kit.DBIAS:
             return None
         rows = rows & ~case.no_key_rows()
     return rows
@@ -118,14 +132,35 @@ def sub_case(case: kit.Case, slots) -> tuple:
 
     (sq, rq), (skv, rk) = side(case.sq), side(case.skv)
     d_o = case.d_o[rq] if case.d_o is not None else None
-    return kit.Case(case.config, case.q[rq], case.k[rk], case.v[rk], d_o, sq, skv, dict(case.meta)), rq, rk
+    # a bias of one row per slot goes with its slots; a broadcast one is every slot's
+    bias = case.bias
+    if bias is not None and bias.shape[0] > 1:
+        bias = bias[list(slots)]
+    sub = kit.Case(case.config, case.q[rq], case.k[rk], case.v[rk], d_o, sq, skv, dict(case.meta),
+                   bias=bias, alibi_slopes=case.alibi_slopes)
+    return sub, rq, rk
 
 
-def check_reference(adapter, case, outs, reported) -> bool:
+def check_rows(outs, ref, rows_reported) -> bool:
+    """The row rule's failures the harness reported: each named row's largest error against
+    the row's threshold; True if one is over."""
+    hit = False
+    for name, (token, head, limit) in sorted(rows_reported.items()):
+        if name not in outs:
+            continue
+        err = max_error(outs[name][token, head], ref[name][token, head])
+        over = err > limit
+        hit |= over
+        print(f"  {name:4}  row (token {token}, head {head}): {err:.4e}  {'>' if over else '<='} "
+              f"its threshold {limit:.4e} reported by the harness")
+    return hit
+
+
+def check_reference(adapter, case, outs, reported, rows_reported=None) -> bool:
     ref = numpy_reference.attention64(case, frozenset(outs))
     print("largest discrepancy to the float64 reference (valid elements):")
     hit = False
-    for name in kit.OUTPUTS:
+    for name in kit.WANT_NAMES:
         if name not in outs:
             continue
         rows = judged_rows(adapter, case, name)
@@ -139,7 +174,7 @@ def check_reference(adapter, case, outs, reported) -> bool:
             hit |= over
             line += f"  {'>' if over else '<='} threshold {reported[name]:.4e} reported by the harness"
         print(line)
-    return hit
+    return check_rows(outs, ref, rows_reported or {}) or hit
 
 
 def check_slots(adapter, case, base, want, parts, limit, tensor_limited) -> bool:
@@ -148,7 +183,14 @@ def check_slots(adapter, case, base, want, parts, limit, tensor_limited) -> bool
         sub, rq, rk = sub_case(case, slots)
         got = run(adapter, sub, want)
         for name in sorted(got):
-            rows_full = rq if name in ("o", "lse", "dq") else rk
+            if name == kit.DBIAS:
+                # a broadcast bias's dBias sums over the slots: a part of them has no
+                # counterpart in the whole batch's
+                if case.bias.shape[0] == 1:
+                    continue
+                rows_full = list(slots)
+            else:
+                rows_full = rq if name in ("o", "lse", "dq") else rk
             rows = judged_rows(adapter, sub, name)
             if rows is None:
                 continue
@@ -228,7 +270,7 @@ def main(adapter: kit.Adapter, case: kit.Case, verdict: dict) -> int:
     except kit.WorkerError as e:
         print(f"the implementation refused the case ({e.kind}): {e}")
         return 2
-    hit = check_reference(adapter, case, base, thresholds(detail))
+    hit = check_reference(adapter, case, base, thresholds(detail), row_thresholds(detail))
     if prop != "numeric_agreement":
         try:
             hit = check_relation(adapter, case, base, want, prop, detail)
@@ -255,7 +297,7 @@ def main_recorded(case: kit.Case, outs: dict, verdict: dict, backend: str) -> in
     reported = thresholds(detail)
     print("largest discrepancy to the float64 reference (valid elements):")
     hit = False
-    for name in kit.OUTPUTS:
+    for name in kit.WANT_NAMES:
         if name not in outs or name not in ref:
             continue
         err = max_error(outs[name], ref[name], valid_rows(case, name))
@@ -265,6 +307,7 @@ def main_recorded(case: kit.Case, outs: dict, verdict: dict, backend: str) -> in
             hit |= over
             line += f"  {'>' if over else '<='} threshold {reported[name]:.4e} reported by the harness"
         print(line)
+    hit = check_rows(outs, ref, row_thresholds(detail)) or hit
     if prop == "dont_care":
         hit = dont_care_off(case, outs) or hit
     elif prop != "numeric_agreement":
@@ -287,5 +330,6 @@ def case_from(config: str, tensors: dict, cu: dict, tokens: dict) -> kit.Case:
     def side(w):
         return kit.make_side(cu[f"cu_seqlens_{w}"], cu.get(f"cu_seqlens_{w}_padded"), tokens[w], w)
 
-    return kit.Case(cfg, arr("q"), arr("k"), arr("v"), arr("d_o"), side("q"), side("kv"), {})
+    return kit.Case(cfg, arr("q"), arr("k"), arr("v"), arr("d_o"), side("q"), side("kv"), {},
+                    bias=arr("bias"), alibi_slopes=arr("alibi_slopes"))
 

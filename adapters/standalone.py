@@ -66,7 +66,8 @@ def quoted(text: str) -> str:
 
 def case_data(case: kit.Case) -> tuple:
     tensors = {}
-    for name in kit.INPUT_NAMES:
+    # the bias of semantics.md §1.9 too: without it the script would run another case
+    for name in kit.INPUT_NAMES + kit.BIAS_NAMES:
         arr = getattr(case, name)
         if arr is not None:
             a = np.ascontiguousarray(arr, dtype="<f4")
@@ -83,7 +84,7 @@ def recorded_outputs(capsule: str) -> dict:
     """The outputs a capsule stores, as f32 (shape, hex) like the inputs."""
     tensors, _ = kit.read_safetensors(capsule)
     out = {}
-    for name in kit.OUTPUTS:
+    for name in kit.WANT_NAMES:
         if name in tensors:
             a = np.ascontiguousarray(tensors[name][1], dtype="<f4")
             out[name] = (list(a.shape), a.tobytes().hex())

@@ -41,6 +41,11 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   case's mask lets a key through, -inf elsewhere. A real row whose every key the bias hides
   would be a NaN row in SDPA; §1.9 says it has no visible key, so it is run like a pad row
   (key 0, d_o 0: nothing reaches dK, dV) and written O = 0, LSE = -inf, dQ = 0.
+- The float mask's dtype: the math kernel takes it in f32 (PyTorch computes a 16-bit case in
+  f32 there), so ALiBi's bias reaches it as semantics.md §1.9 forms it. The fused kernels take
+  it in the query's dtype only; a case whose mask does not hold exactly in that dtype (ALiBi
+  past small distances) is `unsupported` there, as running it would run another bias (seed
+  29 of the H100 campaign: ALiBi at distance 100 rounded to f16 moved O by 1.6e-2).
 - dBias (post-scale bias; math and efficient declare dbias): the float mask is built in torch
   from a leaf tensor, the case's bias `[Bb, Hb, Sq, Sk]` with requires_grad: sliced to the
   padded batch, expanded to `[B, H, Sq, Sk]`, -inf where the case's mask or the bias hides a
@@ -150,6 +155,20 @@ def bias_mask(case: kit.Case, sq: int, sk: int):
     return mask.astype(np.float32), hidden
 
 
+def inexact_mask(mask: np.ndarray, dtype: str, kernel: str):
+    """`unsupported` when the float mask `[B, H, Sq, Sk]` does not hold exactly in `dtype` at a
+    key it lets through: the fused kernels take it in the query's dtype, so they would run
+    another bias than the case's (ALiBi's `slope · distance`, which semantics.md §1.9 forms
+    in f32; a post-scale bias is stored in the input dtype and always holds)."""
+    finite = np.isfinite(mask)
+    rounded = kit.round_to_dtype(np.where(finite, mask, 0.0), dtype)
+    off = np.argwhere(finite & (rounded != mask))
+    if len(off):
+        i = tuple(int(x) for x in off[0])
+        raise kit.Unsupported(f"the bias {float(mask[i])!r} at [slot, head, row, key] {list(i)} is not exact in "
+                              f"{dtype}, and SDPA's {kernel} kernel takes its float mask in the query's dtype")
+
+
 def hide_rows(res: dict, hidden: np.ndarray):
     """Writes the rows `hidden [B, H, Sq]` as rows with no visible key: O = 0, LSE = -inf,
     dQ = 0 (`res` holds the padded `[B, S, H, D]` outputs and the kernel's `[B, H, S]` LSE)."""
@@ -254,8 +273,8 @@ class TorchSdpa:
         need_graph = grads or ("lse" in want and self.kernel != "math")
         tq, tk, tv = (self.tensor(x, dt, need_graph).transpose(1, 2) for x in (q, k, v))
         m = torch.from_numpy(mask).to(self.dev) if isinstance(mask, np.ndarray) else mask
-        if m is not None and m.dtype != torch.bool:
-            m = m.to(dt)  # SDPA takes a float mask in the query's dtype
+        if m is not None and m.dtype != torch.bool and not (self.kernel == "math" and m.dtype == torch.float32):
+            m = m.to(dt)  # the fused kernels take a float mask in the query's dtype (see the header)
         res = {}
         with kit.calling(f"torch {self.kernel}"):
             with self.pinned():
@@ -293,6 +312,8 @@ class TorchSdpa:
             mask, leaf, hidden = self.bias_leaf_mask(case, sq, sk)
         elif c.bias != "none":
             mask, hidden = bias_mask(case, sq, sk)
+            if self.kernel != "math":
+                inexact_mask(mask, c.dtype, self.kernel)
         else:
             mask = pad_row_mask(case, sq, sk)
         if hidden is not None:

@@ -56,3 +56,71 @@ fn an_overflowing_query_head_partial_of_dk_is_the_envelope_range_limit() {
     let text = project.lines.join("\n");
     assert!(project.failed && !text.contains("range limit"), "{text}");
 }
+
+/// JAX's XLA attention (H100, jax 0.11.2; seed 29, group 11 of the adapter campaign): one
+/// query, one key, f16, where dP = dO·Vᵀ = −66,643 lies just past f16's range. XLA's
+/// decomposition stores dP in the input type (the output type of its einsum), so dP is −inf
+/// and dS = P·(dP − D) is NaN in dQ and dK, where the answer is 0. That is the range limit of
+/// a design of the envelope (dP held in 16 bits), named as such; the project's design holds
+/// dP in f32, and a case whose dP stays inside the range gets no excuse for the same NaNs.
+#[test]
+fn a_16_bit_dp_past_the_range_is_the_envelope_range_limit() {
+    let case = capsule("jax-xla-f16-dp-overflow.safetensors");
+    let env = judged_as(&case, "envelope");
+    let text = env.lines.join("\n");
+    assert!(
+        text.contains("range limit of a 16-bit design") && text.contains("dP = dO·Vᵀ reaches"),
+        "{text}"
+    );
+    let project = judged_as(&case, "project");
+    let text = project.lines.join("\n");
+    assert!(project.failed && !text.contains("range limit"), "{text}");
+
+    let mut inside = case.clone();
+    let d_o = inside.d_o.as_mut().unwrap();
+    d_o.mapv_inplace(|x| x / 4.0);
+    let env = judged_as(&inside, "envelope");
+    let text = env.lines.join("\n");
+    assert!(env.failed && !text.contains("range limit"), "{text}");
+}
+
+/// PyTorch's SDPA math path (H100, torch 2.11; seed 29, group 21; torch 2.15's CPU build
+/// returns the same inf): f16 with a bias broadcast over two slots. dBias at (head 1, row 15,
+/// key 15) is 39,219 in f64, the sum of slot 0's dS (−34,285) and slot 1's (73,504); the math
+/// path stores each slot's dS in f16 before the broadcast sum, so slot 1's overflows and dBias
+/// is inf. A range limit of that design, named; under the project's design, or on a case
+/// whose dS stays inside the range, the same inf is a defect.
+#[test]
+fn a_16_bit_ds_of_one_slot_past_the_range_is_the_envelope_range_limit_of_dbias() {
+    let case = capsule("torch-math-f16-dbias-slot-ds-overflow.safetensors");
+    let env = judged_as(&case, "envelope");
+    let text = env.lines.join("\n");
+    assert!(
+        text.contains("range limit of a 16-bit design, not a defect: dbias at 1 element(s)")
+            && text.contains("dS reaches"),
+        "{text}"
+    );
+    let project = judged_as(&case, "project");
+    let text = project.lines.join("\n");
+    assert!(project.failed && !text.contains("range limit"), "{text}");
+
+    let mut inside = case.clone();
+    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4.0);
+    let env = judged_as(&inside, "envelope");
+    let text = env.lines.join("\n");
+    assert!(env.failed && !text.contains("range limit"), "{text}");
+}
+
+/// PyTorch's SDPA math path in f32 (H100, torch 2.11; seed 29, group 44; torch 2.15's CPU
+/// build lands further out still): dV row (token 24, head 0) 1.4 times past the row rule of
+/// one rounding of `u32·scale·Σ|q·k|` per score. A GEMM sums the 128 products of a score in
+/// blocks or pairs, about log2(128) = 7 levels; the envelope allows that many, smallseq's own
+/// design (whose emulation sums as its kernels do) one.
+#[test]
+fn a_gemms_order_of_the_score_sum_passes_the_envelope_only() {
+    let case = capsule("torch-math-f32-dv-gemm-order.safetensors");
+    let env = judged_as(&case, "envelope");
+    assert!(!env.failed, "{}", env.lines.join("\n"));
+    let project = judged_as(&case, "project");
+    assert!(project.failed, "{}", project.lines.join("\n"));
+}

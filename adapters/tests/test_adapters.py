@@ -138,6 +138,23 @@ class TorchSdpa(unittest.TestCase):
                 self.assertEqual(want["lse"][2, 1], -np.inf)
                 self.check_dbias_of_the_leaf(bc, p, v, hidden)
 
+    def test_a_fused_kernel_refuses_a_mask_its_dtype_cannot_hold(self):
+        """ALiBi at large distances does not hold in f16 (the fused kernels take the mask in
+        the query's dtype, where it would be another bias): unsupported, naming the entry. A
+        post-scale bias (stored in the input dtype) and f32 always hold."""
+        case = make_case([20, 2], [3, 2], heads=2, dtype="f16", mask="padding", seed=6)
+        c = case.config
+        slopes = np.array([0.2079, 0.5], np.float32)
+        alibi = kit.Case(c.__class__(**{**c.__dict__, "bias": "alibi"}), case.q, case.k, case.v, case.d_o,
+                         case.sq, case.skv, {}, alibi_slopes=slopes)
+        mask, _ = torch_sdpa.bias_mask(alibi, 20, 3)
+        with self.assertRaises(kit.Unsupported) as e:
+            torch_sdpa.inexact_mask(mask, "f16", "efficient")
+        self.assertIn("is not exact in f16", str(e.exception))
+        torch_sdpa.inexact_mask(mask, "f32", "efficient")
+        post, _ = torch_sdpa.bias_mask(with_bias(case, "bhss", seed=2), 20, 3)
+        torch_sdpa.inexact_mask(post, "f16", "efficient")
+
     def test_the_bias_leaf_takes_dbias_for_every_broadcast(self):
         """As above for the broadcasts that sum over slots or heads, with Sq and Sk past the
         longest lengths and a row the bias hides."""

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import unittest
 
-from casegen import kit, make_case
+from casegen import kit, make_case, with_bias
 
 import numpy_reference  # noqa: E402
 import repro_checks  # noqa: E402
@@ -34,10 +34,12 @@ class Standalone(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def capsule(self, prop, detail, name="case-000001-x-shrunk.safetensors", **kw):
+    def capsule(self, prop, detail, name="case-000001-x-shrunk.safetensors", bias=None, **kw):
         args = dict(lens_q=[3, 2], lens_kv=[4, 2], dtype="bf16", mask="causal_bottom_right", gaps_q=[1, 0], seed=4)
         args.update(kw)
         case = make_case(**args)
+        if bias is not None:
+            case = with_bias(case, bias, seed=5)
         # as capsule.rs writes it: null where nothing is known, "inf" for an infinite margin
         verdict = {"property": prop, "detail": detail, "worst": None,
                    "failures": [{"property": prop, "detail": detail, "margin": "inf"}], "margins": {"o": 2.5}}
@@ -108,6 +110,49 @@ class Standalone(unittest.TestCase):
         for prop, detail in (("determinism", "a second run changed o"), ("dont_care", "poison reached o")):
             rc, text = self.repro(self.capsule(prop, detail), "numpy_reference")
             self.assertEqual(rc, 0, f"{prop}: {text}")
+
+    def test_a_bias_and_its_gradient_travel_with_the_script(self):
+        """A dBias failure (SDPA math, f16, seed 29 of the H100 campaign): the script runs the
+        case with its bias, for each broadcast and ALiBi, and judges dBias; the reference does
+        not reproduce it, a dBias scaled by 5/4 does, and a metamorphic split keeps each
+        slot's bias row."""
+        detail = "dbias: max error 2.628e4 > threshold 1.809e2 (emulation error 1.323e1)"
+        self.assertEqual(repro_checks.thresholds(detail), {"dbias": 180.9})
+        for shape in ("1hss", "b1ss", "bhss", "alibi"):
+            cap = self.capsule("numeric_agreement", detail.replace("1.809e2", "1.0e-2"), bias=shape,
+                               name=f"bias-{shape}-shrunk.safetensors", dtype="f16", mask="padding")
+            rc, text = self.repro(cap, "numpy_reference")
+            self.assertEqual(rc, 0, f"{shape}: {text}")
+            if shape == "alibi":
+                self.assertNotIn("dbias", text.split("largest discrepancy")[1], text)
+                continue
+            self.assertIn("dbias ", text, f"{shape}: {text}")
+            rc, text = self.repro(cap, PLANTED, "--plant", "dbias")
+            self.assertEqual(rc, 1, f"{shape}: {text}")
+            dbias_line = next(line for line in text.splitlines() if line.strip().startswith("dbias "))
+            self.assertIn("> threshold 1.0000e-02", dbias_line)
+        split = ("splitting the batch in two launches changed the batch an external implementation sees, "
+                 "and o of the launches differs from the base run by 1.0e-1 > 1.0e-3 (two thresholds)")
+        cap = self.capsule("metamorphic", split, bias="bhss", name="split-shrunk.safetensors")
+        rc, text = self.repro(cap, "numpy_reference")
+        self.assertEqual(rc, 0, text)
+        self.assertIn("slots [1]: dbias differs by 0.0000e+00", text)
+
+    def test_a_row_rule_failure_is_checked_on_its_row(self):
+        """A failure of the row rule (the tensor inside its threshold, one row not): the script
+        measures that row against the row's threshold."""
+        def detail(limit):
+            return (f"o: row (token 1, head 0) error 2.0e-2 > its threshold {limit} (row scale 1.0e0, emulation "
+                    "error 1.0e-4; the tensor's max error 2.0e-2 is inside its threshold 1.0e0)")
+        self.assertEqual(repro_checks.row_thresholds(detail("1.0e-4")), {"o": (1, 0, 1e-4)})
+        cap = self.capsule("numeric_agreement", detail("1.0e-1"), name="row-shrunk.safetensors")
+        rc, text = self.repro(cap, "numpy_reference")
+        self.assertEqual(rc, 0, text)
+        self.assertIn("row (token 1, head 0)", text)
+        cap = self.capsule("numeric_agreement", detail("1.0e-4"), name="row2-shrunk.safetensors")
+        rc, text = self.repro(cap, PLANTED, "--plant", "batch")
+        self.assertEqual(rc, 1, text)
+        self.assertIn("> its threshold 1.0000e-04", text)
 
     def test_a_directory_with_one_shrunk_capsule_names_it(self):
         cap = self.capsule("numeric_agreement", self.NUMERIC)

@@ -23,7 +23,9 @@
 //!
 //! P itself carries the roundings of its exponent: `P = exp(S − lse)` with S and lse in f32 is
 //! off by a relative `u32·(|S| + |lse|)` at least, and S's own sum by `u32·scale·Σ|q·k|` per
-//! term, so each row's terms above are widened by `S_i = max_j scale·Σ_x |Q_ix·K_jx| + |lse_i|`:
+//! rounding level of its sum (one for smallseq's design, `⌈log2 Dqk⌉` for the envelope's
+//! GEMMs), so each row's terms above are widened by
+//! `S_i = levels · max_j scale·Σ_x |Q_ix·K_jx| + |lse_i|`:
 //! `allowance = 2 · (Dv + Lk + S_i) · u32 · cond`. With logits of order one this adds a few
 //! percent; with logits of order 1e5 (large values, scale 3) P is off by about 1 % in every
 //! kernel, and a dK that cancels down to near the f16 limit moved by 8 % between two correct
@@ -259,6 +261,14 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     let terms = (p.head_dim_v + longest_kv) as f64;
     let factor = 2.0 * terms * u32;
     let scale = p.scale.abs();
+    // How many roundings of `u32 · scale·Σ|q·k|` a score's own sum carries. smallseq's kernels
+    // and the emulation sum it in one order; an undeclared design may use any GEMM's, whose
+    // blocked or pairwise sums of Dqk products carry about log2(Dqk) of them (PyTorch's math
+    // path in f32, H100 and CPU alike: a dV row 1.4 to 2 times past the one-rounding bound).
+    let score_sums = match design {
+        Design::Envelope => (p.head_dim_qk.max(2) as f64).log2().ceil(),
+        Design::Project | Design::ProjectDFromO => 1.0,
+    };
     let mut ord_o = Array3::<f64>::zeros(o.dim());
     let mut noise_o = Array3::<f64>::zeros(o.dim());
     let d_o = case.d_o.as_ref();
@@ -305,7 +315,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .iter()
             .map(|&c| case.bias_at(&row, c).abs())
             .fold(0.0f64, f64::max);
-        let s_i = score_mag + bias_mag + lse_r.abs();
+        let s_i = score_sums * score_mag + bias_mag + lse_r.abs();
         // P as `Case::probability` forms it.
         let q_r: Vec<f64> = case
             .q

@@ -2,7 +2,8 @@
 //! emulate the implementation's 16-bit intermediates, but it can tell which output rows a
 //! common design may lose to the dtype's range. FlashAttention-style designs round dS to 16
 //! bits for the dQ and dK products, and with GQA they store each query head's dK and dV in 16
-//! bits before the group is summed. Where the f64 value of such an intermediate, widened by
+//! bits before the group is summed; a framework's decomposition (XLA's, PyTorch's math path in
+//! 16 bits) stores dP = dO·Vᵀ, and may store D, in the input type. Where the f64 value of such an intermediate, widened by
 //! twice its rounding noise, reaches the largest finite value, a correct design may overflow
 //! there (to either sign, or to NaN through inf − inf), wherever smallseq's own emulation stayed
 //! inside. Outputs past the range only in such rows, which pass once those elements are set to
@@ -16,22 +17,37 @@ use ndarray::{s, Array3};
 use std::collections::HashSet;
 
 /// Rows `(token, head)` of each gradient that an intermediate at the range's edge feeds, and
-/// the largest such intermediate (f64) with its name.
+/// each such intermediate by name with its largest f64 magnitude, in the order first seen.
 #[derive(Default)]
 struct Reach {
     dq: HashSet<(usize, usize)>,
     dk: HashSet<(usize, usize)>,
     dv: HashSet<(usize, usize)>,
-    largest: f64,
-    intermediate: &'static str,
+    /// As `dbias_rows` views dBias: (plane row `b·Sq + r`, head plane).
+    dbias: HashSet<(usize, usize)>,
+    intermediates: Vec<(&'static str, f64)>,
 }
 
 impl Reach {
     fn note(&mut self, value: f64, intermediate: &'static str) {
-        if value > self.largest {
-            self.largest = value;
-            self.intermediate = intermediate;
+        match self
+            .intermediates
+            .iter_mut()
+            .find(|(n, _)| *n == intermediate)
+        {
+            Some((_, largest)) => *largest = largest.max(value),
+            None => self.intermediates.push((intermediate, value)),
         }
+    }
+
+    /// `dS reaches 7.5e4, dP = dO·Vᵀ reaches 6.7e4`: what the verdict names.
+    fn named(&self) -> String {
+        let named: Vec<String> = self
+            .intermediates
+            .iter()
+            .map(|(n, v)| format!("{n} reaches {v:.6e}"))
+            .collect();
+        named.join(", ")
     }
 }
 
@@ -112,15 +128,40 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
         let terms = d_o_r.iter().zip(o_r).map(|(a, b)| f64::from(*a) * b);
         let (d, d_from_o) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
         let m = lse[[r.token, r.head]];
+        // D held in 16 bits feeds every dS of the row.
+        let d_at_edge = d.abs() + 2.0 * u * d_from_o >= max;
+        if d_at_edge {
+            reach.dq.insert((r.token, r.head));
+            reach.note(d.abs(), "D = rowsum(dO∘O)");
+        }
         for &j in &r.keys {
             let pij = case.probability(&r, j, m);
-            let dp = dot64(d_o_r, case.v.slice(s![j, r.kv_head, ..]));
+            let v_j = case.v.slice(s![j, r.kv_head, ..]);
+            let dp = dot64(d_o_r, v_j);
             let ds = pij * (dp - d);
             let w = envelope_ds_weight(ds, pij, dp, d, d_from_o);
-            if ds.abs() + 2.0 * u * w >= max {
+            // dP held in 16 bits (the output type of a framework's dO·Vᵀ, as XLA's
+            // decomposition stores it) overflows to inf, and dS = P(dP − D) with it.
+            let dp_magnitude: f64 = d_o_r
+                .iter()
+                .zip(v_j)
+                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                .sum();
+            let dp_at_edge = dp.abs() + 2.0 * u * dp_magnitude >= max;
+            if ds.abs() + 2.0 * u * w >= max || dp_at_edge || d_at_edge {
                 reach.dq.insert((r.token, r.head));
                 reach.dk.insert((j, r.kv_head));
+                // A broadcast bias's dBias sums the 16-bit dS of every slot and head that
+                // reads it (PyTorch's math path: the gradient of the expanded mask).
+                if let Some(at) = case.dbias_row(&r) {
+                    reach.dbias.insert(at);
+                }
+            }
+            if ds.abs() + 2.0 * u * w >= max {
                 reach.note(ds.abs(), "dS");
+            }
+            if dp_at_edge {
+                reach.note(dp.abs(), "dP = dO·Vᵀ");
             }
             if let (Some(dk), Some(dv)) = (dk_part.as_mut(), dv_part.as_mut()) {
                 dk.add(j, r.head, p.scale * ds, p.scale * 2.0 * u * w, &q);
@@ -139,7 +180,16 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
             reach.note(edge, name);
         }
     }
-    (reach.largest > 0.0).then_some(reach)
+    (!reach.intermediates.is_empty()).then_some(reach)
+}
+
+/// Whether an output `value` past the range needs the design's excuse: the reference `want`
+/// is finite, and `value` is not merely its rounding (a finite reference past the range
+/// counts where the value is not that: the design's inf − inf gives NaN where the answer
+/// rounds to inf).
+fn excusable(value: f64, want: f64, max: f64) -> bool {
+    let rounds_right = want.abs() >= max && value == want.signum() * f64::INFINITY;
+    past_range(value, max) && want.is_finite() && !rounds_right
 }
 
 /// An undeclared design's range limit: every element past the range where the reference is
@@ -159,10 +209,7 @@ pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Ra
         let mut n = 0;
         for ((t, h, x), v) in a.indexed_iter_mut() {
             let want = r[[t, h, x]];
-            // A finite reference past the range counts too where the value is not its own
-            // rounding: the design's inf − inf gives NaN where the answer rounds to inf.
-            let rounds_right = want.abs() >= max && *v == want.signum() * f64::INFINITY;
-            if past_range(*v, max) && want.is_finite() && !rounds_right {
+            if excusable(*v, want, max) {
                 if !rows.contains(&(t, h)) {
                     return None;
                 }
@@ -172,13 +219,28 @@ pub(super) fn excused(case: &Case, actual: &Outputs, y: &Yardstick) -> Option<Ra
         }
         counts.push((name, n));
     }
+    if let (Some(a), Some(r)) = (excused.dbias.as_mut(), y.reference.dbias.as_ref()) {
+        let sq = a.dim().2;
+        let mut n = 0;
+        for ((b, h, row, c), v) in a.indexed_iter_mut() {
+            let want = r[[b, h, row, c]];
+            if excusable(*v, want, max) {
+                if !reach.dbias.contains(&(b * sq + row, h)) {
+                    return None;
+                }
+                *v = want;
+                n += 1;
+            }
+        }
+        counts.push(("dbias", n));
+    }
     let what = excused_passing(case, y, &excused, &counts)?;
     let dt = case.config.dtype;
     let because = format!(
-        "all in rows fed by an intermediate that a common design stores in {dt}: {} reaches \
-         {:.6e} in f64 against the {dt} limit {max} (no design is declared, so any design of \
-         the envelope may overflow there)",
-        reach.intermediate, reach.largest
+        "all in rows fed by an intermediate that a common design stores in {dt}: {} in f64 \
+         against the {dt} limit {max} (no design is declared, so any design of the envelope \
+         may overflow there)",
+        reach.named()
     );
     let what = describe(case, &what, &because);
     Some(RangeLimit { excused, what })
