@@ -23,9 +23,7 @@
 //!
 //! P itself carries the roundings of its exponent: `P = exp(S − lse)` with S and lse in f32 is
 //! off by a relative `u32·(|S| + |lse|)` at least, and S's own sum by `u32·scale·Σ|q·k|` per
-//! rounding level of its sum (one for smallseq's design, `⌈log2 Dqk⌉` for the envelope's
-//! GEMMs), so each row's terms above are widened by
-//! `S_i = levels · max_j scale·Σ_x |Q_ix·K_jx| + |lse_i|`:
+//! term, so each row's terms above are widened by `S_i = max_j scale·Σ_x |Q_ix·K_jx| + |lse_i|`:
 //! `allowance = 2 · (Dv + Lk + S_i) · u32 · cond`. With logits of order one this adds a few
 //! percent; with logits of order 1e5 (large values, scale 3) P is off by about 1 % in every
 //! kernel, and a dK that cancels down to near the f16 limit moved by 8 % between two correct
@@ -110,6 +108,12 @@ impl GradAllowance {
 /// dq[i, h, x]  = 2 · (u + Lk·u32) · scale · Σ_j W_ij·|K_jx|
 /// dk[j, g, x]  = 2 · (u + Nq·u32) · scale · Σ_(i, h in g) W_ij·|Q_ix|
 /// ```
+///
+/// For the envelope, `S_i` of o and dv counts the score's sum `⌈log2 Dqk⌉` times
+/// (`S_i + (⌈log2 Dqk⌉ − 1) · max_j scale·Σ|q·k|`): a GEMM sums a score's Dqk products in
+/// blocks or pairs, about that many rounding levels, where smallseq's kernels and emulation
+/// sum in one order (PyTorch's math path in f32: a dV row 1.4 to 2 times past the
+/// one-level bound, H100 and CPU alike).
 ///
 /// That `W` is the envelope of the common designs ([`Design::Envelope`]). The project's own
 /// kernels ([`Design::Project`]) keep dP and D in f32 with `D = Σ_j P·dP`, so of `W` only
@@ -261,10 +265,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     let terms = (p.head_dim_v + longest_kv) as f64;
     let factor = 2.0 * terms * u32;
     let scale = p.scale.abs();
-    // How many roundings of `u32 · scale·Σ|q·k|` a score's own sum carries. smallseq's kernels
-    // and the emulation sum it in one order; an undeclared design may use any GEMM's, whose
-    // blocked or pairwise sums of Dqk products carry about log2(Dqk) of them (PyTorch's math
-    // path in f32, H100 and CPU alike: a dV row 1.4 to 2 times past the one-rounding bound).
+    // The rounding levels of a score's own sum in another order ([`OrderAllowance`]).
     let score_sums = match design {
         Design::Envelope => (p.head_dim_qk.max(2) as f64).log2().ceil(),
         Design::Project | Design::ProjectDFromO => 1.0,
@@ -315,7 +316,10 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .iter()
             .map(|&c| case.bias_at(&row, c).abs())
             .fold(0.0f64, f64::max);
-        let s_i = score_sums * score_mag + bias_mag + lse_r.abs();
+        let s_i = score_mag + bias_mag + lse_r.abs();
+        // Another order's O and dV: the score sums' rounding levels of the design. P's own
+        // noise (`rho`, which decides roundings) keeps one level: it is the emulation's.
+        let s_order = s_i + (score_sums - 1.0) * score_mag;
         // P as `Case::probability` forms it.
         let q_r: Vec<f64> = case
             .q
@@ -335,7 +339,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .iter()
             .map(|&c| case.dropout_factor(&row, c))
             .collect();
-        let w_o = 2.0 * (u + (lk + s_i) * u32);
+        let w_o = 2.0 * (u + (lk + s_order) * u32);
         let rho = 2.0 * (lk + s_i) * u32;
         let p_noises: Vec<f64> = probs
             .iter()
@@ -382,7 +386,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .map(|(x, y)| (f64::from(*x) * y).abs())
             .sum();
         let widen = 1.0 + s_i / terms;
-        let w_dv = 2.0 * (u + (nq + s_i) * u32);
+        let w_dv = 2.0 * (u + (nq + s_order) * u32);
         for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {
             // P in f32's subnormal range is off by its absolute spacing, not by a relative
             // amount: exp's rounding and the division by Z, a spacing each.
