@@ -170,8 +170,12 @@ def print_table(w, recs, file=sys.stdout):
     print(f"{'peer':30} {'fwd us':>10} {'bwd us':>10} {'fwd err':>8} {'bwd err':>8}  verdict", file=file)
     for r in recs:
         be = max(r["bwd_err"].values()) if r.get("bwd_err") else None
+        # a JAX time that fell back to the wall clock (bench/peers_jax.py) is marked, with why
+        walls = [f"{p} {r[p + '_timer']}" for p in ("fwd", "bwd")
+                 if str(r.get(p + "_timer", "device")).startswith("wall")]
         print(f"{r['peer']:30} {fmt_us(r['fwd_us']):>10} {fmt_us(r['bwd_us']):>10} "
-              f"{fmt_err(r['fwd_err']):>8} {fmt_err(be):>8}  {r['verdict']}", file=file)
+              f"{fmt_err(r['fwd_err']):>8} {fmt_err(be):>8}  {r['verdict']}"
+              + ("" if not walls else "  (" + "; ".join(walls) + ")"), file=file)
 
 
 def best(recs, which):

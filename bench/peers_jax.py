@@ -12,8 +12,12 @@ the backward as jit(vjp_fn)(dO) from one jax.vjp. Data: the workload's lengths (
 own bf16 normal values, zero outside the slots (dO too). Check: an fp32 reference on the same
 padded batch with the key-padding mask (einsum at Precision.HIGHEST, softmax in f32, jax.vjp for
 the gradients), chunked over the slots, errors over the valid tokens relative to the
-reference's max |value|, peers.py's tolerances and verdicts. Timing: wall clock per call with
-jax.block_until_ready, median after a warm-up (it includes JAX's dispatch, tens of us).
+reference's max |value|, peers.py's tolerances and verdicts. Timing: each synchronised call's
+device span in the JAX profiler's trace (its first kernel's start to its last kernel's end, as
+CUDA events around it measure; the L2 written over between calls, as peers.py's torch timer
+does), median after a warm-up; where the trace holds no device kernels (no CUPTI, a CPU run) the
+wall clock with jax.block_until_ready, which includes JAX's dispatch, and the record says so
+(`fwd_timer`, `bwd_timer`; `--timer wall` asks for it).
 
 Run alone for a look: `printf '{"workload": "fix16_h16_d128_B4096"}\\n' | python3 bench/peers_jax.py`.
 """
@@ -31,6 +35,49 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers as P  # noqa: E402  (plain Python at module level: no torch imported)
 
 
+# Annotation of one timed call in the profiler's trace, and the bytes written between calls.
+CALL_MARK = "smallseq_timed_call_"
+FLUSH_BYTES = 256 << 20
+
+
+def read_trace(d):
+    """The events of the Chrome-format trace `jax.profiler.trace(d, create_perfetto_trace=True)`
+    wrote under `d`."""
+    import glob
+    import gzip
+
+    found = sorted(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True))
+    if not found:
+        raise RuntimeError(f"the profiler wrote no perfetto_trace.json.gz under {d}")
+    with gzip.open(found[-1], "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def is_gpu_process(name):
+    return name.startswith("/device:GPU")
+
+
+def device_spans(events, mark, is_device):
+    """Per call annotated `mark + i` (complete events, `ph` X, times in us), the span of the
+    complete events of the processes `is_device(process name)` accepts that start inside the
+    annotation: from the first one's start to the last one's end. Calls without such an event
+    are left out."""
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    calls = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+                   if str(e.get("name", "")).startswith(mark))
+    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+                     if is_device(names.get(e.get("pid"), "")))
+    spans = []
+    for t0, t1 in calls:
+        inside = [k for k in kernels if t0 <= k[0] <= t1]
+        if inside:
+            spans.append(max(k[1] for k in inside) - inside[0][0])
+    return spans
+
+
 def err(msg):
     print(msg, file=sys.stderr, flush=True)
 
@@ -43,12 +90,15 @@ def is_oom(e):
 class Runner:
     def __init__(self, jax, jnp, np, args):
         self.jax, self.jnp, self.np, self.args = jax, jnp, np, args
+        self.flush = None
 
     def block(self, x):
         return self.jax.block_until_ready(x)
 
     def bench(self, fn):
-        """us per call: median of synchronised calls after a warm-up."""
+        """`(us, timer)` per call: the median device time of synchronised calls after a warm-up
+        (`device_us`), or, where the profiler gives no device events, the median wall clock
+        (dispatch included) and the reason."""
         a = self.args
         self.block(fn())
         t0 = time.perf_counter()
@@ -56,12 +106,46 @@ class Runner:
         est = max(time.perf_counter() - t0, 1e-6)
         for _ in range(max(1, int(a.warmup_ms * 1e-3 / est))):
             self.block(fn())
+        reps = min(2000, max(5, int(a.rep_ms * 1e-3 / est)))
+        if a.timer == "device":
+            try:
+                return self.device_us(fn, min(reps, 200)), "device"
+            except Exception as e:  # noqa: BLE001
+                why = P.one_line(e)
+                err(f"device timing failed, wall clock instead: {why}")
+                wall = "wall clock (" + why + ")"
+        else:
+            wall = "wall clock (--timer wall)"
         ts = []
-        for _ in range(min(2000, max(5, int(a.rep_ms * 1e-3 / est)))):
+        for _ in range(reps):
             t0 = time.perf_counter()
             self.block(fn())
             ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e6
+        return statistics.median(ts) * 1e6, wall
+
+    def device_us(self, fn, reps):
+        """Median over `reps` calls of each call's device span (its first kernel's start to its
+        last kernel's end), from the JAX profiler's trace: what CUDA events around the call
+        measure, without JAX's dispatch. Each call runs synchronised under an annotation, after
+        a write of `FLUSH_BYTES` that evicts the L2 (outside the annotation), as bench/peers.py's
+        torch timer does."""
+        import tempfile
+
+        jax, jnp = self.jax, self.jnp
+        if self.flush is None:
+            self.flush = jnp.zeros(FLUSH_BYTES // 4, jnp.float32)
+            self.flush_fn = jax.jit(lambda x: x + 1.0)
+        with tempfile.TemporaryDirectory(prefix="smallseq-jax-trace-") as d:
+            with jax.profiler.trace(d, create_perfetto_trace=True):
+                for i in range(reps):
+                    self.block(self.flush_fn(self.flush))
+                    with jax.profiler.TraceAnnotation(f"{CALL_MARK}{i}"):
+                        self.block(fn())
+            events = read_trace(d)
+        spans = device_spans(events, CALL_MARK, is_gpu_process)
+        if len(spans) < reps:
+            raise RuntimeError(f"the trace holds device kernels for {len(spans)} of {reps} calls")
+        return statistics.median(spans)
 
     def workload(self, w):
         jax, jnp, np = self.jax, self.jnp, self.np
@@ -161,7 +245,7 @@ class Runner:
             if rec["fwd_err"] > P.TOL_FWD:
                 rec["fwd_err_unmasked"] = rel(eu, mx)
             rec["fwd_status"] = P.fwd_status_from(rec["fwd_err"], rec["fwd_err_unmasked"])
-            rec["fwd_us"] = self.bench(lambda: fwd(q, k, v, lq, lk))
+            rec["fwd_us"], rec["fwd_timer"] = self.bench(lambda: fwd(q, k, v, lq, lk))
         except Exception as ex:  # noqa: BLE001
             rec.update(fwd_status="oom" if is_oom(ex) else "refused", bwd_status="not run", reason=P.one_line(ex))
             return self.done(rec)
@@ -176,7 +260,7 @@ class Runner:
             del dq, dk, dv
             rec["bwd_err"] = {"dq": rel(r[0], r[1]), "dk": rel(r[2], r[3]), "dv": rel(r[4], r[5])}
             rec["bwd_status"] = P.bwd_status_from(rec["bwd_err"])
-            rec["bwd_us"] = self.bench(lambda: bwd(vjp, do))
+            rec["bwd_us"], rec["bwd_timer"] = self.bench(lambda: bwd(vjp, do))
         except Exception as ex:  # noqa: BLE001
             rec.update(bwd_status="oom" if is_oom(ex) else "refused", reason=P.one_line(ex))
         return self.done(rec)
@@ -194,12 +278,22 @@ def rel(e, mx):
     return e / mx if mx > 0 else (0.0 if e == 0 else math.inf)
 
 
+def timing_note(args):
+    how = ("device span per call from the JAX profiler (first kernel start to last kernel end, the L2 "
+           "written over between calls)" if args.timer == "device" else "wall clock per call")
+    return (f"{how}, median (warmup {args.warmup_ms} ms, {args.rep_ms} ms of repetitions); a record whose "
+            "fwd_timer or bwd_timer names the wall clock fell back to it and says why")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--warmup-ms", type=int, default=50)
     ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument("--timer", default="device", choices=("device", "wall"),
+                    help="device: each call's kernels in the JAX profiler's trace (as CUDA events "
+                         "would time them); wall: the wall clock of synchronised calls")
     args = ap.parse_args()
     if args.small:
         args.warmup_ms, args.rep_ms = min(args.warmup_ms, 5), min(args.rep_ms, 20)
@@ -233,8 +327,7 @@ def main():
         return 0
     info = dict(jax=jax.__version__, backend=backend, devices=devs,
                 preallocate=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
-                timing=(f"wall clock per call with jax.block_until_ready, median (warmup {args.warmup_ms} ms, "
-                        f"{args.rep_ms} ms of repetitions; includes dispatch)"))
+                timing=timing_note(args))
     print("READY " + json.dumps(info), flush=True)
     runner = Runner(jax, jnp, np, args)
     wl = {w.name: w for w in P.workload_list(args.small)}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Adapters in L0 (CPU only): the Python kit's unit tests; then, with the release binary,
-# numpy_reference against the Rust f64 reference on the stored capsules and a short seeded
+# Adapters in L0 (CPU only): the Python kit's unit tests and those of bench/peers_jax.py's
+# timer; then, with the release binary, numpy_reference against the Rust f64 reference on the stored capsules and a short seeded
 # campaign that drives the worker protocol end to end through adapters/numpy_reference.py.
 #
 #   [SMALLSEQ_BIN=target/release/smallseq] ci/adapters.sh [--no-campaign]
@@ -15,6 +15,9 @@ py=$(ci/python-kit.sh) || exit 2
 log=target/adapters-unittest.log
 echo "== adapter kit unit tests"
 env -u SMALLSEQ_BIN "$py" -m unittest discover -s adapters/tests 2> "$log" || { tail -n 60 "$log"; exit 1; }
+tail -n 3 "$log"
+echo "== bench/peers_jax.py's device timer on a made-up trace"
+"$py" -B -m unittest discover -s bench -p 'test_*.py' 2> "$log" || { tail -n 60 "$log"; exit 1; }
 tail -n 3 "$log"
 [ "$campaign" = yes ] || exit 0
 bin="${SMALLSEQ_BIN:-}"  # a caller that built the release binary already passes it
