@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Adapters in L0 (CPU only): the Python kit's unit tests and those of bench/peers_jax.py's
-# timer; then, with the release binary, numpy_reference against the Rust f64 reference on the stored capsules and a short seeded
-# campaign that drives the worker protocol end to end through adapters/numpy_reference.py.
+# timer; then, with the release binary, numpy_reference against the Rust f64 reference on the
+# stored capsules and a short seeded campaign that drives the worker protocol end to end
+# through adapters/numpy_reference.py.
 #
 #   [SMALLSEQ_BIN=target/release/smallseq] ci/adapters.sh [--no-campaign]
 #

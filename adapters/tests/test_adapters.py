@@ -1,5 +1,6 @@
 """The framework adapters' own conversions and declarations, without the frameworks."""
 
+import importlib.util
 import json
 import unittest
 
@@ -154,6 +155,18 @@ class TorchSdpa(unittest.TestCase):
         torch_sdpa.inexact_mask(mask, "f32", "efficient")
         post, _ = torch_sdpa.bias_mask(with_bias(case, "bhss", seed=2), 20, 3)
         torch_sdpa.inexact_mask(post, "f16", "efficient")
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
+    def test_a_launch_without_keys_has_a_zero_dbias(self):
+        """A batch whose slots hold no key (half of a split, CPU campaign seed 41, case 781):
+        SDPA's graph never reads the bias, and dBias is 0 where torch gives no gradient."""
+        case = with_bias(make_case([0, 3], [0, 0], heads=1, dtype="f16", seed=3), "bhss", sq=4, sk=2)
+        ad = torch_sdpa.adapter(["--kernel", "math"])
+        kit.start(ad)
+        out, _ = kit.finish_outputs(case, ad.run(case, frozenset(["o", "dq", "dk", "dv", kit.DBIAS])),
+                                    frozenset(["o", "dq", "dk", "dv", kit.DBIAS]), ad)
+        self.assertEqual(out[kit.DBIAS].shape, case.bias.shape)
+        self.assertFalse(np.asarray(out[kit.DBIAS]).any())
 
     def test_the_bias_leaf_takes_dbias_for_every_broadcast(self):
         """As above for the broadcasts that sum over slots or heads, with Sq and Sk past the
