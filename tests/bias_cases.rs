@@ -176,7 +176,8 @@ fn with_bias_key(case: &Case, value: &str) -> Vec<u8> {
 /// report.
 fn exec_campaign(py: &str, adapter: &str, tag: &str) -> (Option<i32>, serde_json::Value) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("smallseq-dbias-{}-{tag}", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-dbias-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let worker = format!("{py} {}/{adapter}", root.display());
     let o = Command::new(env!("CARGO_BIN_EXE_smallseq"))

@@ -94,7 +94,8 @@ fn a_panicking_case_ends_a_parallel_campaign_with_its_error() {
             checker: Checker::isolated(&be),
             seed: 3,
             budget: Budget::Cases(100_000),
-            out: std::env::temp_dir().join(format!("smallseq-panics-{}", std::process::id())),
+            out: std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("smallseq-panics-{}", std::process::id())),
             shrink_budget: Duration::ZERO,
             stop_on_failure: false,
             jobs: 3,
@@ -115,7 +116,8 @@ fn a_panicking_case_ends_a_parallel_campaign_with_its_error() {
 #[test]
 fn range_limits_are_listed_apart_and_do_not_fail_the_report() {
     let be = CpuBackend::default();
-    let out = std::env::temp_dir().join(format!("smallseq-range-limit-{}", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-range-limit-{}", std::process::id()));
     let campaign = Campaign {
         checker: Checker::isolated(&be),
         seed: 5,

@@ -10,7 +10,8 @@ fn hip_backend_without_a_device_exits_2_with_one_line() {
         ));
         return;
     }
-    let dir = std::env::temp_dir().join(format!("smallseq-hip-cli-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-hip-cli-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_smallseq"))
         .args(["fuzz", "--backend", "hip", "--cases", "1", "--out"])
         .arg(&dir)

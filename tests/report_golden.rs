@@ -28,7 +28,8 @@ fn rounded(v: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn a_fixed_campaign_reports_what_the_golden_file_holds() {
-    let out = std::env::temp_dir().join(format!("smallseq-golden-{}", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-golden-{}", std::process::id()));
     let be = CpuBackend::default();
     let campaign = Campaign {
         checker: Checker::isolated(&be),

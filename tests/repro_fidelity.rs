@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir()
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("smallseq-repro-fidelity-{}", std::process::id()))
         .join(name);
     let _ = std::fs::remove_dir_all(&d);

@@ -79,7 +79,8 @@ fn stale_or_missing_ids_leave_the_layout_alone_and_malformed_ones_are_errors() {
 }
 
 fn campaign(be: &CpuBackend, cases: u64, stop_on_failure: bool, tag: &str) -> Report {
-    let out = std::env::temp_dir().join(format!("smallseq-segments-{tag}-{}", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-segments-{tag}-{}", std::process::id()));
     let rep = Campaign {
         checker: Checker::isolated(be),
         seed: 1,

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir()
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("smallseq-signals-{}", std::process::id()))
         .join(name);
     let _ = std::fs::remove_dir_all(&d);

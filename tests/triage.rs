@@ -21,7 +21,8 @@ fn bin() -> Command {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("smallseq-triage-{}-{name}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-triage-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

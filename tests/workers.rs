@@ -13,7 +13,8 @@ fn bin() -> Command {
 }
 
 fn out_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("smallseq-workers-{tag}-{}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-workers-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
@@ -331,7 +332,8 @@ fn shards_merge_into_the_unsharded_report() {
 
 /// A worker command running `script` with sh, from a file (no quoting to get wrong).
 fn sh_worker(tag: &str, script: &str) -> String {
-    let p = std::env::temp_dir().join(format!("smallseq-fake-{tag}-{}.sh", std::process::id()));
+    let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smallseq-fake-{tag}-{}.sh", std::process::id()));
     std::fs::write(&p, script).unwrap();
     format!("sh {}", p.display())
 }

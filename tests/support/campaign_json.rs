@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// Campaign of `cases` cases of seed 17 on `be` with `jobs` at once.
 pub fn campaign_json(be: &dyn Backend, jobs: usize, cases: u64, stop_on_failure: bool) -> String {
-    let out = std::env::temp_dir().join(format!(
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "smallseq-campaign-{}-{jobs}-{stop_on_failure}-{}",
         be.name(),
         std::process::id()
