@@ -20,6 +20,30 @@ fn judged_as(case: &smallseq::Case, design: &str) -> smallseq::harness::repro::D
     judge_stored(&c).unwrap()
 }
 
+/// The envelope's verdict on `case` is a range limit whose text holds every one of `names`,
+/// and the project's design fails the same outputs as a defect.
+fn a_range_limit_of_the_envelope_only(case: &smallseq::Case, names: &[&str]) {
+    let env = judged_as(case, "envelope");
+    let text = env.lines.join("\n");
+    assert!(
+        text.contains("range limit of a 16-bit design") && names.iter().all(|n| text.contains(n)),
+        "{text}"
+    );
+    let project = judged_as(case, "project");
+    let text = project.lines.join("\n");
+    assert!(project.failed && !text.contains("range limit"), "{text}");
+}
+
+/// With dO a quarter of the capsule's, no intermediate reaches the range: the same stored
+/// non-finite outputs are a defect under the envelope too.
+fn no_excuse_inside_the_range(case: &smallseq::Case) {
+    let mut inside = case.clone();
+    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4.0);
+    let env = judged_as(&inside, "envelope");
+    let text = env.lines.join("\n");
+    assert!(env.failed && !text.contains("range limit"), "{text}");
+}
+
 /// With exponents near 10⁵, P recomputed in f32 from the stored LSE lands about 12 f16 units
 /// of P from the exact emulation; the tensor rule of the envelope takes the allowance for
 /// another order off each element's error as the row rule does. The project's design, whose P
@@ -45,16 +69,7 @@ fn p_recomputed_from_the_lse_passes_the_envelope_and_fails_the_project_design() 
 #[test]
 fn an_overflowing_query_head_partial_of_dk_is_the_envelope_range_limit() {
     let case = capsule("fa2-model-f16-gqa-head-dk-overflow.safetensors");
-    let env = judged_as(&case, "envelope");
-    let text = env.lines.join("\n");
-    assert!(
-        text.contains("range limit of a 16-bit design")
-            && text.contains("one query head's dK reaches"),
-        "{text}"
-    );
-    let project = judged_as(&case, "project");
-    let text = project.lines.join("\n");
-    assert!(project.failed && !text.contains("range limit"), "{text}");
+    a_range_limit_of_the_envelope_only(&case, &["one query head's dK reaches"]);
 }
 
 /// JAX's XLA attention (H100, jax 0.11.2; seed 29, group 11 of the adapter campaign): one
@@ -66,22 +81,8 @@ fn an_overflowing_query_head_partial_of_dk_is_the_envelope_range_limit() {
 #[test]
 fn a_16_bit_dp_past_the_range_is_the_envelope_range_limit() {
     let case = capsule("jax-xla-f16-dp-overflow.safetensors");
-    let env = judged_as(&case, "envelope");
-    let text = env.lines.join("\n");
-    assert!(
-        text.contains("range limit of a 16-bit design") && text.contains("dP = dO·Vᵀ reaches"),
-        "{text}"
-    );
-    let project = judged_as(&case, "project");
-    let text = project.lines.join("\n");
-    assert!(project.failed && !text.contains("range limit"), "{text}");
-
-    let mut inside = case.clone();
-    let d_o = inside.d_o.as_mut().unwrap();
-    d_o.mapv_inplace(|x| x / 4.0);
-    let env = judged_as(&inside, "envelope");
-    let text = env.lines.join("\n");
-    assert!(env.failed && !text.contains("range limit"), "{text}");
+    a_range_limit_of_the_envelope_only(&case, &["dP = dO·Vᵀ reaches"]);
+    no_excuse_inside_the_range(&case);
 }
 
 /// PyTorch's SDPA math path (H100, torch 2.11; seed 29, group 21; torch 2.15's CPU build
@@ -93,22 +94,14 @@ fn a_16_bit_dp_past_the_range_is_the_envelope_range_limit() {
 #[test]
 fn a_16_bit_ds_of_one_slot_past_the_range_is_the_envelope_range_limit_of_dbias() {
     let case = capsule("torch-math-f16-dbias-slot-ds-overflow.safetensors");
-    let env = judged_as(&case, "envelope");
-    let text = env.lines.join("\n");
-    assert!(
-        text.contains("range limit of a 16-bit design, not a defect: dbias at 1 element(s)")
-            && text.contains("dS reaches"),
-        "{text}"
+    a_range_limit_of_the_envelope_only(
+        &case,
+        &[
+            "range limit of a 16-bit design, not a defect: dbias at 1 element(s)",
+            "dS reaches",
+        ],
     );
-    let project = judged_as(&case, "project");
-    let text = project.lines.join("\n");
-    assert!(project.failed && !text.contains("range limit"), "{text}");
-
-    let mut inside = case.clone();
-    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4.0);
-    let env = judged_as(&inside, "envelope");
-    let text = env.lines.join("\n");
-    assert!(env.failed && !text.contains("range limit"), "{text}");
+    no_excuse_inside_the_range(&case);
 }
 
 /// PyTorch's SDPA math path in f32 (H100, torch 2.11; seed 29, group 44; torch 2.15's CPU
