@@ -289,6 +289,18 @@ pub fn judge(
         }
         if let (Outcome::Fail(f), _) = numeric(case, &case.outputs, &y) {
             if let Some(w) = f.worst.as_ref().filter(|w| w.tensor == sig.tensor) {
+                if let Some(line) = no_key_evidence(case, &w.tensor, w.token, w.head) {
+                    ev.push(line);
+                    if matches!(w.tensor.as_str(), "o" | "lse" | "dq") {
+                        let c = format!(
+                            "docs/semantics.md §1.3 A row with no visible key (o = 0, lse = −∞, \
+                             nothing in the gradients), {}",
+                            clause(&sig.property, &sig.tensor, detail, case)
+                                .trim_start_matches("docs/semantics.md ")
+                        );
+                        return finding(Verdict::Defect, Some(c), ev);
+                    }
+                }
                 if w.design_shares() {
                     ev.push(format!(
                         "the stored {} holds the value of smallseq's emulation at its worst \
@@ -304,6 +316,33 @@ pub fn judge(
     }
     let c = clause(&sig.property, &sig.tensor, detail, case);
     finding(Verdict::Defect, Some(c), ev)
+}
+
+/// Rows that see no key (§1.3) are where implementations most often depart from the
+/// semantics (cuDNN SDPA lets their dO into dK and dV, FINDINGS.md item 4): a line of evidence
+/// where the case has such rows, saying whether the worst element of `tensor` lies in one
+/// (o, lse, dq: row `(token, head)`) or which rows' dO a dK or dV may have taken in.
+fn no_key_evidence(case: &Case, tensor: &str, token: usize, head: usize) -> Option<String> {
+    let rows: Vec<(usize, usize)> = case
+        .visible_rows()
+        .filter(|r| r.keys.is_empty())
+        .map(|r| (r.token, r.head))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let n = rows.len();
+    match tensor {
+        "o" | "lse" | "dq" if rows.contains(&(token, head)) => Some(format!(
+            "the worst element (token {token}, head {head}) lies in a row that sees no key, one \
+             of {n} in the case: §1.3 holds it at o = 0, lse = −∞, dq = 0"
+        )),
+        "dk" | "dv" => Some(format!(
+            "the case has {n} row(s) that see no key; by §1.3 their dO adds nothing to dK or dV, \
+             and an implementation that gives them a nonzero P lets it in"
+        )),
+        _ => None,
+    }
 }
 
 /// The verdict on a determinism group from its reruns: none differed, a harness error; only
@@ -390,5 +429,35 @@ mod tests {
         assert!(c("metamorphic", "dk", "GQA vs MHA").contains("group of query heads"));
         assert!(c("eligibility", "-", "").contains("§3.1 Profile native"));
         assert!(c("hang", "-", "").starts_with("docs/worker-protocol.md"));
+    }
+
+    #[test]
+    fn rows_without_keys_are_named_where_the_worst_element_lies_in_one() {
+        let cfg = AttnConfig::new(Dtype::Bf16, 1, 8, Mask::CausalBottomRight);
+        let t = |n| Array3::zeros((n, 1, 8));
+        // Lq = 3 > Lk = 2 under bottom-right causal: row 0 sees no key.
+        let case = Case::new(
+            cfg.clone(),
+            Layout::packed(&[(3, 2)]),
+            t(3),
+            t(2),
+            t(2),
+            None,
+        );
+        let case = case.unwrap();
+        let o = no_key_evidence(&case, "o", 0, 0).unwrap();
+        assert!(
+            o.contains("lies in a row that sees no key, one of 1"),
+            "{o}"
+        );
+        assert_eq!(no_key_evidence(&case, "o", 1, 0), None);
+        let dk = no_key_evidence(&case, "dk", 0, 0).unwrap();
+        assert!(dk.contains("1 row(s) that see no key"), "{dk}");
+        let every_row_sees_a_key =
+            Case::new(cfg, Layout::packed(&[(2, 2)]), t(2), t(2), t(2), None);
+        assert_eq!(
+            no_key_evidence(&every_row_sees_a_key.unwrap(), "dk", 0, 0),
+            None
+        );
     }
 }
