@@ -200,6 +200,14 @@ impl Case {
         }
     }
 
+    /// `(token, head)` of every valid query row that sees no key (`docs/semantics.md` §1.3).
+    pub fn no_key_rows(&self) -> Vec<(usize, usize)> {
+        self.visible_rows()
+            .filter(|r| r.keys.is_empty())
+            .map(|r| (r.token, r.head))
+            .collect()
+    }
+
     /// Every valid query row of every slot and head, with its visible keys (mask and window of
     /// `docs/semantics.md` §1.5, less the keys a `-inf` bias hides, §1.9), in slot, head, row
     /// order.

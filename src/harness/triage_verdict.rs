@@ -323,11 +323,7 @@ pub fn judge(
 /// where the case has such rows, saying whether the worst element of `tensor` lies in one
 /// (o, lse, dq: row `(token, head)`) or which rows' dO a dK or dV may have taken in.
 fn no_key_evidence(case: &Case, tensor: &str, token: usize, head: usize) -> Option<String> {
-    let rows: Vec<(usize, usize)> = case
-        .visible_rows()
-        .filter(|r| r.keys.is_empty())
-        .map(|r| (r.token, r.head))
-        .collect();
+    let rows = case.no_key_rows();
     if rows.is_empty() {
         return None;
     }

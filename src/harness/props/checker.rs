@@ -106,11 +106,7 @@ impl<'a> Checker<'a> {
         if self.runner.caps().no_key_row == NoKeyRow::Zero {
             return None;
         }
-        let rows: Vec<(usize, usize)> = case
-            .visible_rows()
-            .filter(|r| r.keys.is_empty())
-            .map(|r| (r.token, r.head))
-            .collect();
+        let rows = case.no_key_rows();
         if rows.is_empty() {
             return None;
         }

@@ -338,11 +338,8 @@ mod tests {
         fn run_pair(&self, case: &Case, opts: &RunOptions) -> Result<Pair> {
             let mut p = self.inner.run_pair(case, opts)?;
             let fill = 1.0 / case.layout.kv.max_len() as f32;
-            for r in case.visible_rows().filter(|r| r.keys.is_empty()) {
-                p.fwd
-                    .o
-                    .slice_mut(ndarray::s![r.token, r.head, ..])
-                    .fill(fill);
+            for (t, h) in case.no_key_rows() {
+                p.fwd.o.slice_mut(ndarray::s![t, h, ..]).fill(fill);
             }
             Ok(p)
         }
