@@ -510,5 +510,6 @@ mod tests {
         );
         assert!(b.contains("the <b>original</b> capsule"), "{b}");
         assert_eq!(b.matches("<svg").count(), 1, "{b}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -159,5 +159,6 @@ mod tests {
         std::fs::write(dir.join("report.json"), "{\"cases\": \"many\"}").unwrap();
         let err = Run::read(&dir).unwrap_err().to_string();
         assert!(err.contains("report.json: not a smallseq report"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
