@@ -3,15 +3,15 @@
 //! common design may lose to the dtype's range. FlashAttention-style designs round dS to 16
 //! bits for the dQ and dK products, and with GQA they store each query head's dK and dV in 16
 //! bits before the group is summed; a framework's decomposition (XLA's, PyTorch's math path in
-//! 16 bits) stores dP = dO·Vᵀ, and may store D, in the input type. Where the f64 value of such an intermediate, widened by
-//! twice its rounding noise, reaches the largest finite value, a correct design may overflow
+//! 16 bits) stores dP = dO·Vᵀ, and may store D, in the input type. Where the f64 value of
+//! such an intermediate, widened by twice its rounding noise, reaches the largest finite value, a correct design may overflow
 //! there (to either sign, or to NaN through inf − inf), wherever smallseq's own emulation stayed
 //! inside. Outputs past the range only in such rows, which pass once those elements are set to
 //! the reference, are that design's range limit.
 
 use super::range_verdict::{describe, excused_passing, past_range, RangeLimit};
 use super::yardstick::Yardstick;
-use crate::case::{dot64, Case, Outputs};
+use crate::case::{Case, Outputs};
 use crate::harness::conditioning::envelope_ds_weight;
 use ndarray::{s, Array3};
 use std::collections::HashSet;
@@ -136,19 +136,19 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
         }
         for &j in &r.keys {
             let pij = case.probability(&r, j, m);
-            let v_j = case.v.slice(s![j, r.kv_head, ..]);
-            let dp = dot64(d_o_r, v_j);
+            // dP and the sum of its terms' magnitudes, summed in order as D's above.
+            let terms = d_o_r
+                .iter()
+                .zip(case.v.slice(s![j, r.kv_head, ..]))
+                .map(|(a, b)| f64::from(*a) * f64::from(*b));
+            let (dp, dp_magnitude) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
             let ds = pij * (dp - d);
             let w = envelope_ds_weight(ds, pij, dp, d, d_from_o);
+            let ds_at_edge = ds.abs() + 2.0 * u * w >= max;
             // dP held in 16 bits (the output type of a framework's dO·Vᵀ, as XLA's
             // decomposition stores it) overflows to inf, and dS = P(dP − D) with it.
-            let dp_magnitude: f64 = d_o_r
-                .iter()
-                .zip(v_j)
-                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                .sum();
             let dp_at_edge = dp.abs() + 2.0 * u * dp_magnitude >= max;
-            if ds.abs() + 2.0 * u * w >= max || dp_at_edge || d_at_edge {
+            if ds_at_edge || dp_at_edge || d_at_edge {
                 reach.dq.insert((r.token, r.head));
                 reach.dk.insert((j, r.kv_head));
                 // A broadcast bias's dBias sums the 16-bit dS of every slot and head that
@@ -157,7 +157,7 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
                     reach.dbias.insert(at);
                 }
             }
-            if ds.abs() + 2.0 * u * w >= max {
+            if ds_at_edge {
                 reach.note(ds.abs(), "dS");
             }
             if dp_at_edge {
