@@ -156,16 +156,19 @@ def check_rows(outs, ref, rows_reported) -> bool:
     return hit
 
 
-def check_reference(adapter, case, outs, reported, rows_reported=None) -> bool:
-    ref = numpy_reference.attention64(case, frozenset(outs))
+def compare(outs, ref, rows_of, detail, not_judged="") -> bool:
+    """Prints each output's largest error against the reference over `rows_of(name)` (None:
+    not judged, and why) and the named rows of a row-rule failure; True where an error is
+    over the threshold the harness reported in `detail`."""
+    reported = thresholds(detail)
     print("largest discrepancy to the float64 reference (valid elements):")
     hit = False
     for name in kit.WANT_NAMES:
-        if name not in outs:
+        if name not in outs or name not in ref:
             continue
-        rows = judged_rows(adapter, case, name)
+        rows = rows_of(name)
         if rows is None:
-            print(f"  {name:4}  not judged: rows without keys hold what the implementation declares ({adapter.caps.no_key_row})")
+            print(f"  {name:4}  not judged: {not_judged}")
             continue
         err = max_error(outs[name], ref[name], rows)
         line = f"  {name:4}  {err:.4e}"
@@ -174,7 +177,13 @@ def check_reference(adapter, case, outs, reported, rows_reported=None) -> bool:
             hit |= over
             line += f"  {'>' if over else '<='} threshold {reported[name]:.4e} reported by the harness"
         print(line)
-    return check_rows(outs, ref, rows_reported or {}) or hit
+    return check_rows(outs, ref, row_thresholds(detail)) or hit
+
+
+def check_reference(adapter, case, outs, detail) -> bool:
+    ref = numpy_reference.attention64(case, frozenset(outs))
+    why = f"rows without keys hold what the implementation declares ({adapter.caps.no_key_row})"
+    return compare(outs, ref, lambda name: judged_rows(adapter, case, name), detail, why)
 
 
 def check_slots(adapter, case, base, want, parts, limit, tensor_limited) -> bool:
@@ -270,7 +279,7 @@ def main(adapter: kit.Adapter, case: kit.Case, verdict: dict) -> int:
     except kit.WorkerError as e:
         print(f"the implementation refused the case ({e.kind}): {e}")
         return 2
-    hit = check_reference(adapter, case, base, thresholds(detail), row_thresholds(detail))
+    hit = check_reference(adapter, case, base, detail)
     if prop != "numeric_agreement":
         try:
             hit = check_relation(adapter, case, base, want, prop, detail)
@@ -294,20 +303,7 @@ def main_recorded(case: kit.Case, outs: dict, verdict: dict, backend: str) -> in
     print(f"case: {c.dtype}, {c.num_heads}/{c.num_kv_heads} heads, d {c.head_dim_qk}/{c.head_dim_v}, {c.mask}, "
           f"window {list(c.window)}, scale {c.scale!r}; q lens {case.sq.lens.tolist()}, kv lens {case.skv.lens.tolist()}")
     ref = numpy_reference.attention64(case, frozenset(outs))
-    reported = thresholds(detail)
-    print("largest discrepancy to the float64 reference (valid elements):")
-    hit = False
-    for name in kit.WANT_NAMES:
-        if name not in outs or name not in ref:
-            continue
-        err = max_error(outs[name], ref[name], valid_rows(case, name))
-        line = f"  {name:4}  {err:.4e}"
-        if name in reported:
-            over = err > reported[name]
-            hit |= over
-            line += f"  {'>' if over else '<='} threshold {reported[name]:.4e} reported by the harness"
-        print(line)
-    hit = check_rows(outs, ref, row_thresholds(detail)) or hit
+    hit = compare(outs, ref, lambda name: valid_rows(case, name), detail)
     if prop == "dont_care":
         hit = dont_care_off(case, outs) or hit
     elif prop != "numeric_agreement":
