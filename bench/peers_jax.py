@@ -90,7 +90,10 @@ def is_oom(e):
 class Runner:
     def __init__(self, jax, jnp, np, args):
         self.jax, self.jnp, self.np, self.args = jax, jnp, np, args
-        self.flush = None
+        self.flush = self.flush_fn = None
+        # why device timing cannot work here, once it failed (no CUPTI, a CPU run): every
+        # later call takes the wall clock at once instead of tracing again
+        self.no_device_timer = None
 
     def block(self, x):
         return self.jax.block_until_ready(x)
@@ -107,15 +110,14 @@ class Runner:
         for _ in range(max(1, int(a.warmup_ms * 1e-3 / est))):
             self.block(fn())
         reps = min(2000, max(5, int(a.rep_ms * 1e-3 / est)))
-        if a.timer == "device":
+        if a.timer == "device" and self.no_device_timer is None:
             try:
                 return self.device_us(fn, min(reps, 200)), "device"
             except Exception as e:  # noqa: BLE001
-                why = P.one_line(e)
-                err(f"device timing failed, wall clock instead: {why}")
-                wall = "wall clock (" + why + ")"
-        else:
-            wall = "wall clock (--timer wall)"
+                self.no_device_timer = P.one_line(e)
+                err(f"device timing failed, wall clock instead: {self.no_device_timer}")
+        why = "--timer wall" if a.timer == "wall" else self.no_device_timer
+        wall = f"wall clock ({why})"
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter()
