@@ -75,6 +75,11 @@ if [ "${#ran[@]}" -gt 0 ]; then
     > "$out/triage/triage.log" 2>&1
   say "triage: exit $? ($(tail -2 "$out/triage/triage.log" | head -1))"
   grep -E '^[0-9]+\. ' "$out/triage/triage.log" | head -30 | tee -a "$log"
+  # Each group's standalone script on its own (torch or jax and numpy, no smallseq): a defect
+  # group counts as confirmed only where its script reproduces (exit 1).
+  SCRIPT_LIMIT=${SCRIPT_LIMIT:-90} ci/run-scripts.sh "$out/triage/scripts.txt" \
+    "$out"/triage/group-*.py > /dev/null
+  say "scripts: $(cut -d: -f2 "$out/triage/scripts.txt" | sort | uniq -c | tr '\n' ';')"
 else
   say "triage: no campaign wrote a report"
 fi

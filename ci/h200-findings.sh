@@ -17,11 +17,11 @@ grep -v '^#' "$pending/pending.txt" | while read -r capsule adapter flags; do
     -o "$out/${capsule%.safetensors}.py" > /dev/null 2>&1 ||
     echo "${capsule%.safetensors}: no script written" | tee -a "$out/findings.txt"
 done
-for s in adapters/findings/*.py "$out"/*.py; do
-  [ -e "$s" ] || continue
-  name=$(basename "$s" .py)
-  timeout -k 5 120 python3 "$s" > "$out/$name.txt" 2>&1
-  rc=$?
-  case $rc in 1) what=reproduced ;; 0) what="not reproduced" ;; 2) what=refused ;; *) what="script failed ($rc)" ;; esac
-  echo "$name: $what" | tee -a "$out/findings.txt"
+scripts=()
+for s in adapters/findings/*.py "$out"/*.py; do [ -e "$s" ] && scripts+=("$s"); done
+# The shipped scripts' outputs land beside them: copy them into OUT first.
+mkdir -p "$out/shipped"
+for i in "${!scripts[@]}"; do
+  case ${scripts[$i]} in adapters/*) cp "${scripts[$i]}" "$out/shipped/" && scripts[$i]=$out/shipped/$(basename "${scripts[$i]}") ;; esac
 done
+ci/run-scripts.sh "$out/results.txt" "${scripts[@]}" | tee -a "$out/findings.txt"
