@@ -7,18 +7,21 @@
 #    ADAPTER_SEED, SMALLSEQ_SHARD, then triage within SMALLSEQ_TRIAGE_LIMIT and each group's
 #    standalone script run);
 # 2. issue 31: ci/h200-findings.sh (the pending capsules' scripts and adapters/findings/);
-# 3. issue 33 item 2, in the background at DFO_JOBS (default 4) in-process jobs, so that the
+# 3. issue 33, in the background at DFO_JOBS (default 4) in-process jobs, so that the
 #    adapters keep most of the cores: the D-from-O GPU test, then a campaign of DFO_SECS
-#    (default 60) with FTB_D_FROM_O=1, seed DFO_SEED (default 3371), then compute-sanitizer
-#    memcheck and racecheck on three cases (DFO_TEST=0 and DFO_SANITIZE=0 leave out the test
-#    and the sanitizers, for a second call).
+#    (default 60) with the kernel defines DFO_DEFINES (default FTB_D_FROM_O=1; the carry's
+#    kernel cache must hold them), seed DFO_SEED (default 3371), then compute-sanitizer
+#    memcheck and racecheck on three cases under the same defines (DFO_TEST=0 and
+#    DFO_SANITIZE=0 leave out the test and the sanitizers, for a second call).
 #   ci/h200-judge-adapters.sh    writes $OUT/log.txt, $OUT/dfo.tar.gz, $OUT/findings.tar.gz
 #                                and $OUT/adapters/
 set -u
 cd "$(dirname "$0")/.."
 DEFAULT_OUT=/tmp/h200-judge-adapters WORK=/tmp/ja
 . ci/device-call.sh
+defines=${DFO_DEFINES:-FTB_D_FROM_O=1}
 dfo() {
+  say "background campaign under $defines"
   if [ "${DFO_TEST:-1}" != 0 ]; then
     CARGO_MANIFEST_DIR=$PWD SMALLSEQ_REQUIRE_GPU=1 timeout -k 10 150 "$carry/cuda_d_from_o" \
       --test-threads 1 > "$work/dfo-test.log" 2>&1
@@ -26,7 +29,7 @@ dfo() {
     grep -E 'panicked|^case |fallback backward' "$work/dfo-test.log" | head -8 | cut -c1-300 |
       tee -a "$log"
   fi
-  SMALLSEQ_KERNEL_DEFINES=FTB_D_FROM_O=1 CAMPAIGN_SEED=${DFO_SEED:-3371} campaign dfo \
+  SMALLSEQ_KERNEL_DEFINES=$defines CAMPAIGN_SEED=${DFO_SEED:-3371} campaign dfo \
     "${DFO_SECS:-60}" --backend cuda --in-process --jobs "${DFO_JOBS:-4}"
   # The tiled backward at D = 128 (GQA, causal, two query tiles), at D = 64 with a window, and
   # the scalar one (f32, dropout), under both tools.
@@ -38,7 +41,7 @@ dfo() {
   mk f32drop --dtype f32 --heads 2 --head-dim 64 --q-lens 20,9 --kv-lens 24,30 --dropout 0.2
   for tool in memcheck racecheck; do
     for c in gqa128 win64 f32drop; do
-      SMALLSEQ_KERNEL_DEFINES=FTB_D_FROM_O=1 timeout -k 5 90 compute-sanitizer --tool "$tool" \
+      SMALLSEQ_KERNEL_DEFINES=$defines timeout -k 5 90 compute-sanitizer --tool "$tool" \
         --error-exitcode 99 "$ss" run --backend cuda --case "$work/$c.safetensors" \
         --out "$work/$c-out.safetensors" > "$work/$tool-$c.log" 2>&1
       say "$tool $c: exit $? ($(grep -m1 'ERROR SUMMARY' "$work/$tool-$c.log"))"
