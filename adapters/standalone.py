@@ -205,6 +205,9 @@ def script(capsule: str, adapter_name, adapter_argv: list) -> str:
         "    except Exception:  # exit 1 means 'reproduced': a crash of this script must not read so",
         "        traceback.print_exc()",
         "        status = 3",
+        "    except SystemExit as e:  # the adapter gave up before the case ran (SystemExit('...') is 1)",
+        "        print(f'the implementation did not start: {e.code}', file=sys.stderr)",
+        "        status = 3",
         "    sys.exit(status)",
         "",
     ]

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Runs the standalone scripts of adapters/findings/ on the device (torch and jax there; no
 # smallseq needed) and says which reproduce: exit 1 of a script = reproduced, 0 = not, 2 =
-# refused, 3 = the script failed (adapters/standalone.py). The pending capsules of
-# adapters/findings/pending/pending.txt get their script written first; a pending finding moves
-# into adapters/FINDINGS.md as a confirmed defect only once its script reproduces on its own.
+# refused, 3 = the script failed (adapters/standalone.py). The capsules of
+# adapters/findings/pending/pending.txt and confirmed/confirmed.txt get their script written
+# first; a pending finding moves to confirmed/ (and into adapters/FINDINGS.md as a confirmed
+# defect) only once its script reproduces on its own.
 #   ci/h200-findings.sh OUT     writes OUT/findings.txt, each script and its output
 set -u
 cd "$(dirname "$0")/.."
 out=${1:?usage: ci/h200-findings.sh OUT}
 mkdir -p "$out"
-pending=adapters/findings/pending
-grep -v '^#' "$pending/pending.txt" | while read -r capsule adapter flags; do
-  [ -n "$capsule" ] || continue
-  # shellcheck disable=SC2086  # the adapter's flags are words
-  python3 adapters/standalone.py "$pending/$capsule" --adapter "$adapter" $flags \
-    -o "$out/${capsule%.safetensors}.py" > /dev/null 2>&1 ||
-    echo "${capsule%.safetensors}: no script written" | tee -a "$out/findings.txt"
+for list in adapters/findings/pending/pending.txt adapters/findings/confirmed/confirmed.txt; do
+  grep -v '^#' "$list" | while read -r capsule adapter flags; do
+    [ -n "$capsule" ] || continue
+    # shellcheck disable=SC2086  # the adapter's flags are words
+    python3 adapters/standalone.py "$(dirname "$list")/$capsule" --adapter "$adapter" $flags \
+      -o "$out/${capsule%.safetensors}.py" > /dev/null 2>&1 ||
+      echo "${capsule%.safetensors}: no script written" | tee -a "$out/findings.txt"
+  done
 done
 scripts=()
 for s in adapters/findings/*.py "$out"/*.py; do [ -e "$s" ] && scripts+=("$s"); done

@@ -96,6 +96,17 @@ class Standalone(unittest.TestCase):
         o_line = next(line for line in text.splitlines() if line.strip().startswith("o "))
         self.assertIn("> threshold 2.0000e-02", o_line)
 
+    def test_an_adapter_that_gives_up_at_start_is_a_failed_script_not_a_repro(self):
+        """SystemExit('why') exits 1, the code of 'reproduced': an adapter that gives up before
+        the case runs (a probe on a machine without its kernel) must read as a failed script."""
+        cap = self.capsule("numeric_agreement", self.NUMERIC)
+        quitter = os.path.join(self.d, "quitter.py")
+        with open(quitter, "w") as f:
+            f.write("def adapter(argv):\n    raise SystemExit('quitter: the kernel is not on this machine')\n")
+        rc, text = self.repro(cap, quitter)
+        self.assertEqual(rc, 3, text)
+        self.assertIn("did not start: quitter: the kernel is not on this machine", text)
+
     def test_a_batch_split_is_replayed(self):
         detail = ("splitting the batch in two launches changed the batch an external implementation sees, "
                   "and o of the launches differs from the base run by 1.0e-1 > 1.0e-3 (two thresholds)")
