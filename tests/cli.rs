@@ -252,6 +252,36 @@ fn repro_names_a_corrupted_element() {
     );
 }
 
+/// A capsule that failed a relation between runs (here a batch split, CPU fuzz seed 2071)
+/// whose stored outputs pass: plain `repro` cannot replay the relation, so it neither passes
+/// (0) nor reproduces (1) but refuses, saying to rerun; the same capsule with a verdict of
+/// numeric_agreement only passes.
+#[test]
+fn repro_of_stored_outputs_refuses_a_relation_it_cannot_replay() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capsules/stored");
+    let rel = dir.join("cpu-f16-split-launch-dq-overflow-one-path.safetensors");
+    let out = bin().arg("repro").arg(&rel).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("the capsule failed metamorphic, which compares runs")
+            && text.contains("--backend"),
+        "{text}"
+    );
+    let mut c = read_case(&rel).unwrap();
+    let numeric = r#"{"failures": [{"property": "numeric_agreement", "detail": "dq: max error"}]}"#;
+    c.meta.insert("smallseq.verdict".into(), numeric.into());
+    let plain = tmp("rel-as-numeric.safetensors");
+    write_case(&c, &plain, OutputPrecision::Device).unwrap();
+    let out = bin().arg("repro").arg(&plain).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("stored outputs pass every property they allow"),
+        "{text}"
+    );
+}
+
 /// Outputs carry the device and build they came from; a rerun says whether its own match.
 #[test]
 fn repro_compares_the_capsules_provenance_with_the_rerun() {

@@ -56,7 +56,15 @@ pub fn run(args: &ReproArgs) -> Result<i32> {
         for l in &diag.lines {
             say!("{l}");
         }
-        return Ok(if diag.failed { 1 } else { 0 });
+        // Stored outputs that pass say nothing of a relation the capsule failed: that is not
+        // "not reproduced", so it exits as a refusal (the line above says to rerun it).
+        return Ok(if diag.failed {
+            1
+        } else if diag.unreplayed.is_empty() {
+            0
+        } else {
+            super::EXIT_USAGE
+        });
     };
     let recorded = match Recorded::of(&case, &args.capsule.display().to_string()) {
         Ok(r) => r,

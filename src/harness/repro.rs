@@ -2,7 +2,7 @@
 //! backend and say whether the new outputs are bitwise equal to the stored ones.
 
 use super::capsule::{build_commit, Replay, COMMIT, PROVENANCE};
-use super::props::{dont_care_outputs, numeric, oracle_for, Checker, Outcome};
+use super::props::{dont_care_outputs, numeric, oracle_for, Checker, Outcome, Prop};
 use super::{bias, conformance};
 use crate::backend::rounding_budget_of;
 use crate::case::Case;
@@ -102,6 +102,9 @@ impl Recorded {
 pub struct Diagnosis {
     pub lines: Vec<String>,
     pub failed: bool,
+    /// The failures the capsule records that stored outputs cannot replay (a relation between
+    /// runs, a fault): where nothing judged here fails, only a rerun can reproduce them.
+    pub unreplayed: Vec<String>,
 }
 
 impl Diagnosis {
@@ -193,9 +196,48 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
         }
     }
     if !d.failed {
-        d.say("stored outputs pass every property they allow".into());
+        d.unreplayed = unreplayed_failures(case);
+        if d.unreplayed.is_empty() {
+            d.say("stored outputs pass every property they allow".into());
+        } else {
+            d.say(format!(
+                "stored outputs pass every property they allow, but the capsule failed {}, \
+                 which compares runs of the case: outputs stored from one run cannot replay it. \
+                 Rerun the case with --backend (the repro line the campaign printed does)",
+                d.unreplayed.join(" and ")
+            ));
+        }
     }
     Ok(d)
+}
+
+/// The properties the capsule's verdict records as failed that [`judge_stored`] cannot judge
+/// from one run's outputs (determinism, metamorphic and fallback compare runs; a crash, hang
+/// or eligibility failure is about the run itself), in the verdict's order.
+fn unreplayed_failures(case: &Case) -> Vec<String> {
+    const FROM_STORED: [Prop; 4] = [
+        Prop::NumericAgreement,
+        Prop::DontCare,
+        Prop::EmulationConformance,
+        Prop::RoundingBias,
+    ];
+    let Some(v) = case.meta.get("smallseq.verdict") else {
+        return Vec::new();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(v) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = Vec::new();
+    for f in v["failures"].as_array().into_iter().flatten() {
+        let Some(name) = f["property"].as_str() else {
+            continue;
+        };
+        let stored = FROM_STORED.iter().any(|p| p.name() == name);
+        if !stored && !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
 }
 
 /// A margin for people: two decimals, or three significant digits past 1000.
