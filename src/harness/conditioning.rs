@@ -52,6 +52,20 @@ pub(crate) fn envelope_ds_weight(ds: f64, prob: f64, dp: f64, big_d: f64, d_from
     ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o)
 }
 
+/// P as the envelope's allowances weigh it (they take `u` times it): a design that rounds P
+/// to the 16-bit input type before P·V, Pᵀ·dO or dS = P·(dP − D) (PyTorch's memory-efficient
+/// backward forms dS from that P) moves a normal P by `u·P`, but below the smallest normal the
+/// spacing is fixed, half of it `u·smallest normal`, and no P moves by more than itself (it
+/// may round to 0). So the weight is `max(P, min(P/u, smallest normal))` (f16: P = 1.72e-7
+/// rounds 4 % away, and a dK row fed only by such P moved by 3 %, H100 seed 29,
+/// `tests/capsules/stored/torch-efficient-f16-subnormal-p-dk-row`). f32 P is not rounded.
+fn p_rounded_to(dtype: Dtype, prob: f64) -> f64 {
+    if dtype == Dtype::F32 {
+        return prob;
+    }
+    prob.max((prob / dtype.unit_roundoff()).min(dtype.smallest_normal()))
+}
+
 /// `|a|` in f64, in standard layout (what [`row_of`] and [`row_mut`] read).
 fn abs64(a: &Array3<f32>) -> Array3<f64> {
     let values: Vec<f64> = a.iter().map(|x| f64::from(*x).abs()).collect();
@@ -299,6 +313,11 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     let k_cols = Columns::of(&case.k, f64::from);
     let v_cols = d_o.map(|_| Columns::of(&case.v, f64::from));
     let (mut mags, mut qk, mut dps, mut dp_mags) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // P as another order's allowances weigh it: the envelope's designs may round it to 16 bits.
+    let envelope_p = |prob: f64| match design {
+        Design::Envelope => p_rounded_to(case.config.dtype, prob),
+        Design::Project | Design::ProjectDFromO => prob,
+    };
     for (row, lse_r) in case.live_rows(lse) {
         let (t, h, hk) = (row.token, row.head, row.kv_head);
         let first_key = case.layout.kv.offset(row.slot);
@@ -346,14 +365,15 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .map(|&pr| p_noise(case.config.dtype, pr, rho))
             .collect();
         for (((&c, &prob), &pn), &z) in row.keys.iter().zip(&probs).zip(&p_noises).zip(&zs) {
-            let (prob, pn) = (prob * z, pn * z);
+            let p_ord = z * envelope_p(prob);
+            let pn = pn * z;
             let va_c = row_of(&va, c, hk);
             let noise_r = row_mut(&mut noise_o, t, h);
             for (n, v) in noise_r.iter_mut().zip(va_c) {
                 *n += pn * v;
             }
             for (x, v) in row_mut(&mut ord_o, t, h).iter_mut().zip(va_c) {
-                *x += w_o * prob * v;
+                *x += w_o * p_ord * v;
             }
             if let (Some(doa), Some(ndv)) = (doa.as_ref(), noise_dv.as_mut()) {
                 for (n, y) in row_mut(ndv, c, hk).iter_mut().zip(row_of(doa, t, h)) {
@@ -402,8 +422,11 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 Design::Project => scale * ds.abs(),
                 // D from the stored O is off by O's rounding: the D term of the envelope.
                 Design::ProjectDFromO => scale * (ds.abs() + prob * d_from_o),
+                // P's rounding past its relative one (below the smallest normal) moves dS by
+                // that much times dP − D.
                 Design::Envelope => {
-                    scale * ds.abs() + scale * prob * (dp.abs() + big_d.abs() + d_from_o)
+                    scale * envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
+                        + scale * (envelope_p(prob) - prob) * (dp - big_d).abs()
                 }
             };
             if let (Some((dbn, dbo)), Some((at, hb))) = (db.as_mut(), case.dbias_row(&row)) {
@@ -412,7 +435,10 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dbo[(at, hb, col)] += match design {
                     Design::Project => ds.abs(),
                     Design::ProjectDFromO => ds.abs() + prob * d_from_o,
-                    Design::Envelope => envelope_ds_weight(ds, prob, dp, big_d, d_from_o),
+                    Design::Envelope => {
+                        envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
+                            + (envelope_p(prob) - prob) * (dp - big_d).abs()
+                    }
                 };
             }
             let ka_c = row_of(&ka, c, hk);
@@ -433,7 +459,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 *odk_x += w_ord * x;
             }
             for (x, y) in row_mut(odv, c, hk).iter_mut().zip(doa_r) {
-                *x += w_dv * prob * z * y;
+                *x += w_dv * envelope_p(prob) * z * y;
             }
         }
     }
