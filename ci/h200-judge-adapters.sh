@@ -6,7 +6,7 @@
 # 1. issue 31: ci/h200-adapters.sh (every adapter's campaign side by side, ADAPTER_TIME,
 #    ADAPTER_SEED, SMALLSEQ_SHARD, then triage within SMALLSEQ_TRIAGE_LIMIT and each group's
 #    standalone script run);
-# 2. issue 31: ci/h200-findings.sh (the pending capsules' scripts and adapters/findings/);
+# 2. issue 31: ci/h200-findings.sh (the pending and confirmed capsules' scripts and adapters/findings/);
 # 3. issue 33, in the background at DFO_JOBS (default 4) in-process jobs, so that the
 #    adapters keep most of the cores: the D-from-O GPU test, then a campaign of DFO_SECS
 #    (default 60) with the kernel defines DFO_DEFINES (default FTB_D_FROM_O=1; the carry's
