@@ -50,7 +50,7 @@ dfo() {
 }
 dfo &
 dfo_pid=$!
-(ci/h200-findings.sh "$work/findings" > "$work/findings.log" 2>&1
+(SMALLSEQ_BIN=$ss ci/h200-findings.sh "$work/findings" > "$work/findings.log" 2>&1
  say "findings: $(tr '\n' ';' < "$work/findings/findings.txt")") &
 findings_pid=$!
 ci/h200-adapters.sh "$ss" "$out/adapters" "${ADAPTER_TIME:-200s}" 0 > /dev/null 2>&1
