@@ -510,3 +510,57 @@ fn a_hang_replays_under_its_recorded_case_timeout() {
     assert!(took.as_secs() < 25, "triage took {took:?}");
     remove(&[&dir, &out]);
 }
+
+/// A wrong LSE that is the reference's with one key's visibility flipped names the key: the
+/// varlen FlashAttention capsule (H100, torch 2.11, seed 29 group 22; window (4, −1) hides no
+/// key of its 7 × 5 slot) stores query 0's LSE as the log-sum-exp without one of keys 1, 3
+/// and 4 (equal scores), and triage's verdict then cites §1.5 with that line. The reference's
+/// own LSE names nothing, and a key the window hides, let in, is named as such.
+#[test]
+fn a_wrong_lse_one_key_off_names_the_key() {
+    use smallseq::harness::props::oracle;
+    use smallseq::harness::triage_keys::one_key_off;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capsules/stored");
+    let case =
+        read_case(&dir.join("varlen-flash-bf16-window-row0-key-dropped.safetensors")).unwrap();
+    let line = one_key_off(&case, 0, 0).expect("row 0 is one key off");
+    assert!(
+        line.contains("with key 1 or 3 or 4 of the slot left out") && line.contains("2.1180"),
+        "{line}"
+    );
+    for t in 1..7 {
+        assert_eq!(one_key_off(&case, t, 0), None, "row {t} is right");
+    }
+    let detail = "lse: max error 1.341e-1 > threshold 3.679e-6 (emulation error 4.877e-7)";
+    let sig = Signature {
+        implementation: "torch-varlen-flash".into(),
+        property: "numeric_agreement".into(),
+        tensor: "lse".into(),
+        class: smallseq::harness::triage::signature_class(&case),
+        pattern: smallseq::harness::triage::pattern(detail),
+        range_limit: false,
+    };
+    let f = judge(&sig, detail, &case, None, "no worker here");
+    assert_eq!(f.verdict, Verdict::Defect);
+    assert!(
+        f.clause.as_deref().unwrap_or("").contains("§1.5") && f.evidence.iter().any(|e| *e == line),
+        "{:?}",
+        f.evidence
+    );
+    // The right LSE names nothing.
+    let mut right = case.clone();
+    right.outputs.lse = oracle(&case).unwrap().reference.lse;
+    assert_eq!(one_key_off(&right, 0, 0), None);
+    // Under window (1, −1) query 6 sees keys 3 and 4 only; its LSE under (2, −1), which also
+    // sees key 2, is that key let in.
+    let with_window = |left: i64| {
+        let mut c = case.clone();
+        c.config.params.window.left = left;
+        c
+    };
+    let mut tight = with_window(1);
+    let wider = oracle(&with_window(2)).unwrap().reference.lse.unwrap();
+    tight.outputs.lse.as_mut().unwrap()[(6, 0)] = wider[(6, 0)];
+    let line = one_key_off(&tight, 6, 0).expect("row 6 has one key too many");
+    assert!(line.contains("with key 2 of the slot let in"), "{line}");
+}

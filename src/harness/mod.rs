@@ -33,6 +33,7 @@ pub mod text;
 pub mod tolerance;
 pub mod transform;
 pub mod triage;
+pub mod triage_keys;
 pub mod triage_report;
 pub mod triage_script;
 pub mod triage_verdict;

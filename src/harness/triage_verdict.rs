@@ -12,6 +12,7 @@
 use super::props::{numeric, oracle, Checker, Outcome, Reruns};
 use super::repro::judge_stored;
 use super::triage::Signature;
+use super::triage_keys::one_key_off;
 use crate::case::Case;
 use serde::Serialize;
 
@@ -295,6 +296,19 @@ pub fn judge(
                         let c = format!(
                             "docs/semantics.md §1.3 A row with no visible key (o = 0, lse = −∞, \
                              nothing in the gradients), {}",
+                            clause(&sig.property, &sig.tensor, detail, case)
+                                .trim_start_matches("docs/semantics.md ")
+                        );
+                        return finding(Verdict::Defect, Some(c), ev);
+                    }
+                }
+                // A stored LSE that is the reference's with one key flipped names the key
+                // (its O follows from the same P).
+                if matches!(w.tensor.as_str(), "o" | "lse") {
+                    if let Some(line) = one_key_off(case, w.token, w.head) {
+                        ev.push(line);
+                        let c = format!(
+                            "docs/semantics.md §1.5 Masks and windows (which keys a row sees), {}",
                             clause(&sig.property, &sig.tensor, detail, case)
                                 .trim_start_matches("docs/semantics.md ")
                         );
