@@ -50,7 +50,8 @@ pub fn one_key_off(case: &Case, token: usize, head: usize) -> Option<String> {
         .fold(f64::INFINITY, f64::min);
     // One flip explains it where it lands 20 times closer than the reference does; keys whose
     // scores tie explain it equally (the same LSE), and are all named.
-    if !(best * 20.0 <= err) {
+    let explained = best * 20.0 <= err;
+    if !explained {
         return None;
     }
     let close = |l: f64| (stored - l).abs() <= best.max(1e-9 * err) * 1.5;
