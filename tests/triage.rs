@@ -543,7 +543,7 @@ fn a_wrong_lse_one_key_off_names_the_key() {
     let f = judge(&sig, detail, &case, None, "no worker here");
     assert_eq!(f.verdict, Verdict::Defect);
     assert!(
-        f.clause.as_deref().unwrap_or("").contains("§1.5") && f.evidence.iter().any(|e| *e == line),
+        f.clause.as_deref().unwrap_or("").contains("§1.5") && f.evidence.contains(&line),
         "{:?}",
         f.evidence
     );
