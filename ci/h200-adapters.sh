@@ -75,11 +75,10 @@ if [ "${#ran[@]}" -gt 0 ]; then
     > "$out/triage/triage.log" 2>&1
   say "triage: exit $? ($(tail -2 "$out/triage/triage.log" | head -1))"
   grep -E '^[0-9]+\. ' "$out/triage/triage.log" | head -30 | tee -a "$log"
-  # Each group's standalone script on its own (torch or jax and numpy, no smallseq): a defect
-  # group counts as confirmed only where its script reproduces (exit 1).
-  # The scripts of the defect and harness-error groups (a limit group's verdict rests on its
-  # emulation, not on its script), from triage.json: `smallseq triage --out D` writes them
-  # into D/triage/.
+  # Each defect or harness-error group's standalone script on its own (torch or jax and numpy,
+  # no smallseq): a defect group counts as confirmed only where its script reproduces (exit 1);
+  # a limit group's verdict rests on its emulation, not on its script. Their paths come from
+  # triage.json (`smallseq triage --out D` writes them into D/triage/).
   mapfile -t scripts < <(python3 -c '
 import json, sys
 for g in json.load(open(sys.argv[1]))["groups"]:

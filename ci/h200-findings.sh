@@ -14,16 +14,17 @@ mkdir -p "$out"
 for list in adapters/findings/pending/pending.txt adapters/findings/confirmed/confirmed.txt; do
   grep -v '^#' "$list" | while read -r capsule adapter flags; do
     [ -n "$capsule" ] || continue
+    path=$(dirname "$list")/$capsule
     # A script judges with the threshold its capsule recorded; where this build's judge passes
     # the recorded outputs (SMALLSEQ_BIN: a smallseq binary, no GPU needed), the old verdict
     # was the harness's and the script proves nothing against the implementation.
     if [ -n "${SMALLSEQ_BIN:-}" ]; then
-      "$SMALLSEQ_BIN" repro "$(dirname "$list")/$capsule" > /dev/null 2>&1
+      "$SMALLSEQ_BIN" repro "$path" > /dev/null 2>&1
       [ $? = 0 ] && echo "${capsule%.safetensors}: this build's judge passes its recorded outputs" |
         tee -a "$out/findings.txt"
     fi
     # shellcheck disable=SC2086  # the adapter's flags are words
-    python3 adapters/standalone.py "$(dirname "$list")/$capsule" --adapter "$adapter" $flags \
+    python3 adapters/standalone.py "$path" --adapter "$adapter" $flags \
       -o "$out/${capsule%.safetensors}.py" > /dev/null 2>&1 ||
       echo "${capsule%.safetensors}: no script written" | tee -a "$out/findings.txt"
   done

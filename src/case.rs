@@ -162,9 +162,14 @@ impl Case {
 
     /// `P = exp(scale · q·k + bias − lse)` of `row` and key token `key`, in f64.
     pub fn probability(&self, row: &VisibleRow, key: usize, lse: f64) -> f64 {
+        (self.score(row, key) - lse).exp()
+    }
+
+    /// The score `scale · q·k + bias` of `row` and key token `key`, in f64.
+    pub fn score(&self, row: &VisibleRow, key: usize) -> f64 {
         let q = self.q.slice(ndarray::s![row.token, row.head, ..]);
         let k = self.k.slice(ndarray::s![key, row.kv_head, ..]);
-        (dot64(q, k) * self.config.params.scale + self.bias_at(row, key) - lse).exp()
+        dot64(q, k) * self.config.params.scale + self.bias_at(row, key)
     }
 
     /// The bias added to the score of `row` and key token `key` (`docs/semantics.md` §1.9;

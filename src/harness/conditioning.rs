@@ -418,16 +418,17 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             // dBias (the sum of dS) as they are.
             let w_ds = noise + ds_jump(case.config.dtype, ds, factor * noise) / factor;
             let w = scale * w_ds;
+            // The envelope's weight of this dS, with P's rounding past its relative one (below
+            // the smallest normal), which moves dS by that much times dP − D.
+            let w_envelope = || {
+                envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
+                    + (envelope_p(prob) - prob) * (dp - big_d).abs()
+            };
             let w_ord = match design {
                 Design::Project => scale * ds.abs(),
                 // D from the stored O is off by O's rounding: the D term of the envelope.
                 Design::ProjectDFromO => scale * (ds.abs() + prob * d_from_o),
-                // P's rounding past its relative one (below the smallest normal) moves dS by
-                // that much times dP − D.
-                Design::Envelope => {
-                    scale * envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
-                        + scale * (envelope_p(prob) - prob) * (dp - big_d).abs()
-                }
+                Design::Envelope => scale * w_envelope(),
             };
             if let (Some((dbn, dbo)), Some((at, hb))) = (db.as_mut(), case.dbias_row(&row)) {
                 let col = c - case.layout.kv.offset(row.slot);
@@ -435,10 +436,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
                 dbo[(at, hb, col)] += match design {
                     Design::Project => ds.abs(),
                     Design::ProjectDFromO => ds.abs() + prob * d_from_o,
-                    Design::Envelope => {
-                        envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
-                            + (envelope_p(prob) - prob) * (dp - big_d).abs()
-                    }
+                    Design::Envelope => w_envelope(),
                 };
             }
             let ka_c = row_of(&ka, c, hk);

@@ -6,7 +6,7 @@
 //! a key of P = 1e-4 moves the LSE by 1e-4). Naming the key turns "lse off by 1e-4" into a
 //! report an upstream engineer can act on.
 
-use crate::case::{dot64, Case, VisibleRow};
+use crate::case::Case;
 
 /// The stored LSE of row `(token, head)` against the reference's with each single key flipped;
 /// a line of evidence where one flip explains it, `None` where none does (or the row has no
@@ -20,9 +20,7 @@ pub fn one_key_off(case: &Case, token: usize, head: usize) -> Option<String> {
         .visible_rows()
         .find(|r| r.token == token && r.head == head)?;
     let first = case.layout.kv.offset(row.slot);
-    let slot_keys: Vec<usize> = (first..first + case.layout.kv.len(row.slot)).collect();
-    let score = |c: usize| score_of(case, &row, c);
-    let visible: Vec<f64> = row.keys.iter().map(|&c| score(c)).collect();
+    let visible: Vec<f64> = row.keys.iter().map(|&c| case.score(&row, c)).collect();
     let reference = log_sum_exp(visible.iter().copied());
     let err = (stored - reference).abs();
     // f32 rounding of an LSE of this size moves it by far less: nothing to explain.
@@ -36,8 +34,9 @@ pub fn one_key_off(case: &Case, token: usize, head: usize) -> Option<String> {
             .map(|(_, &s)| s);
         flips.push((c, false, log_sum_exp(rest)));
     }
-    for &c in slot_keys.iter().filter(|c| !row.keys.contains(c)) {
-        let s = score(c);
+    let slot_keys = first..first + case.layout.kv.len(row.slot);
+    for c in slot_keys.filter(|c| !row.keys.contains(c)) {
+        let s = case.score(&row, c);
         // A key a -inf bias hides stays hidden whatever the mask says.
         if s.is_finite() {
             let with = visible.iter().copied().chain(std::iter::once(s));
@@ -86,13 +85,6 @@ pub fn one_key_off(case: &Case, token: usize, head: usize) -> Option<String> {
             .find(|&l| close(l))
             .unwrap_or(reference),
     ))
-}
-
-/// `scale·q·k + bias` of `row` and key token `key`, in f64.
-fn score_of(case: &Case, row: &VisibleRow, key: usize) -> f64 {
-    let q = case.q.slice(ndarray::s![row.token, row.head, ..]);
-    let k = case.k.slice(ndarray::s![key, row.kv_head, ..]);
-    dot64(q, k) * case.config.params.scale + case.bias_at(row, key)
 }
 
 fn log_sum_exp(scores: impl Iterator<Item = f64> + Clone) -> f64 {
