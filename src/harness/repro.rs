@@ -211,16 +211,25 @@ pub fn judge_stored(case: &Case) -> Result<Diagnosis> {
     Ok(d)
 }
 
-/// The properties the capsule's verdict records as failed that [`judge_stored`] cannot judge
-/// from one run's outputs (determinism, metamorphic and fallback compare runs; a crash, hang
-/// or eligibility failure is about the run itself), in the verdict's order.
+/// The properties [`judge_stored`] judges from one run's stored outputs. The others compare
+/// runs (determinism, metamorphic, fallback) or are about the run itself (a crash, a hang,
+/// eligibility), and only a rerun can reproduce them.
+const FROM_STORED: [Prop; 4] = [
+    Prop::NumericAgreement,
+    Prop::DontCare,
+    Prop::EmulationConformance,
+    Prop::RoundingBias,
+];
+
+/// Whether [`judge_stored`] can judge a failure of `property` (a verdict's property name)
+/// from the stored outputs alone.
+pub fn judged_from_stored(property: &str) -> bool {
+    FROM_STORED.iter().any(|p| p.name() == property)
+}
+
+/// The properties the capsule's verdict records as failed that [`judge_stored`] cannot judge,
+/// in the verdict's order.
 fn unreplayed_failures(case: &Case) -> Vec<String> {
-    const FROM_STORED: [Prop; 4] = [
-        Prop::NumericAgreement,
-        Prop::DontCare,
-        Prop::EmulationConformance,
-        Prop::RoundingBias,
-    ];
     let Some(v) = case.meta.get("smallseq.verdict") else {
         return Vec::new();
     };
@@ -232,8 +241,7 @@ fn unreplayed_failures(case: &Case) -> Vec<String> {
         let Some(name) = f["property"].as_str() else {
             continue;
         };
-        let stored = FROM_STORED.iter().any(|p| p.name() == name);
-        if !stored && !out.iter().any(|o| o == name) {
+        if !judged_from_stored(name) && !out.iter().any(|o| o == name) {
             out.push(name.to_string());
         }
     }

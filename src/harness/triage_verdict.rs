@@ -10,7 +10,7 @@
 //! implementation declares nondeterministic is its design.
 
 use super::props::{numeric, oracle, Checker, Outcome, Reruns};
-use super::repro::judge_stored;
+use super::repro::{judge_stored, judged_from_stored};
 use super::triage::Signature;
 use super::triage_keys::one_key_off;
 use crate::case::Case;
@@ -60,13 +60,6 @@ pub struct Replay<'r, 'c> {
 /// replay proves nothing (an H200 campaign of PyTorch's memory-efficient kernel: dQ differed
 /// in 10 cases, and the one replay of its representative was bitwise equal).
 pub const DETERMINISM_RERUNS: usize = 8;
-
-/// The properties `repro` re-judges from the stored outputs alone.
-const STORED: [&str; 3] = [
-    "numeric_agreement",
-    "emulation_conformance",
-    "rounding_bias",
-];
 
 /// The clause of docs/semantics.md (or, for what it does not define, the document that does)
 /// that a failure of `property` on `tensor` breaks, with the case's mask and dropout where
@@ -261,7 +254,7 @@ pub fn judge(
         },
         None => {
             ev.push(format!("not replayed: {not_replayed}"));
-            if STORED.contains(&sig.property.as_str()) {
+            if judged_from_stored(&sig.property) {
                 match judge_stored(case) {
                     Ok(d) if !d.failed => {
                         ev.push(
