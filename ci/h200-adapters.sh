@@ -34,6 +34,11 @@ if [ "${3:-}" = collect ]; then
   exit 0
 fi
 at=${3:-5m} ct=${4:-10m}
+# Each campaign's backstop (SIGTERM: it writes the report of what ran): its time (600s, 5m,
+# 1h) and 150 s to shrink and write its report.
+case $at in
+  *h) at_s=$(( ${at%h} * 3600 )) ;; *m) at_s=$(( ${at%m} * 60 )) ;; *s) at_s=${at%s} ;; *) at_s=$at ;;
+esac
 python3 -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__, torch.cuda.get_device_name())' | tee -a "$log"
 [ "$ct" = 0 ] || setsid nohup "$bin" fuzz --backend cuda --time "$ct" --seed 2052 --jobs 8 --shrink-time 5s \
   --force --out /tmp/fuzz-long >/tmp/fuzz-long.log 2>&1 < /dev/null &
@@ -50,7 +55,7 @@ for spec in "sdpa-math|adapters/torch_sdpa.py --kernel math" \
             "jax-xla|adapters/jax_attention.py --implementation xla" \
             "jax-cudnn|adapters/jax_attention.py --implementation cudnn"; do
   name=${spec%%|*} script=${spec#*|}
-  timeout -k 20 540 "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
+  timeout -k 20 $((at_s + 150)) "$bin" fuzz --backend exec --worker "python3 $script" --time "$at" \
     --seed "${ADAPTER_SEED:-17}" --jobs 2 --shrink-time 5s ${SMALLSEQ_SHARD:+--shard "$SMALLSEQ_SHARD"} --force --out "/tmp/ad/$name" >"/tmp/ad/$name.log" 2>&1 &
   pids+=($!)
 done
