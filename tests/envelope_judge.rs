@@ -143,3 +143,23 @@ fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
     let env = judged_as(&flipped, "envelope");
     assert!(env.failed, "{}", env.lines.join("\n"));
 }
+
+/// PyTorch's memory-efficient SDPA in f16 (H100, torch 2.11; seed 67, group 06, 54 failures,
+/// with SDPA flash's, varlen flash's and cuDNN's f16 LSE groups beside it): query 0's LSE is
+/// 238.55153 where the reference is 238.55176, 16 f32 ulps, with O and every gradient exact.
+/// A tensor-core GEMM sums a score's 64 products in blocks whose f32 accumulation is not
+/// rounded to nearest; the envelope gives LSE's floor the score sums' `⌈log2 Dqk⌉` levels, as
+/// it gives O's and dV's. The project's design (one order, the emulation's) still fails it,
+/// and an LSE one key off (far past any order's noise) still fails the envelope.
+#[test]
+fn an_lse_off_by_a_gemms_score_sum_order_passes_the_envelope_only() {
+    let case = capsule("torch-efficient-f16-lse-score-sum-order.safetensors");
+    let env = judged_as(&case, "envelope");
+    assert!(!env.failed, "{}", env.lines.join("\n"));
+    let project = judged_as(&case, "project");
+    assert!(project.failed, "{}", project.lines.join("\n"));
+    let mut moved = case.clone();
+    moved.outputs.lse.as_mut().unwrap()[(0, 0)] -= 0.05;
+    let env = judged_as(&moved, "envelope");
+    assert!(env.failed, "{}", env.lines.join("\n"));
+}

@@ -266,6 +266,18 @@ pub struct Allowances {
     pub p_noise: PNoise,
 }
 
+/// The rounding levels of a score's own sum in another order ([`OrderAllowance`]):
+/// `⌈log2 Dqk⌉` for the envelope (a GEMM sums in blocks or pairs; tensor cores' f32
+/// accumulation does not round to nearest within a block), one for the project's designs,
+/// which sum in the emulation's order. LSE's floor takes them too
+/// ([`crate::harness::props::yardstick`]).
+pub fn score_sum_levels(case: &Case, design: Design) -> f64 {
+    match design {
+        Design::Envelope => (case.config.params.head_dim_qk.max(2) as f64).log2().ceil(),
+        Design::Project | Design::ProjectDFromO => 1.0,
+    }
+}
+
 /// The allowances of a case from its inputs and the f64 reference's `o` (`[Tq, H, Dv]`) and
 /// LSE (`[Tq, H]`); the gradients' only for a forward+backward case. The order allowance of
 /// dq and dk is that of `design`.
@@ -279,11 +291,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
     let terms = (p.head_dim_v + longest_kv) as f64;
     let factor = 2.0 * terms * u32;
     let scale = p.scale.abs();
-    // The rounding levels of a score's own sum in another order ([`OrderAllowance`]).
-    let score_sums = match design {
-        Design::Envelope => (p.head_dim_qk.max(2) as f64).log2().ceil(),
-        Design::Project | Design::ProjectDFromO => 1.0,
-    };
+    let score_sums = score_sum_levels(case, design);
     let mut ord_o = Array3::<f64>::zeros(o.dim());
     let mut noise_o = Array3::<f64>::zeros(o.dim());
     let d_o = case.d_o.as_ref();
