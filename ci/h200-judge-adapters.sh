@@ -11,7 +11,7 @@
 #    adapters keep most of the cores: the D-from-O GPU test, then a campaign of DFO_SECS
 #    (default 60) with the kernel defines DFO_DEFINES (default FTB_D_FROM_O=1; the carry's
 #    kernel cache must hold them), seed DFO_SEED (default 3371), then compute-sanitizer
-#    memcheck and racecheck on three cases under the same defines (DFO_TEST=0 and
+#    memcheck and racecheck on five cases (three on the fallback, two on small-seq) under the same defines (DFO_TEST=0 and
 #    DFO_SANITIZE=0 leave out the test and the sanitizers, for a second call).
 #   ci/h200-judge-adapters.sh    writes $OUT/log.txt, $OUT/dfo.tar.gz, $OUT/findings.tar.gz
 #                                and $OUT/adapters/
@@ -39,8 +39,13 @@ dfo() {
   mk gqa128 --dtype bf16 --heads 4 --kv-heads 2 --head-dim 128 --q-lens 70,3 --kv-lens 90,5 --mask causal
   mk win64 --dtype f16 --heads 2 --head-dim 64 --q-lens 40,33 --kv-lens 70,40 --window=8,3
   mk f32drop --dtype f32 --heads 2 --head-dim 64 --q-lens 20,9 --kv-lens 24,30 --dropout 0.2
+  # And the small-seq kernels (padding masks, no GQA, every slot at most 17 tokens), forward
+  # and backward, at D = 128 and 64: the cases above all take the fallback. `smallseq run
+  # --backend cpu` on these two says `path small_seq`.
+  mk ss128 --dtype bf16 --heads 4 --head-dim 128 --q-lens 16,5,1 --kv-lens 17,9,3
+  mk ss64 --dtype f16 --heads 2 --head-dim 64 --q-lens 12,7 --kv-lens 15,4
   for tool in memcheck racecheck; do
-    for c in gqa128 win64 f32drop; do
+    for c in gqa128 win64 f32drop ss128 ss64; do
       SMALLSEQ_KERNEL_DEFINES=$defines timeout -k 5 90 compute-sanitizer --tool "$tool" \
         --error-exitcode 99 "$ss" run --backend cuda --case "$work/$c.safetensors" \
         --out "$work/$c-out.safetensors" > "$work/$tool-$c.log" 2>&1
