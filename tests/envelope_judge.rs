@@ -20,6 +20,15 @@ fn judged_as(case: &smallseq::Case, design: &str) -> smallseq::harness::repro::D
     judge_stored(&c).unwrap()
 }
 
+/// The envelope passes `case`'s stored outputs and the project's design fails them (`what`
+/// names the case in the messages).
+fn passes_the_envelope_only(case: &smallseq::Case, what: &str) {
+    let env = judged_as(case, "envelope");
+    assert!(!env.failed, "{what}: {}", env.lines.join("\n"));
+    let project = judged_as(case, "project");
+    assert!(project.failed, "{what}: {}", project.lines.join("\n"));
+}
+
 /// The envelope's verdict on `case` is a range limit whose text holds every one of `names`,
 /// and the project's design fails the same outputs as a defect.
 fn a_range_limit_of_the_envelope_only(case: &smallseq::Case, names: &[&str]) {
@@ -55,10 +64,7 @@ fn p_recomputed_from_the_lse_passes_the_envelope_and_fails_the_project_design() 
         "fa2-model-dq-p-from-lse.safetensors",
     ] {
         let case = capsule(name);
-        let env = judged_as(&case, "envelope");
-        assert!(!env.failed, "{name}: {}", env.lines.join("\n"));
-        let project = judged_as(&case, "project");
-        assert!(project.failed, "{name}: {}", project.lines.join("\n"));
+        passes_the_envelope_only(&case, name);
     }
 }
 
@@ -112,10 +118,7 @@ fn a_16_bit_ds_of_one_slot_past_the_range_is_the_envelope_range_limit_of_dbias()
 #[test]
 fn a_gemms_order_of_the_score_sum_passes_the_envelope_only() {
     let case = capsule("torch-math-f32-dv-gemm-order.safetensors");
-    let env = judged_as(&case, "envelope");
-    assert!(!env.failed, "{}", env.lines.join("\n"));
-    let project = judged_as(&case, "project");
-    assert!(project.failed, "{}", project.lines.join("\n"));
+    passes_the_envelope_only(&case, "");
 }
 
 /// PyTorch's memory-efficient SDPA backward in f16 (H100, torch 2.11; seed 29 shard 1, group
@@ -131,10 +134,7 @@ fn a_gemms_order_of_the_score_sum_passes_the_envelope_only() {
 #[test]
 fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
     let case = capsule("torch-efficient-f16-subnormal-p-dk-row.safetensors");
-    let env = judged_as(&case, "envelope");
-    assert!(!env.failed, "{}", env.lines.join("\n"));
-    let project = judged_as(&case, "project");
-    assert!(project.failed, "{}", project.lines.join("\n"));
+    passes_the_envelope_only(&case, "");
     let mut flipped = case.clone();
     let dk = flipped.outputs.dk.as_mut().unwrap();
     for x in 0..dk.dim().2 {
@@ -154,10 +154,7 @@ fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
 #[test]
 fn an_lse_off_by_a_gemms_score_sum_order_passes_the_envelope_only() {
     let case = capsule("torch-efficient-f16-lse-score-sum-order.safetensors");
-    let env = judged_as(&case, "envelope");
-    assert!(!env.failed, "{}", env.lines.join("\n"));
-    let project = judged_as(&case, "project");
-    assert!(project.failed, "{}", project.lines.join("\n"));
+    passes_the_envelope_only(&case, "");
     let mut moved = case.clone();
     moved.outputs.lse.as_mut().unwrap()[(0, 0)] -= 0.05;
     let env = judged_as(&moved, "envelope");
