@@ -15,6 +15,7 @@
   (external-apis.md §1.4), so `--no-key-lse` defaults to +inf on flash; cuDNN documents no
   value, so on cudnn it is measured at start (`probe`, recorded in the handshake).
 - Backward: autograd through varlen_attn's registered backward.
+- Cases with no query token at all are answered without a launch (all outputs zero).
 - Determinism (flash declares dq nondeterministic, `caps.nondeterministic`): torch's flash
   backward passes `deterministic = false` to FA2's `mha_varlen_bwd` unless
   `torch.use_deterministic_algorithms(True)` is set, and warns under `warn_only=True` that
@@ -110,6 +111,11 @@ class TorchVarlen:
         adapter.caps.arch = "sm_{}{}".format(*torch.cuda.get_device_capability(0))
 
     def run(self, case: kit.Case, want: frozenset) -> dict:
+        # A launch without a query token has nothing to compute, and varlen_attn refuses its
+        # empty q ("Input tensor must have contiguous last dimension": H100, seed 67, group 85,
+        # the second launch of a batch split whose slot 1 has no query).
+        if case.sq.max_len == 0:
+            return kit.no_query_outputs(case)
         torch = self.torch
         c = case.config
         left, right = window_size(case)

@@ -211,6 +211,14 @@ class TorchSdpa(unittest.TestCase):
 
 
 class TorchVarlen(unittest.TestCase):
+    def test_a_launch_without_queries_is_answered_without_torch(self):
+        # A batch split's launch whose slots hold no query (H100 seed 67, group 85: varlen_attn
+        # refused its empty q); run() must not reach torch, which this object does not have.
+        adapter = torch_varlen.TorchVarlen.__new__(torch_varlen.TorchVarlen)
+        case = make_case([0], [15])
+        got = adapter.run(case, frozenset(["o", "lse", "dq", "dk", "dv"]))
+        self.assertTrue(np.isneginf(got["lse"]).all() and not got["o"].any() and not got["dv"].any())
+
     def test_windows_and_causal_become_fa2_window_sizes(self):
         for mask, window, lens_q, lens_kv, want in [
             ("padding", (-1, -1), [2, 3], [4, 3], (-1, -1)),
