@@ -159,6 +159,25 @@ pub struct OrderAllowance {
     pub ftz: Option<FtzAllowance>,
 }
 
+impl OrderAllowance {
+    /// The allowance of a comparison between two runs that may each round in their own order
+    /// ([`GradAllowance::between_two_outputs`]'s twin): twice as wide. The flush-to-zero share
+    /// is left out: only numeric_agreement's wording reads it.
+    pub fn between_two_outputs(&self) -> OrderAllowance {
+        let twice = |a: &Array3<f64>| a * 2.0;
+        OrderAllowance {
+            o: twice(&self.o),
+            dq: self.dq.as_ref().map(twice),
+            dk: self.dk.as_ref().map(twice),
+            dv: self.dv.as_ref().map(twice),
+            dbias: self.dbias.as_ref().map(twice),
+            in_tensor_rule: self.in_tensor_rule,
+            grads_in_tensor_rule: self.grads_in_tensor_rule,
+            ftz: None,
+        }
+    }
+}
+
 /// The metadata key of the [`Design`] a capsule's outputs were judged under.
 pub const DESIGN_KEY: &str = "smallseq.design";
 
@@ -269,8 +288,8 @@ pub struct Allowances {
 /// The rounding levels of a score's own sum in another order ([`OrderAllowance`]):
 /// `⌈log2 Dqk⌉` for the envelope (a GEMM sums in blocks or pairs; tensor cores' f32
 /// accumulation does not round to nearest within a block), one for the project's designs,
-/// which sum in the emulation's order. LSE's floor takes them too
-/// ([`crate::harness::props::yardstick`]).
+/// which sum in the emulation's order. LSE's noise floor takes them too (the yardstick's
+/// `lse_magnitude`).
 pub fn score_sum_levels(case: &Case, design: Design) -> f64 {
     match design {
         Design::Envelope => (case.config.params.head_dim_qk.max(2) as f64).log2().ceil(),
