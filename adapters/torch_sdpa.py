@@ -11,8 +11,10 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   they see key 0 of their row so that they are never fully masked (only the case's own
   no-key rows are), and their d_o is 0, so they add exactly 0 to dK and dV.
 - flash (takes no mask): slots are grouped by (Lq, Lk) and each group runs as a dense batch
-  with no mask; causal masks go through `is_causal`, which SDPA's flash accepts only for
-  Lq == Lk (others come back `unsupported` with torch's reason). No windows.
+  with no mask; causal masks go through `is_causal`, which is top-left: a bottom-right mask
+  with Lq != Lk is `unsupported` (the CPU's flash kernel would run it top-left), and SDPA's
+  CUDA flash refuses top-left with Lq != Lk (`unsupported` with torch's reason; the CPU's
+  runs it). No windows.
 - Kernel pinning: `torch.nn.attention.sdpa_kernel([one backend])`; the autograd node that
   produced O is checked to be that kernel's (`ScaledDotProduct{Flash,Efficient,Cudnn}...`).
 - LSE: the tensor the kernel saved for its own backward (`_saved_logsumexp` /
@@ -350,6 +352,10 @@ class TorchSdpa:
         }
         d_o = case.d_o if case.d_o is not None else np.zeros((case.sq.tokens, c.num_heads, c.head_dim_v))
         for (lq, lk), slots in length_groups(case).items():
+            if c.causal == "bottom_right" and lq != lk:
+                # SDPA's is_causal is top-left: the GPU kernel refuses Lq != Lk, but the CPU
+                # flash kernel runs it top-left, which is another mask than the case's.
+                raise kit.Unsupported(f"bottom-right causal with Lq {lq} != Lk {lk}: SDPA's is_causal is top-left")
             pick = lambda x, side, s: kit.to_padded(x, side, s)[slots]  # noqa: E731
             res = self.call(
                 case,

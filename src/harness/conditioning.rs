@@ -274,6 +274,29 @@ fn ds_jump(dtype: Dtype, ds: f64, delta: f64) -> f64 {
     rounding_jump(dtype, ds - delta, ds + delta)
 }
 
+/// The relative error of the exp that forms P which the envelope allows where the inputs are
+/// 16-bit. PyTorch's CPU flash kernel evaluates P of a bf16 or f16 case with its vectorised
+/// `fexp_u20`, an exp "intended for outputs downcast to FP16 / BF16": its exp(0) is
+/// 1 − 5.3e-5, and its worst error over [−12, 0] measured 1.2e-4 (2^-13.1; torch 2.11 on
+/// this project's x86-64 development machine). The LSE it stores is off by up to that much
+/// (with O exact: the 16-bit P hides it). 2^-12 stays under half f16's unit roundoff, so a
+/// backward that recomputes P from such an LSE loses nothing a 16-bit P holds. f32 cases get
+/// none: that kernel's f32 path takes an exact exp.
+pub const ENVELOPE_EXP16_RELATIVE: f64 = 1.0 / 4096.0;
+
+/// The magnitude LSE's floor (`FLOOR · u32 · magnitude`) needs so that it covers
+/// [`ENVELOPE_EXP16_RELATIVE`] under `design`: an exp whose relative error is ε moves
+/// LSE = log Σ P by at most ε. Zero where no such exp is allowed.
+pub fn lse_exp_magnitude(case: &Case, design: Design) -> f64 {
+    let sixteen_bit = case.config.dtype != Dtype::F32;
+    match design {
+        Design::Envelope if sixteen_bit => {
+            ENVELOPE_EXP16_RELATIVE / (super::tolerance::FLOOR * Dtype::F32.unit_roundoff())
+        }
+        _ => 0.0,
+    }
+}
+
 /// All allowances of a case, computed in one pass over its visible (query, key) pairs.
 #[derive(Clone, Debug)]
 pub struct Allowances {

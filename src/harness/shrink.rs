@@ -1,8 +1,11 @@
 //! Shrinking a failing case: drop slots, shorten slots, reduce heads keeping H/Hkv, then
 //! simplify the data — accepting each step only while the same property still fails with
-//! margin >= 2 (exact properties fail with an infinite margin).
+//! margin >= 2 (exact properties fail with an infinite margin), and as a defect: a range
+//! limit is no smaller form of a defect (a CPU flash campaign's dQ off by 65 % of its row
+//! shrank into a case whose only failure was dQ past f16's range, and triage then called
+//! the group a range limit).
 
-use super::props::{Checker, Prop};
+use super::props::{Checker, Failure, Prop};
 use super::transform::{reduce_heads, select_slots, shorten_slot};
 use crate::case::Case;
 use crate::segments::{self, Segmented};
@@ -12,17 +15,20 @@ use std::time::{Duration, Instant};
 /// Minimum margin a shrunk case must keep.
 pub const MIN_MARGIN: f64 = 2.0;
 
-/// Whether `case` still fails `prop` clearly enough.
+/// Whether `case` still fails `prop` clearly enough, as a defect (not a range limit).
 fn still_fails(checker: &Checker, case: &Case, prop: Prop) -> bool {
     if case.validate().is_err() {
         return false;
     }
-    checker.check(case, 0).is_ok_and(|run| {
-        run.failures()
-            .iter()
-            // An undefined margin (an infinite error over an infinite threshold) still fails.
-            .any(|f| f.prop == prop && (f.margin >= MIN_MARGIN || f.margin.is_nan()))
-    })
+    checker
+        .check(case, 0)
+        .is_ok_and(|run| run.failures().iter().any(|f| keeps(f, prop)))
+}
+
+/// Whether failure `f` keeps a shrink step: `prop`, a defect, margin at least [`MIN_MARGIN`].
+/// An undefined margin (an infinite error over an infinite threshold) still fails.
+fn keeps(f: &Failure, prop: Prop) -> bool {
+    f.prop == prop && f.is_defect() && (f.margin >= MIN_MARGIN || f.margin.is_nan())
 }
 
 /// Candidate simplifications of `case`, most aggressive first.
@@ -174,6 +180,26 @@ mod tests {
             }
         }
         panic!("the planted bug failed no case of 500");
+    }
+
+    /// A defect shrinks only into a defect: the same property's range limit, however large
+    /// its margin, is another finding.
+    #[test]
+    fn a_range_limit_keeps_no_shrink_step_of_a_defect() {
+        let failure = |margin: f64, range_limit: Option<&str>| Failure {
+            prop: Prop::NumericAgreement,
+            detail: "dq: max error inf > threshold 1.976e2".into(),
+            worst: None,
+            margin,
+            range_limit: range_limit.map(String::from),
+        };
+        let prop = Prop::NumericAgreement;
+        assert!(keeps(&failure(f64::INFINITY, None), prop));
+        assert!(keeps(&failure(f64::NAN, None), prop));
+        assert!(!keeps(&failure(1.5, None), prop));
+        assert!(!keeps(&failure(f64::INFINITY, None), Prop::Determinism));
+        let limit = Some("range limit of a 16-bit design, not a defect: dq at 35 element(s)");
+        assert!(!keeps(&failure(f64::INFINITY, limit), prop));
     }
 
     #[test]

@@ -184,12 +184,16 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
 }
 
 /// Whether an output `value` past the range needs the design's excuse: the reference `want`
-/// is finite, and `value` is not merely its rounding (a finite reference past the range
-/// counts where the value is not that: the design's inf − inf gives NaN where the answer
-/// rounds to inf).
+/// is finite, and `value` is neither `want` itself nor what the judge takes for it past the
+/// range (the infinity of its sign, or the saturated value). A finite reference past the
+/// range counts where the value is not that: the design's inf − inf gives NaN where the
+/// answer rounds to inf. A value exactly at the edge, −65504 where the reference is −65504,
+/// needs no excuse (a CPU flash dV row held one, and no range limit was found beside it).
 fn excusable(value: f64, want: f64, max: f64) -> bool {
-    let rounds_right = want.abs() >= max && value == want.signum() * f64::INFINITY;
-    past_range(value, max) && want.is_finite() && !rounds_right
+    let edge = want.abs() >= max;
+    let rounds_right =
+        edge && (value == want.signum() * f64::INFINITY || value == want.signum() * max);
+    past_range(value, max) && want.is_finite() && value != want && !rounds_right
 }
 
 /// An undeclared design's range limit: every element past the range where the reference is
