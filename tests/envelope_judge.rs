@@ -191,3 +191,21 @@ fn a_value_exactly_at_the_edge_needs_no_excuse_beside_a_range_limit() {
     assert_eq!(dv[(9, 0, 0)], -65504.0, "the capsule's edge value moved");
     a_range_limit_of_the_envelope_only(&case, &["dS reaches"]);
 }
+
+/// PyTorch's CPU flash kernel in f16 (torch 2.11; CPU campaign of seed 104, case 2832, shrunk
+/// to 17 + 32 queries): two slots' dS, dP and D pass 65,504, and beside the rows they feed, a dK
+/// element whose reference is 65,493.6 is stored as +inf, which the judge takes anywhere (an
+/// infinity of the right sign within a threshold of the limit). The range rule asked every
+/// non-finite element for an intermediate at the edge and called the case a defect; an element
+/// outside such rows is now left to the judge.
+#[test]
+fn an_infinity_the_judge_takes_needs_no_excuse_beside_a_range_limit() {
+    let case = capsule("torch-cpu-flash-f16-dk-inf-next-to-the-limit.safetensors");
+    let dk = case.outputs.dk.as_ref().unwrap();
+    assert_eq!(
+        dk[(16, 0, 39)],
+        f64::INFINITY,
+        "the capsule's infinity moved"
+    );
+    a_range_limit_of_the_envelope_only(&case, &["dS reaches", "dP = dO·Vᵀ reaches"]);
+}
