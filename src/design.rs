@@ -72,10 +72,11 @@ impl Design {
                  stored O, in f32"
             }
             Design::Envelope => {
-                "any common design (FlashAttention-2, TE, cuDNN, XLA, PyTorch's math path): dP, \
-                 D, a query head's dK/dV or a slot's dS under a broadcast bias may be held in \
-                 16 bits, D from the stored O, P from the stored LSE, a score summed in any \
-                 GEMM's order, f32 subnormals flushed to zero"
+                "any common design (FlashAttention-2, TE, cuDNN, XLA, PyTorch's math path and \
+                 CPU flash kernel): dP, D, a query head's dK/dV or a slot's dS under a \
+                 broadcast bias may be held in 16 bits, D from the stored O, P from the stored \
+                 LSE, a score summed in any GEMM's order, f32 subnormals flushed to zero, a \
+                 16-bit case's exp good to 2^-12"
             }
         }
     }

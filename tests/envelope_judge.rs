@@ -29,6 +29,14 @@ fn passes_the_envelope_only(case: &smallseq::Case, what: &str) {
     assert!(project.failed, "{what}: {}", project.lines.join("\n"));
 }
 
+/// With query 0's LSE moved down by `by`, the envelope fails `case`'s stored outputs.
+fn an_lse_moved_fails_the_envelope(case: &smallseq::Case, by: f64) {
+    let mut moved = case.clone();
+    moved.outputs.lse.as_mut().unwrap()[(0, 0)] -= by;
+    let env = judged_as(&moved, "envelope");
+    assert!(env.failed, "{}", env.lines.join("\n"));
+}
+
 /// The envelope's verdict on `case` is a range limit whose text holds every one of `names`,
 /// and the project's design fails the same outputs as a defect.
 fn a_range_limit_of_the_envelope_only(case: &smallseq::Case, names: &[&str]) {
@@ -155,10 +163,7 @@ fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
 fn an_lse_off_by_a_gemms_score_sum_order_passes_the_envelope_only() {
     let case = capsule("torch-efficient-f16-lse-score-sum-order.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut moved = case.clone();
-    moved.outputs.lse.as_mut().unwrap()[(0, 0)] -= 0.05;
-    let env = judged_as(&moved, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    an_lse_moved_fails_the_envelope(&case, 0.05);
 }
 
 /// PyTorch's CPU flash kernel in bf16 (torch 2.11, this project's x86-64 machine; a CPU
@@ -171,10 +176,7 @@ fn an_lse_off_by_a_gemms_score_sum_order_passes_the_envelope_only() {
 fn a_16_bit_lse_off_by_a_fast_exp_passes_the_envelope_only() {
     let case = capsule("torch-cpu-flash-bf16-lse-fast-exp.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut moved = case.clone();
-    moved.outputs.lse.as_mut().unwrap()[(0, 0)] -= 1e-3;
-    let env = judged_as(&moved, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    an_lse_moved_fails_the_envelope(&case, 1e-3);
 }
 
 /// PyTorch's CPU flash kernel in f16 (torch 2.11; CPU campaign of seed 102, case 114, shrunk

@@ -119,6 +119,13 @@ class TorchMath(FrameworkCase):
 
         self.compare(torch_sdpa.adapter(["--kernel", "math"]), 2e-5)
 
+    def test_flash_bf16_on_this_device(self):
+        """On the CPU too: its flash kernel runs `is_causal` top-left with Lq != Lk where CUDA's
+        refuses, so the adapter itself refuses a bottom-right mask there (`causal-br-rect`)."""
+        import torch_sdpa
+
+        self.compare(torch_sdpa.adapter(["--kernel", "flash"]), 6e-2, "bf16")
+
 
 def cudnn_no_key_rows(case, out):
     """cuDNN SDPA's backward lets query rows that see no key add to dK and dV: confirmed with

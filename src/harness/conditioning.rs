@@ -284,15 +284,11 @@ fn ds_jump(dtype: Dtype, ds: f64, delta: f64) -> f64 {
 /// none: that kernel's f32 path takes an exact exp.
 pub const ENVELOPE_EXP16_RELATIVE: f64 = 1.0 / 4096.0;
 
-/// The magnitude LSE's floor (`FLOOR · u32 · magnitude`) needs so that it covers
-/// [`ENVELOPE_EXP16_RELATIVE`] under `design`: an exp whose relative error is ε moves
-/// LSE = log Σ P by at most ε. Zero where no such exp is allowed.
-pub fn lse_exp_magnitude(case: &Case, design: Design) -> f64 {
-    let sixteen_bit = case.config.dtype != Dtype::F32;
+/// The error of LSE that [`ENVELOPE_EXP16_RELATIVE`] allows under `design`: an exp whose
+/// relative error is ε moves LSE = log Σ P by at most ε. Zero where no such exp is allowed.
+pub fn lse_exp_error(case: &Case, design: Design) -> f64 {
     match design {
-        Design::Envelope if sixteen_bit => {
-            ENVELOPE_EXP16_RELATIVE / (super::tolerance::FLOOR * Dtype::F32.unit_roundoff())
-        }
+        Design::Envelope if case.config.dtype != Dtype::F32 => ENVELOPE_EXP16_RELATIVE,
         _ => 0.0,
     }
 }

@@ -5,9 +5,9 @@
 use crate::case::{Case, Outputs};
 use crate::error::Result;
 use crate::harness::conditioning::{
-    allowances, lse_exp_magnitude, score_sum_levels, Design, GradAllowance, OrderAllowance, PNoise,
+    allowances, lse_exp_error, score_sum_levels, Design, GradAllowance, OrderAllowance, PNoise,
 };
-use crate::harness::tolerance::{judge_all, score_magnitude, Judgement};
+use crate::harness::tolerance::{judge_all, score_magnitude, Judgement, FLOOR};
 use crate::stages::{timed, Stage};
 use smallseq_reference::emulate::{self, EmuForward, EmuGradients};
 use smallseq_reference::emulate_fallback::{self, FallbackDesign};
@@ -174,9 +174,11 @@ pub fn oracle_for(case: &Case, design: Design) -> Result<Yardstick> {
 /// ([`score_sum_levels`]). Under the envelope the f16 LSE of SDPA flash, varlen flash,
 /// memory-efficient and cuDNN alike sat 2.4 to 2.9 thresholds out, 16 f32 ulps of a score of
 /// 238, with every other output exact (H100, seed 67: 112 failures in 6 groups). Under the
-/// envelope a 16-bit case's floor also covers a fast exp ([`lse_exp_magnitude`]).
+/// envelope a 16-bit case's floor also covers a fast exp ([`lse_exp_error`]).
 fn lse_magnitude(case: &Case, design: Design) -> f64 {
-    (score_magnitude(case) * score_sum_levels(case, design)).max(lse_exp_magnitude(case, design))
+    // The floor is `FLOOR · u32 · magnitude`: the magnitude that makes it the exp's error.
+    let exp = lse_exp_error(case, design) / (FLOOR * Dtype::F32.unit_roundoff());
+    (score_magnitude(case) * score_sum_levels(case, design)).max(exp)
 }
 
 /// An emulation's outputs as the judge reads them.
