@@ -25,7 +25,10 @@ How a THD case becomes SDPA calls (`docs/adapters.md` has the table of capabilit
   slot's length); `--carry-poison` fills a slot's pad key/value positions with its own
   pad-between-seqs tokens, so NaN/Inf poison reaches keys every row has masked out (not
   query rows: SDPA cannot know a query row is padding). Don't-care outputs are written 0
-  (LSE -inf): torch never computed them.
+  (LSE -inf): torch never computed them. The math kernel fails `--carry-poison` by design:
+  it applies the boolean mask as an additive -inf bias (NaN + -inf is NaN) and multiplies
+  P = 0 by the masked values (0 * NaN is NaN), so a NaN or inf at a masked key reaches O and
+  the gradients (CPU, seed 108: 108 of 341 cases failed, 11 groups, all of that kind).
 - No-key rows: math, efficient and cudnn were seen to write O = 0 (external-apis.md §0b).
   The LSE each writes there is declared per kernel (`NO_KEY_LSE`; --no-key-lse overrides)
   and recorded in the handshake; the kit maps exactly that value to -inf in the rows the
