@@ -29,7 +29,7 @@ use super::conditioning::{Design, GradAllowance, OrderAllowance};
 use super::row_dots::{dots, Columns};
 use crate::case::{Case, Outputs};
 use ndarray::{ArrayD, ArrayViewD};
-pub(crate) use scan::same_stored;
+pub(crate) use scan::{both_past_limit, same_stored};
 use scan::{max_err, worst_of, RowMax, Yard};
 use serde::Serialize;
 use smallseq_reference::Dtype;

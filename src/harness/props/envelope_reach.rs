@@ -13,6 +13,7 @@ use super::range_verdict::{describe, excused_passing, past_range, RangeLimit};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
 use crate::harness::conditioning::envelope_ds_weight;
+use crate::harness::tolerance::both_past_limit;
 use ndarray::{s, Array3};
 use std::collections::HashSet;
 
@@ -184,16 +185,12 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
 }
 
 /// Whether an output `value` past the range needs the design's excuse: the reference `want`
-/// is finite, and `value` is neither `want` itself nor what the judge takes for it past the
-/// range (the infinity of its sign, or the saturated value). A finite reference past the
-/// range counts where the value is not that: the design's inf − inf gives NaN where the
-/// answer rounds to inf. A value exactly at the edge, −65504 where the reference is −65504,
-/// needs no excuse (a CPU flash dV row held one, and no range limit was found beside it).
+/// is finite, and `value` is not what the judge takes for it anyway ([`both_past_limit`]: the
+/// reference's own value at the edge, the saturated value or the infinity of its sign past
+/// it). A finite reference past the range counts where the value is not that: the design's
+/// inf − inf gives NaN where the answer rounds to inf.
 fn excusable(value: f64, want: f64, max: f64) -> bool {
-    let edge = want.abs() >= max;
-    let rounds_right =
-        edge && (value == want.signum() * f64::INFINITY || value == want.signum() * max);
-    past_range(value, max) && want.is_finite() && value != want && !rounds_right
+    past_range(value, max) && want.is_finite() && !both_past_limit(value, want, max)
 }
 
 /// An undeclared design's range limit: the elements past the range where the reference is

@@ -6,7 +6,7 @@ use ndarray::ArrayViewD;
 
 /// Whether `x` and `y` both say "at or past the dtype's limit", with the same sign: an
 /// overflow to infinity and a saturation to the largest finite value are the same verdict.
-fn both_past_limit(x: f64, y: f64, max_finite: f64) -> bool {
+pub(crate) fn both_past_limit(x: f64, y: f64, max_finite: f64) -> bool {
     x.abs() >= max_finite && y.abs() >= max_finite && x.signum() == y.signum()
 }
 
