@@ -49,7 +49,7 @@ dfo() {
       SMALLSEQ_KERNEL_DEFINES=$defines timeout -k 5 90 compute-sanitizer --tool "$tool" \
         --error-exitcode 99 "$ss" run --backend cuda --case "$work/$c.safetensors" \
         --out "$work/$c-out.safetensors" > "$work/$tool-$c.log" 2>&1
-      say "$tool $c: exit $? ($(grep -m1 'ERROR SUMMARY' "$work/$tool-$c.log"))"
+      say "$tool $c: exit $? ($(grep -m1 -E '(ERROR|RACECHECK) SUMMARY' "$work/$tool-$c.log"))"
     done
   done
 }

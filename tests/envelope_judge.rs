@@ -121,12 +121,57 @@ fn a_16_bit_ds_of_one_slot_past_the_range_is_the_envelope_range_limit_of_dbias()
 /// PyTorch's SDPA math path in f32 (H100, torch 2.11; seed 29, group 44; torch 2.15's CPU
 /// build lands further out still): dV row (token 24, head 0) 1.4 times past the row rule of
 /// one rounding of `u32·scale·Σ|q·k|` per score. A GEMM sums the 128 products of a score in
-/// blocks or pairs, about log2(128) = 7 levels; the envelope allows that many, smallseq's own
+/// some order of up to 128 rounding levels; the envelope allows that many, smallseq's own
 /// design (whose emulation sums as its kernels do) one.
 #[test]
 fn a_gemms_order_of_the_score_sum_passes_the_envelope_only() {
     let case = capsule("torch-math-f32-dv-gemm-order.safetensors");
     passes_the_envelope_only(&case, "");
+}
+
+/// PyTorch's SDPA math path in f32 at D = 256 (H100, torch 2.11; seed 71, group 61; the same
+/// torch's CPU build gives the same row to 4 %): dV row (token 15, head 1) 3.6 times past the
+/// row rule of `⌈log2 Dqk⌉` = 8 levels. Key 15's one query sees key 14 at a score of 11.64,
+/// whose 256 products the f32 GEMM sums into 11.641118 where the exact sum is 11.641138: 28
+/// f32 units of the score, so every P of that row, and the dV row fed by P = 8.8e-6, is 2e-5
+/// off. An f32 GEMM that chains its products through one accumulator (FMA after FMA) has up to
+/// Dqk rounding levels, not log2 of it; the envelope allows Dqk, the rigorous bound for any
+/// order, as it allows Lk for the key sums. The project's design still fails the row, and the
+/// same row 1 % off still fails the envelope.
+#[test]
+fn a_serial_f32_score_sum_at_d256_passes_the_envelope_only() {
+    let case = capsule("torch-math-f32-d256-dv-serial-score-sum.safetensors");
+    passes_the_envelope_only(&case, "");
+    let mut off = case.clone();
+    let dv = off.outputs.dv.as_mut().unwrap();
+    for x in 0..dv.dim().2 {
+        dv[(15, 1, x)] *= 1.01;
+    }
+    let env = judged_as(&off, "envelope");
+    assert!(env.failed, "{}", env.lines.join("\n"));
+}
+
+/// PyTorch's SDPA flash in bf16 (H100, torch 2.11; seed 71, group 58; small integers, D = 16,
+/// one slot of 7 queries and 16 keys): dQ row (token 6, head 1) is 15 % off, 4 times past the
+/// row rule, while the tensor passes. Key 15 holds V = ±162 and takes P = 0.995 of the row, so
+/// O's element 8 is −3e-8 by cancellation; the kernel stored 1.9e-6, its own P·V's noise, and
+/// its D = Σ dO·O from that stored O is −3.8e-6 where the exact D is 6e-8. dS of key 15 takes
+/// the difference, and K = 162 carries it into the row: D from the stored O gives the recorded
+/// row to 5.9e-8, the exact D misses it by 6.3e-6. The envelope
+/// weighed D from the stored O by O's rounding (`u·|O|`) alone; it now adds O's own error
+/// (half of O's order allowance). The project's design (D = Σ P·dP) still fails the row, and
+/// the row moved past the tensor's threshold still fails the envelope.
+#[test]
+fn d_from_a_stored_o_that_cancels_passes_the_envelope_only() {
+    let case = capsule("torch-flash-bf16-dq-row-d-from-computed-o.safetensors");
+    passes_the_envelope_only(&case, "");
+    let mut off = case.clone();
+    let dq = off.outputs.dq.as_mut().unwrap();
+    for x in 0..dq.dim().2 {
+        dq[(6, 1, x)] += 0.05;
+    }
+    let env = judged_as(&off, "envelope");
+    assert!(env.failed, "{}", env.lines.join("\n"));
 }
 
 /// PyTorch's memory-efficient SDPA backward in f16 (H100, torch 2.11; seed 29 shard 1, group
@@ -156,7 +201,7 @@ fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
 /// with SDPA flash's, varlen flash's and cuDNN's f16 LSE groups beside it): query 0's LSE is
 /// 238.55153 where the reference is 238.55176, 16 f32 ulps, with O and every gradient exact.
 /// A tensor-core GEMM sums a score's 64 products in blocks whose f32 accumulation is not
-/// rounded to nearest; the envelope gives LSE's floor the score sums' `⌈log2 Dqk⌉` levels, as
+/// rounded to nearest; the envelope gives LSE's floor the score sums' rounding levels, as
 /// it gives O's and dV's. The project's design (one order, the emulation's) still fails it,
 /// and an LSE one key off (far past any order's noise) still fails the envelope.
 #[test]

@@ -42,9 +42,11 @@ def geometries(dtype):
 
 class FrameworkCase(unittest.TestCase):
     def compare(self, adapter, tol, dtype="f32", known=lambda case, out: None):
-        """`known(case, out)`: why `out` of `case` is not compared (a confirmed defect of the
-        framework with its own standalone script in adapters/findings/), else None; what it
-        names is printed, so the smoke test stays green on what FINDINGS.md already holds."""
+        """`known(case, out)`: None, or `(scope, why)` for a confirmed defect of the framework
+        with its own standalone script in adapters/findings/: scope "rows" leaves out the query
+        rows that see no key (the rest of `out` is still compared), "all" the whole of `out`.
+        What it names is printed, so the smoke test stays green on what FINDINGS.md already
+        holds and still judges everything else."""
         kit.start(adapter)  # setup, and the no-key LSE convention where it is probed
         checked = 0
         for name, case in geometries(dtype):
@@ -62,11 +64,14 @@ class FrameworkCase(unittest.TestCase):
                 exp = ref.attention(case, want)
                 no_key = case.no_key_rows()
                 for out in sorted(want):
-                    why = known(case, out)
-                    if why:
+                    scope, why = known(case, out) or (None, None)
+                    if scope == "all":
                         print(f"KNOWN DEFECT, not compared: {adapter.name} {name} {out}: {why}")
                         continue
-                    rows = ~no_key if out in ("o", "lse", "dq") and adapter.caps.no_key_row == "other" else slice(None)
+                    if scope == "rows":
+                        print(f"KNOWN DEFECT, rows without keys not compared: {adapter.name} {name} {out}: {why}")
+                    per_row = scope == "rows" or adapter.caps.no_key_row == "other"
+                    rows = ~no_key if out in ("o", "lse", "dq") and per_row else slice(None)
                     a, b = np.asarray(got[out], np.float64)[rows], np.asarray(exp[out], np.float64)[rows]
                     np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {out}")
                 checked += 1
@@ -128,12 +133,16 @@ class TorchMath(FrameworkCase):
 
 
 def cudnn_no_key_rows(case, out):
-    """cuDNN SDPA's backward lets query rows that see no key add to dK and dV: confirmed with
-    adapters/findings/sdpa_no_key_rows_backward.py (FINDINGS.md, item 4 of 2026-12-04; on
-    this very geometry, `long`: dK off by 1.386)."""
-    if out in ("dk", "dv") and case.no_key_rows().any():
-        return "rows without keys add to dK and dV (FINDINGS.md item 4, sdpa_no_key_rows_backward.py)"
-    return None
+    """cuDNN SDPA gives query rows that see no key a nonzero O and dQ, and lets them add to dK
+    and dV: confirmed with adapters/findings/sdpa_no_key_rows_backward.py (FINDINGS.md, item 4
+    of 2026-12-04; on this very geometry, `long`: dK off by 1.386) and seed 29 group 06 (O 1.5
+    and dQ 6.25 in such a row). The H100 smoke test of 2026-12-07 (seed 71's call) met the dQ
+    half here: row 0 of `long` off by 1.25."""
+    if not case.no_key_rows().any():
+        return None
+    if out in ("dk", "dv"):
+        return "all", "rows without keys add to dK and dV (FINDINGS.md item 4, sdpa_no_key_rows_backward.py)"
+    return "rows", "rows without keys get a nonzero O and dQ (FINDINGS.md, seed29-shard1-group-06)"
 
 
 @unittest.skipUnless(has_cuda(), "no CUDA torch")

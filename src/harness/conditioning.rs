@@ -123,11 +123,11 @@ impl GradAllowance {
 /// dk[j, g, x]  = 2 · (u + Nq·u32) · scale · Σ_(i, h in g) W_ij·|Q_ix|
 /// ```
 ///
-/// For the envelope, `S_i` of o and dv counts the score's sum `⌈log2 Dqk⌉` times
-/// (`S_i + (⌈log2 Dqk⌉ − 1) · max_j scale·Σ|q·k|`): a GEMM sums a score's Dqk products in
-/// blocks or pairs, about that many rounding levels, where smallseq's kernels and emulation
-/// sum in one order (PyTorch's math path in f32: a dV row 1.4 to 2 times past the
-/// one-level bound, H100 and CPU alike).
+/// For the envelope, `S_i` of o and dv counts the score's sum `Dqk` times
+/// (`S_i + (Dqk − 1) · max_j scale·Σ|q·k|`): a GEMM sums a score's Dqk products in an order
+/// of up to that many rounding levels, where smallseq's kernels and emulation sum in one order
+/// (PyTorch's math path in f32: a dV row 1.4 to 2 times past the one-level bound at D = 128,
+/// H100 and CPU alike, and 3.6 times past `⌈log2 Dqk⌉` levels at D = 256).
 ///
 /// That `W` is the envelope of the common designs ([`Design::Envelope`]). The project's own
 /// kernels ([`Design::Project`]) keep dP and D in f32 with `D = Σ_j P·dP`, so of `W` only
@@ -304,14 +304,15 @@ pub struct Allowances {
     pub p_noise: PNoise,
 }
 
-/// The rounding levels of a score's own sum in another order ([`OrderAllowance`]):
-/// `⌈log2 Dqk⌉` for the envelope (a GEMM sums in blocks or pairs; tensor cores' f32
-/// accumulation does not round to nearest within a block), one for the project's designs,
-/// which sum in the emulation's order. LSE's noise floor takes them too (the yardstick's
-/// `lse_magnitude`).
+/// The rounding levels of a score's own sum in another order ([`OrderAllowance`]): `Dqk`
+/// for the envelope, the bound of any order (an f32 GEMM may chain a score's products through
+/// one accumulator: PyTorch's math path at D = 256 put a score 28 units off, seed 71 group
+/// 61; tensor cores' f32 accumulation does not round to nearest within a block), one for the
+/// project's designs, which sum in the emulation's order. LSE's noise floor takes them too
+/// (the yardstick's `lse_magnitude`).
 pub fn score_sum_levels(case: &Case, design: Design) -> f64 {
     match design {
-        Design::Envelope => (case.config.params.head_dim_qk.max(2) as f64).log2().ceil(),
+        Design::Envelope => case.config.params.head_dim_qk.max(1) as f64,
         Design::Project | Design::ProjectDFromO => 1.0,
     }
 }
@@ -451,6 +452,17 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             .zip(o.slice(s![t, h, ..]))
             .map(|(x, y)| (f64::from(*x) * y).abs())
             .sum();
+        // The envelope's stored O is off by its own computation too, not only by its rounding
+        // (in units of `u`, as `d_from_o`): where O's terms cancel, a design that rounds P to
+        // 16 bits before P·V leaves O far from `u·|O|` (SDPA flash, bf16: O = −3e-8 stored as
+        // 1.9e-6 beside a key of V = 162; D from it moved a dQ row by 15 %, seed 71 group 58).
+        // Half of O's order allowance is one computation's error.
+        let d_from_computed_o: f64 = d_from_o
+            + doa_r
+                .iter()
+                .zip(row_of(&ord_o, t, h))
+                .map(|(x, e)| x * e / (2.0 * u))
+                .sum::<f64>();
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_order) * u32);
         for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {
@@ -467,7 +479,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             // The envelope's weight of this dS, with P's rounding past its relative one (below
             // the smallest normal), which moves dS by that much times dP − D.
             let w_envelope = || {
-                envelope_ds_weight(ds, prob, dp, big_d, d_from_o)
+                envelope_ds_weight(ds, prob, dp, big_d, d_from_computed_o)
                     + (envelope_p(prob) - prob) * (dp - big_d).abs()
             };
             let w_ord = match design {
