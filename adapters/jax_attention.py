@@ -197,6 +197,10 @@ def adapter(argv=None) -> kit.Adapter:
         window=True, gqa=True, head_dims=[16, 32, 64, 128, 192, 256] if cudnn else None,
         max_tokens=1 << 16, backward=True, lse=args.lse, padded_offsets=True,
         no_key_row="zero" if cudnn else "other",
+        # jit compiles each new shape (and each relation's run is a new one): a call ran past
+        # the default 30 s on an H100 host busy with eight campaigns and passed on a fresh
+        # worker (seed 71, 2026-12-07); a real hang is still caught, in three minutes
+        case_timeout_s=180.0,
     )
     caps.devices = args.devices
     return kit.Adapter(f"jax-dpa-{args.implementation}", "jax", caps, impl.run,

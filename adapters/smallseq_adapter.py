@@ -996,6 +996,10 @@ class Caps:
     # triage). E.g. Caps(nondeterministic=("dq",), nondeterministic_note="dq summed with atomics")
     nondeterministic: Sequence[str] = ()
     nondeterministic_note: Optional[str] = None
+    # the least time one call may take, in seconds (docs/worker-protocol.md,
+    # caps.case_timeout_s): an implementation that compiles each new shape (JAX's XLA) declares
+    # it, and the campaign's default case timeout never goes below it
+    case_timeout_s: Optional[float] = None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -1011,6 +1015,10 @@ class Caps:
             del d["nondeterministic"]
         if d["nondeterministic_note"] is None:
             del d["nondeterministic_note"]
+        if d["case_timeout_s"] is None:
+            del d["case_timeout_s"]
+        elif not 0 < d["case_timeout_s"] <= 86400:
+            raise ValueError(f"Caps.case_timeout_s: {d['case_timeout_s']} is not seconds in (0, 86400]")
         return d
 
     def outside(self, case: Case) -> Optional[str]:

@@ -174,6 +174,25 @@ fn d_from_a_stored_o_that_cancels_passes_the_envelope_only() {
     assert!(env.failed, "{}", env.lines.join("\n"));
 }
 
+/// PyTorch's memory-efficient SDPA in f16 with scale 3 (H100, torch 2.11; seed 71, groups 29,
+/// 54 and 56): dK rows 4 and 14 are ±inf where the reference is about ±35,000 and ±45,000,
+/// and query 9's dQ NaN or ±inf. No dS reaches 65,504, but scale·dS does in exactly those two
+/// dK rows (query 9's dS of keys 4 and 14 is −34,229 and 44,299, times 3): the kernel
+/// folds the scale into dS before rounding it to f16. The envelope's reach takes scale·dS
+/// where the scale exceeds 1; the project's design still fails the outputs as a defect, and
+/// with dO 4,096 times smaller no intermediate reaches the range and they are a defect under
+/// the envelope too.
+#[test]
+fn a_scaled_ds_past_the_range_is_the_envelope_range_limit() {
+    let case = capsule("torch-efficient-f16-scaled-ds-overflow.safetensors");
+    a_range_limit_of_the_envelope_only(&case, &["scale·dS", "dk at"]);
+    let mut inside = case.clone();
+    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4096.0);
+    let env = judged_as(&inside, "envelope");
+    let text = env.lines.join("\n");
+    assert!(env.failed && !text.contains("range limit"), "{text}");
+}
+
 /// PyTorch's memory-efficient SDPA backward in f16 (H100, torch 2.11; seed 29 shard 1, group
 /// 05, 36 failures, and the 102 + 23 of seed 61): dK row 3 is 3 % off where the row rule
 /// allowed 1 %. Every P feeding that row is tiny (key 3: 1.7e-7 from query 4) and the kernel

@@ -86,6 +86,16 @@ class Loop(unittest.TestCase):
             kit.Caps(nondeterministic=("dx",)).to_json()
         self.assertIn("Caps.nondeterministic", str(cm.exception))
 
+    def test_the_handshake_carries_a_declared_case_timeout(self):
+        hs, _ = self.converse(echo_adapter(), [])
+        self.assertNotIn("case_timeout_s", hs["caps"])
+        hs, _ = self.converse(echo_adapter(case_timeout_s=180.0), [])
+        self.assertEqual(hs["caps"]["case_timeout_s"], 180.0)
+        for bad in (0, -1.0, 1e9):
+            with self.assertRaises(ValueError) as cm:
+                kit.Caps(case_timeout_s=bad).to_json()
+            self.assertIn("Caps.case_timeout_s", str(cm.exception))
+
     def probing_adapter(self, no_key_value):
         """numpy_reference with `no_key_value` written into the LSE of rows without keys."""
         import numpy_reference

@@ -146,9 +146,11 @@ pub fn run(args: &FuzzArgs, stop: Arc<AtomicBool>) -> Result<i32> {
             placement.len(),
             runner.worker_command().unwrap_or_default().join(" "),
             placement.join(","),
-            match args.target.case_timeout {
-                Some(t) => format!("{:.1} s", t.as_secs_f64()),
-                None => DEFAULT_TIMEOUT_RULE.into(),
+            match (args.target.case_timeout, runner.caps().case_timeout_s) {
+                (Some(t), _) => format!("{:.1} s", t.as_secs_f64()),
+                (None, Some(floor)) =>
+                    format!("{DEFAULT_TIMEOUT_RULE}, at least the {floor:.0} s the worker declares"),
+                (None, None) => DEFAULT_TIMEOUT_RULE.into(),
             }
         );
         for line in runner.caps().not_covered() {

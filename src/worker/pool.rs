@@ -124,6 +124,17 @@ pub fn default_case_timeout(case: &Case) -> Duration {
     Duration::from_secs_f64(30.0 + macs / 1e8)
 }
 
+/// The time one call of `case` may take: `--case-timeout` where given, else the default,
+/// never below what the worker declares one call may take (`caps.case_timeout_s`).
+pub fn case_timeout(fixed: Option<Duration>, caps: &Caps, case: &Case) -> Duration {
+    fixed.unwrap_or_else(|| {
+        let declared = caps
+            .case_timeout_s
+            .map_or(Duration::ZERO, Duration::from_secs_f64);
+        default_case_timeout(case).max(declared)
+    })
+}
+
 /// The words [`default_case_timeout`] is printed with.
 pub const DEFAULT_TIMEOUT_RULE: &str =
     "30 s + 1 s per 1e8 multiply-adds of the case (--case-timeout to fix it)";
@@ -406,10 +417,7 @@ impl Pool {
                 self.cfg.start_timeout,
             )?);
         }
-        let timeout = self
-            .cfg
-            .case_timeout
-            .unwrap_or_else(|| default_case_timeout(case));
+        let timeout = case_timeout(self.cfg.case_timeout, &self.caps, case);
         let worker = slot.worker.as_mut().expect("started above");
         req.lse_from = extra.map(|p| p.display().to_string());
         let sent = Instant::now();
@@ -677,6 +685,26 @@ fn scratch_dir() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// JAX's XLA compiles each new shape: one f32 case of seed 71 outran 30 s on a host running
+    /// eight campaigns and passed on a fresh worker. Its adapter declares a floor, which the
+    /// default never goes under and `--case-timeout` still overrides.
+    #[test]
+    fn a_declared_case_timeout_is_a_floor_of_the_default_only() {
+        use crate::harness::gen::{build, draw_geometry};
+        use crate::harness::rng::Rng;
+        let case = build(&draw_geometry(&mut Rng::new(3)), 3).expect("generated case");
+        let mut caps = Caps::in_tree("sm_90", true, 1, (true, true));
+        let default = default_case_timeout(&case);
+        assert_eq!(case_timeout(None, &caps, &case), default);
+        caps.case_timeout_s = Some(default.as_secs_f64() + 200.0);
+        let floor = Duration::from_secs_f64(default.as_secs_f64() + 200.0);
+        assert_eq!(case_timeout(None, &caps, &case), floor);
+        let fixed = Duration::from_secs(5);
+        assert_eq!(case_timeout(Some(fixed), &caps, &case), fixed);
+        caps.case_timeout_s = Some(1.0);
+        assert_eq!(case_timeout(None, &caps, &case), default);
+    }
 
     #[test]
     fn a_worker_device_is_an_entry_of_the_inherited_visible_list() {

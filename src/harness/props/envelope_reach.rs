@@ -1,7 +1,7 @@
 //! Range limits of an undeclared design (issue 31): with no design declared, the judge cannot
 //! emulate the implementation's 16-bit intermediates, but it can tell which output rows a
-//! common design may lose to the dtype's range. FlashAttention-style designs round dS to 16
-//! bits for the dQ and dK products, and with GQA they store each query head's dK and dV in 16
+//! common design may lose to the dtype's range. FlashAttention-style designs round dS (or
+//! scale·dS) to 16 bits for the dQ and dK products, and with GQA they store each query head's dK and dV in 16
 //! bits before the group is summed; a framework's decomposition (XLA's, PyTorch's math path in
 //! 16 bits) stores dP = dO·Vᵀ, and may store D, in the input type. Where the f64 value of
 //! such an intermediate, widened by twice its rounding noise, reaches the largest finite value, a correct design may overflow
@@ -145,7 +145,12 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
             let (dp, dp_magnitude) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
             let ds = pij * (dp - d);
             let w = envelope_ds_weight(ds, pij, dp, d, d_from_o);
-            let ds_at_edge = ds.abs() + 2.0 * u * w >= max;
+            let ds_reach = ds.abs() + 2.0 * u * w;
+            // A design may fold the softmax scale into dS before its 16-bit rounding
+            // (PyTorch's memory-efficient backward: f16, scale 3, ±inf in exactly the dK rows
+            // whose scale·dS passes 65,504 while dS does not, seed 71 group 29).
+            let scaled_at_edge = p.scale.abs() > 1.0 && p.scale.abs() * ds_reach >= max;
+            let ds_at_edge = ds_reach >= max || scaled_at_edge;
             // dP held in 16 bits (the output type of a framework's dO·Vᵀ, as XLA's
             // decomposition stores it) overflows to inf, and dS = P(dP − D) with it.
             let dp_at_edge = dp.abs() + 2.0 * u * dp_magnitude >= max;
@@ -158,8 +163,10 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
                     reach.dbias.insert(at);
                 }
             }
-            if ds_at_edge {
+            if ds_reach >= max {
                 reach.note(ds.abs(), "dS");
+            } else if scaled_at_edge {
+                reach.note(p.scale.abs() * ds.abs(), "scale·dS");
             }
             if dp_at_edge {
                 reach.note(dp.abs(), "dP = dO·Vᵀ");
