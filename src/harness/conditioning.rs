@@ -66,6 +66,22 @@ fn p_rounded_to(dtype: Dtype, prob: f64) -> f64 {
     prob.max((prob / dtype.unit_roundoff()).min(dtype.smallest_normal()))
 }
 
+/// |dS| as the envelope's allowances weigh its 16-bit rounding (they take `u` times it), as
+/// [`p_rounded_to`] weighs P's: a design may round dS, or `scale·dS` with the softmax scale
+/// folded in (PyTorch's memory-efficient backward), and below the smallest normal the spacing
+/// is fixed. With a scale under 1 the folded value is the smaller, so its subnormal floor is
+/// `smallest normal / scale` in dS's units (f16, scale 0.01: a dK row fed by `0.01·dS` near
+/// 1e-5 moved by 1 %, and rounding `0.01·dS` to f16 gives the recorded row to 3e-8, seed 71
+/// group 23). f32 dS is not rounded.
+fn ds_rounded_to(dtype: Dtype, ds: f64, scale: f64) -> f64 {
+    let ds = ds.abs();
+    if dtype == Dtype::F32 || scale == 0.0 {
+        return ds;
+    }
+    let floor = dtype.smallest_normal() / scale.abs().min(1.0);
+    ds.max((ds / dtype.unit_roundoff()).min(floor))
+}
+
 /// `|a|` in f64, in standard layout (what [`row_of`] and [`row_mut`] read).
 fn abs64(a: &Array3<f32>) -> Array3<f64> {
     let values: Vec<f64> = a.iter().map(|x| f64::from(*x).abs()).collect();
@@ -481,6 +497,7 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
             let w_envelope = || {
                 envelope_ds_weight(ds, prob, dp, big_d, d_from_computed_o)
                     + (envelope_p(prob) - prob) * (dp - big_d).abs()
+                    + (ds_rounded_to(case.config.dtype, ds, p.scale) - ds.abs())
             };
             let w_ord = match design {
                 Design::Project => scale * ds.abs(),
