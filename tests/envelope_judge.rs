@@ -213,6 +213,21 @@ fn a_scaled_ds_in_the_subnormal_range_passes_the_envelope_only() {
     assert!(env.failed, "{}", env.lines.join("\n"));
 }
 
+/// JAX's XLA attention in f16 (H100, jax 0.11.2; seed 71, group 21, and seed 67's group 21):
+/// one slot of 11 queries and 18 keys under a top-left causal mask, scores so large that every
+/// row's P is one-hot, so dQ and dK are 0; XLA returns NaN in all 11 rows of both. The inputs
+/// hold no poison. XLA's autodiff forms dP = dO·Vᵀ in f16 over the slot's every key, and a
+/// hidden key's dP reaches 147,197: its P of 0 times inf is NaN in D = Σ P·dP and in every dS
+/// of the row. The envelope's reach takes a masked key's dP; the project's design fails the
+/// outputs as a defect, and with dO 4 times smaller no dP reaches the range and they are a
+/// defect under the envelope too.
+#[test]
+fn a_masked_keys_dp_past_the_range_is_the_envelope_range_limit() {
+    let case = capsule("jax-xla-f16-masked-key-dp-overflow.safetensors");
+    a_range_limit_of_the_envelope_only(&case, &["of a masked key", "dk at"]);
+    no_excuse_inside_the_range(&case);
+}
+
 /// PyTorch's memory-efficient SDPA backward in f16 (H100, torch 2.11; seed 29 shard 1, group
 /// 05, 36 failures, and the 102 + 23 of seed 61): dK row 3 is 3 % off where the row rule
 /// allowed 1 %. Every P feeding that row is tiny (key 3: 1.7e-7 from query 4) and the kernel

@@ -135,6 +135,28 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
             reach.dq.insert((r.token, r.head));
             reach.note(d.abs(), "D = rowsum(dO∘O)");
         }
+        // A decomposition that forms dP over the slot's every key (XLA's autodiff of a
+        // masked softmax) and D = Σ P·dP multiplies a masked key's P = 0 by its 16-bit dP:
+        // past the range that is 0·inf = NaN, in D and so in every dS of the row (JAX XLA,
+        // f16: dQ and dK NaN where they are 0, a hidden key's dP = 1.5e5, seed 71 group 21).
+        let hidden_dp = case
+            .slot_keys(&r)
+            .filter(|j| !r.keys.contains(j))
+            .map(|j| {
+                let terms = d_o_r
+                    .iter()
+                    .zip(case.v.slice(s![j, r.kv_head, ..]))
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b));
+                terms.fold((0.0f64, 0.0f64), |(s, m), t| (s + t, m + t.abs()))
+            })
+            .filter(|(dp, m)| dp.abs() + 2.0 * u * m >= max)
+            .map(|(dp, _)| dp.abs())
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        if let Some(dp) = hidden_dp {
+            reach.dq.insert((r.token, r.head));
+            reach.note(dp, "dP = dO·Vᵀ of a masked key");
+        }
+        let d_at_edge = d_at_edge || hidden_dp.is_some();
         for &j in &r.keys {
             let pij = case.probability(&r, j, m);
             // dP and the sum of its terms' magnitudes, summed in order as D's above.
