@@ -54,8 +54,38 @@ fn a_range_limit_of_the_envelope_only(case: &smallseq::Case, names: &[&str]) {
 /// With dO a quarter of the capsule's, no intermediate reaches the range: the same stored
 /// non-finite outputs are a defect under the envelope too.
 fn no_excuse_inside_the_range(case: &smallseq::Case) {
+    a_defect_with_d_o_divided_by(case, 4.0);
+}
+
+/// With every element of row `(token, head)` of the stored `tensor` changed by `f`, the
+/// envelope fails `case`'s outputs: the excuse a capsule earned stops at its own values.
+fn a_row_changed_fails_the_envelope(
+    case: &smallseq::Case,
+    tensor: &str,
+    (token, head): (usize, usize),
+    f: impl Fn(f64) -> f64,
+) {
+    let mut changed = case.clone();
+    let o = &mut changed.outputs;
+    let t = match tensor {
+        "dq" => o.dq.as_mut(),
+        "dk" => o.dk.as_mut(),
+        "dv" => o.dv.as_mut(),
+        _ => o.o.as_mut(),
+    }
+    .unwrap();
+    for x in 0..t.dim().2 {
+        t[(token, head, x)] = f(t[(token, head, x)]);
+    }
+    let env = judged_as(&changed, "envelope");
+    assert!(env.failed, "{}", env.lines.join("\n"));
+}
+
+/// With dO divided by `by`, no intermediate reaches the range: the same stored non-finite
+/// outputs are a defect under the envelope too.
+fn a_defect_with_d_o_divided_by(case: &smallseq::Case, by: f32) {
     let mut inside = case.clone();
-    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4.0);
+    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / by);
     let env = judged_as(&inside, "envelope");
     let text = env.lines.join("\n");
     assert!(env.failed && !text.contains("range limit"), "{text}");
@@ -142,13 +172,7 @@ fn a_gemms_order_of_the_score_sum_passes_the_envelope_only() {
 fn a_serial_f32_score_sum_at_d256_passes_the_envelope_only() {
     let case = capsule("torch-math-f32-d256-dv-serial-score-sum.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut off = case.clone();
-    let dv = off.outputs.dv.as_mut().unwrap();
-    for x in 0..dv.dim().2 {
-        dv[(15, 1, x)] *= 1.01;
-    }
-    let env = judged_as(&off, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    a_row_changed_fails_the_envelope(&case, "dv", (15, 1), |x| x * 1.01);
 }
 
 /// PyTorch's SDPA flash in bf16 (H100, torch 2.11; seed 71, group 58; small integers, D = 16,
@@ -165,13 +189,7 @@ fn a_serial_f32_score_sum_at_d256_passes_the_envelope_only() {
 fn d_from_a_stored_o_that_cancels_passes_the_envelope_only() {
     let case = capsule("torch-flash-bf16-dq-row-d-from-computed-o.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut off = case.clone();
-    let dq = off.outputs.dq.as_mut().unwrap();
-    for x in 0..dq.dim().2 {
-        dq[(6, 1, x)] += 0.05;
-    }
-    let env = judged_as(&off, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    a_row_changed_fails_the_envelope(&case, "dq", (6, 1), |x| x + 0.05);
 }
 
 /// PyTorch's memory-efficient SDPA in f16 with scale 3 (H100, torch 2.11; seed 71, groups 29,
@@ -186,11 +204,7 @@ fn d_from_a_stored_o_that_cancels_passes_the_envelope_only() {
 fn a_scaled_ds_past_the_range_is_the_envelope_range_limit() {
     let case = capsule("torch-efficient-f16-scaled-ds-overflow.safetensors");
     a_range_limit_of_the_envelope_only(&case, &["scale·dS", "dk at"]);
-    let mut inside = case.clone();
-    inside.d_o.as_mut().unwrap().mapv_inplace(|x| x / 4096.0);
-    let env = judged_as(&inside, "envelope");
-    let text = env.lines.join("\n");
-    assert!(env.failed && !text.contains("range limit"), "{text}");
+    a_defect_with_d_o_divided_by(&case, 4096.0);
 }
 
 /// PyTorch's memory-efficient SDPA in f16 with scale 0.01 (H100, torch 2.11; seed 71, group
@@ -204,13 +218,7 @@ fn a_scaled_ds_past_the_range_is_the_envelope_range_limit() {
 fn a_scaled_ds_in_the_subnormal_range_passes_the_envelope_only() {
     let case = capsule("torch-efficient-f16-scaled-ds-subnormal-dk-row.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut flipped = case.clone();
-    let dk = flipped.outputs.dk.as_mut().unwrap();
-    for x in 0..dk.dim().2 {
-        dk[(48, 0, x)] = -dk[(48, 0, x)];
-    }
-    let env = judged_as(&flipped, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    a_row_changed_fails_the_envelope(&case, "dk", (48, 0), |x| -x);
 }
 
 /// JAX's XLA attention in f16 (H100, jax 0.11.2; seed 71, group 21, and seed 67's group 21):
@@ -242,13 +250,7 @@ fn a_masked_keys_dp_past_the_range_is_the_envelope_range_limit() {
 fn a_16_bit_p_below_the_smallest_normal_feeding_ds_passes_the_envelope_only() {
     let case = capsule("torch-efficient-f16-subnormal-p-dk-row.safetensors");
     passes_the_envelope_only(&case, "");
-    let mut flipped = case.clone();
-    let dk = flipped.outputs.dk.as_mut().unwrap();
-    for x in 0..dk.dim().2 {
-        dk[(3, 0, x)] = -dk[(3, 0, x)];
-    }
-    let env = judged_as(&flipped, "envelope");
-    assert!(env.failed, "{}", env.lines.join("\n"));
+    a_row_changed_fails_the_envelope(&case, "dk", (3, 0), |x| -x);
 }
 
 /// PyTorch's memory-efficient SDPA in f16 (H100, torch 2.11; seed 67, group 06, 54 failures,
