@@ -182,8 +182,8 @@ fn a_serial_f32_score_sum_at_d256_passes_the_envelope_only() {
 /// its D = Σ dO·O from that stored O is −3.8e-6 where the exact D is 6e-8. dS of key 15 takes
 /// the difference, and K = 162 carries it into the row: D from the stored O gives the recorded
 /// row to 5.9e-8, the exact D misses it by 6.3e-6. The envelope
-/// weighed D from the stored O by O's rounding (`u·|O|`) alone; it now adds O's own error
-/// (half of O's order allowance). The project's design (D = Σ P·dP) still fails the row, and
+/// weighed D from the stored O by O's rounding (`u·|O|`) alone; it now takes O's own error
+/// (half of O's order allowance) where that is the larger. The project's design (D = Σ P·dP) still fails the row, and
 /// the row moved past the tensor's threshold still fails the envelope.
 #[test]
 fn d_from_a_stored_o_that_cancels_passes_the_envelope_only() {

@@ -472,13 +472,16 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
         // (in units of `u`, as `d_from_o`): where O's terms cancel, a design that rounds P to
         // 16 bits before P·V leaves O far from `u·|O|` (SDPA flash, bf16: O = −3e-8 stored as
         // 1.9e-6 beside a key of V = 162; D from it moved a dQ row by 15 %, seed 71 group 58).
-        // Half of O's order allowance is one computation's error.
-        let d_from_computed_o: f64 = d_from_o
-            + doa_r
-                .iter()
-                .zip(row_of(&ord_o, t, h))
-                .map(|(x, e)| x * e / (2.0 * u))
-                .sum::<f64>();
+        // Half of O's order allowance is one computation's error; it stands in for |O| where
+        // it is the larger (O cancels), and leaves the D term as it was elsewhere: the sum of
+        // both let a dQ element with its sign flipped pass beside an f16 dS past the range
+        // (`a_value_past_the_range_the_emulation_does_not_share_is_a_defect`).
+        let d_from_computed_o: f64 = d_o_r
+            .iter()
+            .zip(o.slice(s![t, h, ..]))
+            .zip(row_of(&ord_o, t, h))
+            .map(|((x, y), e)| f64::from(*x).abs() * y.abs().max(e / (2.0 * u)))
+            .sum();
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_order) * u32);
         for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {
