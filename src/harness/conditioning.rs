@@ -34,6 +34,7 @@
 //! boundary, which neighbour it takes is noise too, a jump `J_ij` (the type's spacing there), so
 //! `allowance(dQ[i, h, x]) += scale · Σ_j J_ij · |K[j, x]|` and likewise dK with |Q|.
 
+use super::envelope_weights::{ds_rounded_to, envelope_ds_weight, p_rounded_to};
 use super::ftz::{ftz_allowance, FtzAllowance};
 use super::row_dots::{dots, dots_and_magnitudes, Columns};
 use crate::case::Case;
@@ -44,43 +45,6 @@ use smallseq_reference::Dtype;
 /// rounding and one for the division by Z. A bf16 fallback dK row of 1.5e-38, 22 spacings from
 /// the reference on the H200 and the CPU alike (fuzz seed 3306, case 90561), had P there.
 const P_SUBNORMAL_ERR: f64 = 2.0 * 1.401298464324817e-45;
-
-/// The envelope's weight of one dS in the allowance for another order (docs/judgement.md §2):
-/// `|dS| + P·(|dP| + |D| + Σ_d |dO·O|)`, for P, dP and D each held in 16 bits and D formed from
-/// the stored O (`d_from_o` is that sum of magnitudes).
-pub(crate) fn envelope_ds_weight(ds: f64, prob: f64, dp: f64, big_d: f64, d_from_o: f64) -> f64 {
-    ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o)
-}
-
-/// P as the envelope's allowances weigh it (they take `u` times it): a design that rounds P
-/// to the 16-bit input type before P·V, Pᵀ·dO or dS = P·(dP − D) (PyTorch's memory-efficient
-/// backward forms dS from that P) moves a normal P by `u·P`, but below the smallest normal the
-/// spacing is fixed, half of it `u·smallest normal`, and no P moves by more than itself (it
-/// may round to 0). So the weight is `max(P, min(P/u, smallest normal))` (f16: P = 1.72e-7
-/// rounds 4 % away, and a dK row fed only by such P moved by 3 %, H100 seed 29,
-/// `tests/capsules/stored/torch-efficient-f16-subnormal-p-dk-row`). f32 P is not rounded.
-fn p_rounded_to(dtype: Dtype, prob: f64) -> f64 {
-    if dtype == Dtype::F32 {
-        return prob;
-    }
-    prob.max((prob / dtype.unit_roundoff()).min(dtype.smallest_normal()))
-}
-
-/// |dS| as the envelope's allowances weigh its 16-bit rounding (they take `u` times it), as
-/// [`p_rounded_to`] weighs P's: a design may round dS, or `scale·dS` with the softmax scale
-/// folded in (PyTorch's memory-efficient backward), and below the smallest normal the spacing
-/// is fixed. With a scale under 1 the folded value is the smaller, so its subnormal floor is
-/// `smallest normal / scale` in dS's units (f16, scale 0.01: a dK row fed by `0.01·dS` near
-/// 1e-5 moved by 1 %, and rounding `0.01·dS` to f16 gives the recorded row to 3e-8, seed 71
-/// group 23). f32 dS is not rounded.
-fn ds_rounded_to(dtype: Dtype, ds: f64, scale: f64) -> f64 {
-    let ds = ds.abs();
-    if dtype == Dtype::F32 || scale == 0.0 {
-        return ds;
-    }
-    let floor = dtype.smallest_normal() / scale.abs().min(1.0);
-    ds.max((ds / dtype.unit_roundoff()).min(floor))
-}
 
 /// `|a|` in f64, in standard layout (what [`row_of`] and [`row_mut`] read).
 fn abs64(a: &Array3<f32>) -> Array3<f64> {

@@ -9,6 +9,7 @@ pub mod classes;
 pub mod conditioning;
 pub mod coverage;
 pub mod data_class;
+mod envelope_weights;
 pub mod fit;
 pub mod ftz;
 pub mod fuzz_input;

@@ -12,7 +12,7 @@
 use super::range_verdict::{describe, excused_passing, past_range, RangeLimit};
 use super::yardstick::Yardstick;
 use crate::case::{Case, Outputs};
-use crate::harness::conditioning::envelope_ds_weight;
+use crate::harness::envelope_weights::envelope_ds_weight;
 use crate::harness::tolerance::both_past_limit;
 use ndarray::{s, Array3};
 use std::collections::HashSet;
