@@ -97,7 +97,11 @@ else
 fi
 # Not a bare `wait`: the long campaign is this shell's child too (setsid did not fork).
 wait "$smoke"
-cp /tmp/smoke.log "$out/smoke.log"
+# Its verdict in the log; the whole output travels inside adapters.tar.gz (the call brings back
+# 8 files, and a triage archive over 15 MiB comes in parts that need the slots).
+say "framework smoke test: $(tail -1 /tmp/smoke.log); $(grep -cE '^(FAIL|ERROR):' /tmp/smoke.log) failed"
+grep -E '^(FAIL|ERROR):' /tmp/smoke.log | head -5 | tee -a "$log"
+cp /tmp/smoke.log /tmp/ad/smoke.log
 # What comes home: the triage (its representatives and scripts are copies, a few kB each) and
 # each campaign's report, summary and log; the campaign folders (capsules of every failure,
 # 488 MB on 2026-12-05) stay behind.
