@@ -440,12 +440,16 @@ pub fn allowances(case: &Case, o: &Array3<f64>, lse: &Array2<f64>, design: Desig
         // it is the larger (O cancels), and leaves the D term as it was elsewhere: the sum of
         // both let a dQ element with its sign flipped pass beside an f16 dS past the range
         // (`a_value_past_the_range_the_emulation_does_not_share_is_a_defect`).
-        let d_from_computed_o: f64 = d_o_r
-            .iter()
-            .zip(o.slice(s![t, h, ..]))
-            .zip(row_of(&ord_o, t, h))
-            .map(|((x, y), e)| f64::from(*x).abs() * y.abs().max(e / (2.0 * u)))
-            .sum();
+        // Only the envelope's weight takes it.
+        let d_from_computed_o: f64 = match design {
+            Design::Envelope => d_o_r
+                .iter()
+                .zip(o.slice(s![t, h, ..]))
+                .zip(row_of(&ord_o, t, h))
+                .map(|((x, y), e)| f64::from(*x).abs() * y.abs().max(e / (2.0 * u)))
+                .sum(),
+            Design::Project | Design::ProjectDFromO => 0.0,
+        };
         let widen = 1.0 + s_i / terms;
         let w_dv = 2.0 * (u + (nq + s_order) * u32);
         for (((&c, &prob), &(dp, a)), &z) in row.keys.iter().zip(&probs).zip(&dpa).zip(&zs) {

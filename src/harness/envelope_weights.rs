@@ -5,8 +5,9 @@
 use smallseq_reference::Dtype;
 
 /// The envelope's weight of one dS in the allowance for another order (docs/judgement.md §2):
-/// `|dS| + P·(|dP| + |D| + Σ_d |dO·O|)`, for P, dP and D each held in 16 bits and D formed from
-/// the stored O (`d_from_o` is that sum of magnitudes).
+/// `|dS| + P·(|dP| + |D| + d_from_o)`, for P, dP and D each held in 16 bits and D formed from
+/// the stored O. `d_from_o` is the weight of that D's error: `Σ_d |dO·O|` where the range rule
+/// asks, `Σ_d |dO|·max(|O|, O's own error / u)` in the allowances.
 pub(crate) fn envelope_ds_weight(ds: f64, prob: f64, dp: f64, big_d: f64, d_from_o: f64) -> f64 {
     ds.abs() + prob * (dp.abs() + big_d.abs() + d_from_o)
 }

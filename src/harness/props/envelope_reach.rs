@@ -129,6 +129,14 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
         let terms = d_o_r.iter().zip(o_r).map(|(a, b)| f64::from(*a) * b);
         let (d, d_from_o) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
         let m = lse[[r.token, r.head]];
+        // dP = dO·V of key `j` and the sum of its terms' magnitudes, summed in order as D's.
+        let dp_of = |j: usize| {
+            let terms = d_o_r
+                .iter()
+                .zip(case.v.slice(s![j, r.kv_head, ..]))
+                .map(|(a, b)| f64::from(*a) * f64::from(*b));
+            terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()))
+        };
         // D held in 16 bits feeds every dS of the row.
         let d_at_edge = d.abs() + 2.0 * u * d_from_o >= max;
         if d_at_edge {
@@ -142,16 +150,10 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
         let hidden_dp = case
             .slot_keys(&r)
             .filter(|j| !r.keys.contains(j))
-            .map(|j| {
-                let terms = d_o_r
-                    .iter()
-                    .zip(case.v.slice(s![j, r.kv_head, ..]))
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b));
-                terms.fold((0.0f64, 0.0f64), |(s, m), t| (s + t, m + t.abs()))
-            })
-            .filter(|(dp, m)| dp.abs() + 2.0 * u * m >= max)
+            .map(dp_of)
+            .filter(|(dp, m): &(f64, f64)| dp.abs() + 2.0 * u * m >= max)
             .map(|(dp, _)| dp.abs())
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+            .max_by(f64::total_cmp);
         if let Some(dp) = hidden_dp {
             reach.dq.insert((r.token, r.head));
             reach.note(dp, "dP = dO·Vᵀ of a masked key");
@@ -159,12 +161,7 @@ fn reach(case: &Case, y: &Yardstick) -> Option<Reach> {
         let d_at_edge = d_at_edge || hidden_dp.is_some();
         for &j in &r.keys {
             let pij = case.probability(&r, j, m);
-            // dP and the sum of its terms' magnitudes, summed in order as D's above.
-            let terms = d_o_r
-                .iter()
-                .zip(case.v.slice(s![j, r.kv_head, ..]))
-                .map(|(a, b)| f64::from(*a) * f64::from(*b));
-            let (dp, dp_magnitude) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+            let (dp, dp_magnitude) = dp_of(j);
             let ds = pij * (dp - d);
             let w = envelope_ds_weight(ds, pij, dp, d, d_from_o);
             let ds_reach = ds.abs() + 2.0 * u * w;
