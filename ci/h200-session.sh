@@ -12,7 +12,8 @@
 # Stages, in the order given: tests calibrate bench variants fbvariants ncu ncubwd ncusource
 # stalls sanitize sancases mutants fuzz fuzzbg fuzzwait (default: tests calibrate bench ncu sanitize
 # mutants fuzz; VARIANTS lists the
-# variants, VARIANT_FIX512=0 leaves out the 512-token fallback there; FUZZ_SEED the campaign's
+# variants, VARIANT_FIX512=0 leaves out the 512-token fallback there and VARIANT_FILTER narrows
+# its small-seq workloads (bench --filter; fix16,rnd,q1 by default); FUZZ_SEED the campaign's
 # seed, 2027 by default; FUZZ_VARIANTS the campaigns `fuzzbg` starts side by side, one per
 # variant, `default` for the shipped build, `seed=N` in a variant for its own seed). Results go
 # to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json, ncu-stalls.txt, fuzz-report.json,
@@ -109,7 +110,8 @@ for s in $stages; do
       # Kernel variants timed back to back with the default build, the 512-token fallback
       # forward and the small-seq workloads' forward and backward.
       small_seq_times() {
-        vrun 90 "$ss" bench --backend cuda --iters 20 --fallback false --filter fix16,rnd,q1
+        vrun 90 "$ss" bench --backend cuda --iters 20 --fallback false \
+          --filter "${VARIANT_FILTER:-fix16,rnd,q1}"
         [ "${VARIANT_FIX512:-1}" = 1 ] && vrun 40 "$ss" bench --backend cuda --iters 20 \
           --forward-only --filter fix512
       }

@@ -26,6 +26,14 @@
 #ifndef SS_BWD_BLOCKS
 #define SS_BWD_BLOCKS 3
 #endif
+// The same for the kernels of one-query launches (suffix _q1), whose code is the one-query
+// path alone (SS_ONE_QUERY bit 2).
+#ifndef SS_Q1_FWD_BLOCKS
+#define SS_Q1_FWD_BLOCKS 8
+#endif
+#ifndef SS_Q1_BWD_BLOCKS
+#define SS_Q1_BWD_BLOCKS 5
+#endif
 // L2 prefetch of the rows later phases read (ss_prefetch), per direction. The backward's is
 // on since two campaigns with 0 failures (82,889 cases) and clean sanitizers on the small-seq
 // path (bench/NOTES.md v23, v24).
@@ -435,20 +443,20 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 }
 
 
-// Items of one query (SS_ONE_QUERY=1, the default since bench/NOTES.md v16: W4's forward
-// 1,622 -> 1,195 µs on the H200, 10 minutes of device fuzzing clean). W4's forward (one query
-// per slot) issued 1,772 warp instructions per item, instruction-bound at 39 % of copy and
-// slower than JAX XLA (ncu, bench/NOTES.md v14): the tiles leave 15 of their 16 rows empty. Such an item keeps the tiled scores and softmax of its
-// one row (so S and lse are bit for bit the tiled path's, which the backward's P = exp(s - lse)
-// of a one-key row needs to be exactly 1), skips the softmax of rows 8-15, and forms
-// o = Σ_j P_j·V_j lane-parallel: lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of every V row and
-// of o, takes each P from the lane of quad 0 that holds it, rounds it to E, and adds the exact
-// products in f32 in key order. Bit 1 (SS_ONE_QUERY=3; off: W4's backward 3,583 -> 3,449 µs,
-// bench/NOTES.md v16) does the same for the backward (ss_bwd_one) at D <= 128: P and dS as the
-// tiled path forms them, then dV, dK and dQ lane-parallel. At D = 256 the K rows load one key
-// at a time (batches spill, see ss_each_key_row), and W3's backward took 3 % longer with it.
+// Items of one query. Bit 0 (since bench/NOTES.md v16: W4's forward 1,622 -> 1,195 µs on the
+// H200): W4's forward (one query per slot) issued 1,772 warp instructions per item,
+// instruction-bound at 39 % of copy (ncu, v14), the tiles leaving 15 of their 16 rows empty; o =
+// Σ_j P_j·V_j is formed lane-parallel instead: lane l owns dims l*DL..l*DL+DL-1 (DL = D/32) of
+// every V row and of o, takes each P from the lane that holds it, rounds it to E, and adds the
+// exact products in f32 in key order. Bit 1 does the same for the backward's gradients
+// (ss_bwd_one) at D <= 128. Bit 2 takes a one-query item's scores with the keys as the matrix
+// product's rows (ss_q1_dots: a third of the tiled layout's products at D = 128) in both
+// directions, and launches whose slots all hold one query run the _q1 kernels, which hold that
+// code alone (bench/NOTES.md v25). Without bit 2 the item keeps the tiled scores and softmax of
+// its one row. At D = 256 the rows of P·V and dQ load one key at a time (batches spill, see
+// ss_each_key_row).
 #ifndef SS_ONE_QUERY
-#define SS_ONE_QUERY 1
+#define SS_ONE_QUERY 7
 #endif
 // 8 aligned bytes (a lane's 4 dims at D = 128).
 struct alignas(8) SsW2 {
@@ -471,15 +479,22 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
   }
 }
 
+// Keys per batch of ss_each_key_row: in the kernels for any launch, every key at D <= 128 and
+// one at D = 256 (see below); in the _q1 kernels, whose registers allow more warps,
+// SS_Q1_KB at D <= 128 and half that at D = 256.
+#define SS_KEY_BATCH(D) ((D) <= 128 ? 17 : 1)
+#ifndef SS_Q1_KB
+#define SS_Q1_KB 8
+#endif
+#define SS_Q1_KEY_BATCH(D) ((D) <= 128 ? SS_Q1_KB : (SS_Q1_KB > 1 ? SS_Q1_KB / 2 : 1))
 // Calls f(j, w) for each key j < lk of a one-query item (lk <= 17), w being the lane's D/64
 // words of row j of `rows`; f takes key j's P or dS from ss_row0_key. The rows of a batch are
 // all loaded before f sees the first: a loop that loaded key j after the products of key j - 1
 // waited one global-load latency per key (ncu, bench/NOTES.md v15: 30 % of the W4 forward's
 // stall samples). A batch holds every key at D <= 128 (2 words a row); at D = 256 a batch of
 // even 2 keys made ptxas spill 40 bytes in the f16 forward, so there each key is loaded alone.
-template <int D, class F>
+template <int D, int KB, class F>
 PT_INLINE void ss_each_key_row(const pt_u16* rows, long long rs, int lk, F&& f) {
-  const int KB = D <= 128 ? 17 : 1;
   // Warp-uniform exits. clang for gfx942 left the D = 256 loop (17 trips) rolled when they were
   // breaks, and s[j / 8][j % 2] with a run-time j went to scratch (112 bytes in the forward,
   // 208 in the backward); with guards it unrolls and uses none. NVRTC is the other way round:
@@ -519,33 +534,64 @@ PT_INLINE float ss_word_val(const pt_u32 (&w)[N], int i) {
   return i % 2 ? pt_hi<E>(w[i / 2]) : pt_lo<E>(w[i / 2]);
 }
 
-// o (one row) = P·V for the P of row 0 in s; V rows past lk are not read.
-template <class E, class O, int D>
-PT_INLINE void ss_pv_one(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
-                         int lk, typename O::T* orow) {
+// Stores a lane's N consecutive values of a row (rounded to E) in one vector access where the
+// output type allows: as N element stores they were N 2-byte accesses per lane and row, the
+// one-query backward's dK and dV rows 17 times over. p lies on N elements' bytes (rows on 16).
+template <class E, class O, int N>
+PT_INLINE void ss_store_dims(typename O::T* p, const float (&x)[N]) {
+  constexpr int W = O::IS16 ? N / 2 : N;  // 32-bit words
+  pt_u32 w[W];
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    if constexpr (O::IS16)
+      w[i] = E::pack2(x[2 * i], x[2 * i + 1]);
+    else
+      w[i] = pt_f2u(E::round(x[i]));
+  }
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < W / 4; ++c) {
+      pt_v4 v;
+      v.x = w[4 * c], v.y = w[4 * c + 1], v.z = w[4 * c + 2], v.w = w[4 * c + 3];
+      pt_st16((pt_u32*)p + 4 * c, v);
+    }
+  } else if constexpr (W == 2) {
+    SsW2 v;
+    v.x = w[0], v.y = w[1];
+    *(SsW2*)p = v;
+  } else {
+    *(pt_u32*)p = w[0];
+  }
+}
+
+// o (one row) = Σ_j P_j·V_j with key j's P from pj(j) (rounded to E); V rows past lk are not
+// read.
+template <class E, class O, int D, int KB, class PJ>
+PT_INLINE void ss_pv_one(PJ&& pj, const typename E::T* vr, long long rs, int lk,
+                         typename O::T* orow) {
   float acc[D / 32];
 #pragma unroll
   for (int i = 0; i < D / 32; ++i) acc[i] = 0.f;
-  ss_each_key_row<D>((const pt_u16*)vr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
-    const float p = ss_row0_key<E>(s, j);
+  ss_each_key_row<D, KB>((const pt_u16*)vr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
+    const float p = pj(j);
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) acc[i] += pt_mul_rn(p, ss_word_val<E>(w, i));
   });
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i)
-    O::store(orow, pt_llane() * (D / 32) + i, E::round(ss_out_round<E>(acc[i])));
+  for (int i = 0; i < D / 32; ++i) acc[i] = ss_out_round<E>(acc[i]);
+  ss_store_dims<E, O, D / 32>(orow + pt_llane() * (D / 32), acc);
 }
 
-// The gradients of a one-query item from its row of P and dS (s and ds, C layout as in
-// ss_row0_key): dV_j = P_j·dO and dK_j = dS_j·q·scale are one exact product per element, which
-// is what the tiled path's 16-row products give when 15 rows are zero (the leading 0 + keeps a
-// zero's sign as theirs: +0); dQ = Σ_j dS_j·K_j·scale adds the exact products in f32 in key
-// order, as ss_pv_one does.
-template <class E, class O, int D, bool SCALED = false>
-PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
-                          const float (&inv)[2], const typename E::T* qrow, const typename E::T* dorow,
-                          const typename E::T* kr, long long rs, int lk, typename O::T* dq,
-                          typename O::T* dk, typename O::T* dv, float scale) {
+// The gradients of a one-query item from its P and dS (pj(j), gj(j): key j's, rounded to E as
+// an operand, gj's times its block's inverse scale where dS was scaled): dV_j = P_j·dO and
+// dK_j = dS_j·q·scale are one exact product per element, which is what the tiled path's
+// 16-row products give when 15 rows are zero (the leading 0 + keeps a zero's sign as theirs:
+// +0); dQ = Σ_j dS_j·K_j·scale adds the exact products in f32 in key order, as ss_pv_one does.
+template <class E, class O, int D, int KB, class PJ, class GJ>
+PT_INLINE void ss_bwd_one(PJ&& pj, GJ&& gj, const typename E::T* qrow,
+                          const typename E::T* dorow, const typename E::T* kr, long long rs,
+                          int lk, typename O::T* dq, typename O::T* dk, typename O::T* dv,
+                          float scale) {
   const int d0 = pt_llane() * (D / 32);
   pt_u32 qw[D / 64], ow[D / 64];
   ss_lane_dims<D>(qw, (const pt_u16*)qrow);
@@ -553,36 +599,214 @@ PT_INLINE void ss_bwd_one(const float (&s)[2][3][4], const float (&ds)[2][3][4],
   float acc[D / 32];
 #pragma unroll
   for (int i = 0; i < D / 32; ++i) acc[i] = 0.f;
-  ss_each_key_row<D>((const pt_u16*)kr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
+  ss_each_key_row<D, KB>((const pt_u16*)kr, rs, lk, [&](int j, const pt_u32 (&w)[D / 64]) {
     // dS as its block's operand is worth (ss_ds_scale): the 16-bit value times a power of
     // two, exact in f32, and so is its product with a 16-bit K or Q value.
-    const float p = ss_row0_key<E>(s, j);
-    const float g = SCALED ? ss_row0_key<E>(ds, j) * inv[j / 16] : ss_row0_key<E>(ds, j);
+    const float p = pj(j), g = gj(j);
+    float dki[D / 32], dvi[D / 32];
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
       acc[i] += pt_mul_rn(g, ss_word_val<E>(w, i));
-      const float dki = (0.f + pt_mul_rn(g, ss_word_val<E>(qw, i))) * scale;
-      O::store(dk + j * rs, d0 + i, E::round(ss_out_round<E>(dki)));
-      const float dvi = 0.f + pt_mul_rn(p, ss_word_val<E>(ow, i));
-      O::store(dv + j * rs, d0 + i, E::round(ss_out_round<E>(dvi)));
+      dki[i] = ss_out_round<E>((0.f + pt_mul_rn(g, ss_word_val<E>(qw, i))) * scale);
+      dvi[i] = ss_out_round<E>(0.f + pt_mul_rn(p, ss_word_val<E>(ow, i)));
     }
+    ss_store_dims<E, O, D / 32>(dk + j * rs + d0, dki);
+    ss_store_dims<E, O, D / 32>(dv + j * rs + d0, dvi);
   });
   const float mul = ss_dq_mul<E>(scale);
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) O::store(dq, d0 + i, E::round(ss_out_round<E>(acc[i] * mul)));
+  for (int i = 0; i < D / 32; ++i) acc[i] = ss_out_round<E>(acc[i] * mul);
+  ss_store_dims<E, O, D / 32>(dq + d0, acc);
 }
 
+// Scores of one-query items with the keys as the matrix product's rows (SS_ONE_QUERY bit 2):
+// the A operand is 16 key rows, B the query as column 0 of 8 (the other columns zero), so one
+// m16n8k16 covers 16 keys where the tiled layout (one live query row of 16) needed two, and
+// key 16 takes a second product only in a 17-key slot. The reduction dimension is permuted
+// and summed in 16-product steps exactly as ss_xyt does. Column 0 of C lands in the lanes of
+// t = 0: lane 4g holds key g in x[0] and key g + 8 in x[1], lane 0 key 16 in x[2] (other lanes
+// hold their zero columns). Both directions take a one-query item's S here, so the backward's
+// P = exp(s - lse) of a one-key row is exactly 1 (the forward's lse came from the same bits).
+// Chunks of 32 dims whose loads are in flight together: 2 made ptxas spill 28 bytes in the
+// _q1 forward at 8 blocks per SM (64 registers), 1 none (54-56 registers).
+#ifndef SS_Q1_UNROLL
+#define SS_Q1_UNROLL 1
+#endif
+template <class E, int D>
+PT_INLINE void ss_q1_dots(float (&x)[3], const typename E::T* qrow, const typename E::T* y,
+                          long long rs, int ny) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const bool k16 = ny > 16;  // warp-uniform
+  x[0] = x[1] = x[2] = 0.f;
+  SS_UNROLL(SS_Q1_UNROLL)
+  for (int ch = 0; ch < D / 32; ++ch) {
+    const int off = ch * 32 + t * 8;
+    const pt_v4 ka = g < ny ? pt_ld16(y + g * rs + off) : pt_zero4();
+    const pt_v4 kb = g + 8 < ny ? pt_ld16(y + (g + 8) * rs + off) : pt_zero4();
+    const pt_v4 kc = k16 && g == 0 ? pt_ld16(y + 16 * rs + off) : pt_zero4();
+    const pt_v4 qb = g == 0 ? pt_ld16(qrow + off) : pt_zero4();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // Each 16-product step from zero, added with an f32 round-to-nearest add (ss_xyt).
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      pt_mma<E>(part, pt_word(ka, 2 * j), pt_word(kb, 2 * j), pt_word(ka, 2 * j + 1),
+                pt_word(kb, 2 * j + 1), pt_word(qb, 2 * j), pt_word(qb, 2 * j + 1));
+      x[0] += part[0];
+      x[1] += part[2];
+      if (k16) {
+        float p16[4] = {0.f, 0.f, 0.f, 0.f};
+        pt_mma<E>(p16, pt_word(kc, 2 * j), 0u, pt_word(kc, 2 * j + 1), 0u, pt_word(qb, 2 * j),
+                  pt_word(qb, 2 * j + 1));
+        x[2] += p16[0];
+      }
+    }
+  }
+}
+
+// Key j's value in the layout of ss_q1_dots, rounded to E as an operand.
+template <class E>
+PT_INLINE float ss_q1_key(const float (&x)[3], int j) {
+  const int half = pt_lane() & ~31;
+  return E::round(pt_shfl(x[j / 8], half | 4 * (j % 8)));
+}
+
+// Key i of the lane's three in the layout of ss_q1_dots (keys of lanes t != 0 lie past 17).
+PT_INLINE int ss_q1_key_of(int i) {
+  const int l = pt_llane();
+  return (l & 3) ? 32 : 8 * i + (l >> 2);
+}
+
+// A one-query row in ss_q1_dots' layout moved into the tiled C layout (row 0: quad 0's lane t
+// holds keys nt*8 + 2t + e in c[0][nt][e]; every other row zero), for the tiled P·V and
+// gradient products.
+PT_INLINE void ss_q1_to_tiled(float (&c)[2][3][4], const float (&x)[3]) {
+  const int half = pt_lane() & ~31, l = pt_llane(), g = l >> 2, t = l & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = mt == 0 && e < 2 ? pt_shfl(x[nt], half | 4 * (2 * t + e)) : 0.f;
+        c[mt][nt][e] = g == 0 ? v : 0.f;
+      }
+}
+
+// The forward of a one-query item (rows at qrow, kr, vr, orow; lse at lse_at) from the scores
+// of ss_q1_dots: the row's softmax over the 8 lanes of t = 0, then P·V lane-parallel
+// (SS_ONE_QUERY bit 0) or through the tiled products.
+template <class E, class O, int D, int KB>
+PT_INLINE void ss_fwd_q1(const typename E::T* qrow, const typename E::T* kr,
+                         const typename E::T* vr, typename O::T* orow, float* lse_at,
+                         long long rs, int lk, float scale, int mask) {
+  float x[3];
+  ss_q1_dots<E, D>(x, qrow, kr, rs, lk);
+  const float ninf = -pt_inf();
+  float mx = ninf;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int key = ss_q1_key_of(i);
+    x[i] = ss_visible(0, key, 1, lk, mask) ? ss_scaled(x[i], scale) : ninf;
+    if (ss_in_row_max(i)) mx = pt_fmax(mx, x[i]);
+  }
+#pragma unroll
+  for (int m = 4; m < 32; m <<= 1) mx = pt_fmax(mx, pt_shfl_xor(mx, m));
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    x[i] = x[i] == ninf ? 0.f : pt_exp(x[i] - mx);
+    sum += x[i];
+  }
+#pragma unroll
+  for (int m = 4; m < 32; m <<= 1) sum += pt_shfl_xor(sum, m);
+  const float rcp = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) x[i] = sum > 0.f ? x[i] * rcp : 0.f;
+  if (pt_llane() == 0) *lse_at = sum > 0.f ? ss_lse(mx, sum) : ninf;
+  if (SS_ONE_QUERY & 1) {
+    ss_pv_one<E, O, D, KB>([&](int j) { return ss_q1_key<E>(x, j); }, vr, rs, lk, orow);
+    return;
+  }
+  float s[2][3][4];
+  ss_q1_to_tiled(s, x);
+  pt_u32 pa[2][2][4];
+  ss_afrag<E>(pa, s);
+  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
+  ss_fy<E, O, D>(pa, vr, rs, lk, 1, orow, 1.f, unscaled);
+}
+
+// The backward of a one-query item: S and dP from ss_q1_dots, P and dS over the 8 lanes of
+// t = 0 (dS brought into E's range per 16-key block as ss_ds_scale does, where the item's vote
+// says some dS lies past it), then the gradients lane-parallel (SS_ONE_QUERY bit 1, D <= 128)
+// or through the tiled products.
+template <class E, class O, int D, int KB>
+PT_INLINE void ss_bwd_q1(const typename E::T* qrow, const typename E::T* kr,
+                         const typename E::T* vr, const typename E::T* dorow, float lr,
+                         typename O::T* dq, typename O::T* dk, typename O::T* dv, long long rs,
+                         int lk, float scale, int mask) {
+  float p[3], ds[3];
+  ss_q1_dots<E, D>(p, qrow, kr, rs, lk);
+  ss_q1_dots<E, D>(ds, dorow, vr, rs, lk);
+  const float ninf = -pt_inf();
+  float dsum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const bool vis = ss_visible(0, ss_q1_key_of(i), 1, lk, mask) && lr != ninf;
+    p[i] = vis ? pt_exp(ss_scaled(p[i], scale) - lr) : 0.f;
+    dsum += p[i] * ds[i];
+  }
+#pragma unroll
+  for (int m = 4; m < 32; m <<= 1) dsum += pt_shfl_xor(dsum, m);
+  bool past = false;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    ds[i] = p[i] * (ds[i] - dsum);
+    past |= ss_ds_past_range<E>(ds[i]);
+  }
+  float inv[2] = {1.f, 1.f};
+  const bool scaled = pt_lwarp_any(past);  // warp-uniform
+  if (scaled) {
+    // The blocks of ss_ds_scale: keys 0-15, and key 16.
+    const float sc0 = pt_range_scale<E>(
+        pt_lwarp_max(pt_fmax(pt_finite_abs(ds[0]), pt_finite_abs(ds[1]))));
+    const float sc1 = pt_range_scale<E>(pt_lwarp_max(pt_finite_abs(ds[2])));
+    inv[0] = 1.f / sc0, inv[1] = 1.f / sc1;
+    ds[0] = pt_sat<E>(ds[0] * sc0), ds[1] = pt_sat<E>(ds[1] * sc0);
+    ds[2] = pt_sat<E>(ds[2] * sc1);
+  }
+  if ((SS_ONE_QUERY & 2) && D <= 128) {
+    const auto pj = [&](int j) { return ss_q1_key<E>(p, j); };
+    ss_bwd_one<E, O, D, KB>(
+        pj, [&](int j) { return ss_q1_key<E>(ds, j) * inv[j / 16]; }, qrow, dorow, kr, rs, lk,
+        dq, dk, dv, scale);
+    return;
+  }
+  float s[2][3][4], dp[2][3][4];
+  ss_q1_to_tiled(s, p);
+  ss_q1_to_tiled(dp, ds);
+  pt_u32 pa[2][2][4], da[2][2][4];
+  ss_afrag<E>(pa, s);
+  ss_afrag<E>(da, dp);
+  const float invt[2][2] = {{inv[0], inv[1]}, {1.f, 1.f}};
+  if (scaled && SS_SCALED_SPLIT) {
+    ss_fy<E, O, D, true>(da, kr, rs, lk, 1, dq, ss_dq_mul<E>(scale), invt);
+    ss_aty<E, O, D, true>(da, qrow, rs, 1, lk, dk, scale, invt);
+  } else {
+    ss_fy<E, O, D, !SS_SCALED_SPLIT>(da, kr, rs, lk, 1, dq, ss_dq_mul<E>(scale), invt);
+    ss_aty<E, O, D, !SS_SCALED_SPLIT>(da, qrow, rs, 1, lk, dk, scale, invt);
+  }
+  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
+  ss_aty<E, O, D>(pa, dorow, rs, 1, lk, dv, 1.f, unscaled);
+}
+
+// The forward of an item of more than one query (or of one, without SS_ONE_QUERY bit 2): the
+// tiled scores, softmax and P·V.
 template <class E, class O, int D>
-PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
-                      typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
-                      const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
-  SsItem it;
-  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H) || it.lq <= 0) return;
-  ss_planted_fault(it.lq, o);
+PT_INLINE void ss_fwd_rows(const SsItem& it, const typename E::T* q, const typename E::T* k,
+                           const typename E::T* v, typename O::T* o, float* lse, int H,
+                           long long hq, long long hk, float scale, int mask) {
   const int l = pt_llane(), g = l >> 2, t = l & 3;
   const long long rs = (long long)H * D;
-  const long long hq = it.oq * rs + (long long)it.h * D;
-  const long long hk = it.ok * rs + (long long)ss_kv_head(it.h) * D;
   float s[2][3][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -641,7 +865,7 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
         lse[(it.oq + row) * H + it.h] = sum > 0.f ? ss_lse(mx, sum) : ninf;
     }
   if (one) {
-    ss_pv_one<E, O, D>(s, v + hk, rs, it.lk, o + hq);
+    ss_pv_one<E, O, D, SS_KEY_BATCH(D)>([&](int j) { return ss_row0_key<E>(s, j); }, v + hk, rs, it.lk, o + hq);
     return;
   }
   pt_u32 pa[2][2][4];
@@ -650,27 +874,54 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f, unscaled);
 }
 
-template <class E, class O, int D>
-PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
-                      const typename E::T* d_o, const float* lse, typename O::T* dq,
-                      typename O::T* dk, typename O::T* dv, const int* cu_q, const int* cu_kv,
+// Q1: the kernel of launches whose slots all hold at most one query (small_seq_*_q1): with
+// SS_ONE_QUERY bit 2 it holds the one-query code alone, so its registers allow more warps.
+template <class E, class O, int D, bool Q1 = false>
+PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                      typename O::T* o, float* lse, const int* cu_q, const int* cu_kv,
                       const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
   SsItem it;
-  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H)) return;
-  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H) || it.lq <= 0) return;
+  ss_planted_fault(it.lq, o);
   const long long rs = (long long)H * D;
-  // hk: where this head's dK and dV rows go; hkr: the K and V rows it reads.
-  const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
-  const long long hkr = it.ok * rs + (long long)ss_kv_head(it.h) * D;
-  if (it.lq <= 0) {
-    // Keys of a slot without queries get zero gradients (written, so no row is left unset).
-    for (int key = 0; key < it.lk; ++key)
-      for (int d = l; d < D; d += 32) {
-        O::store(dk + hk + key * rs, d, 0.f);
-        O::store(dv + hk + key * rs, d, 0.f);
-      }
+  const long long hq = it.oq * rs + (long long)it.h * D;
+  const long long hk = it.ok * rs + (long long)ss_kv_head(it.h) * D;
+  if ((SS_ONE_QUERY & 4) && it.lq == 1) {  // warp-uniform
+#if SS_PREFETCH_FWD
+    ss_prefetch<E, D>(k + hk, rs, it.lk);
+    ss_prefetch<E, D>(v + hk, rs, it.lk);
+#endif
+    constexpr int KB = Q1 ? SS_Q1_KEY_BATCH(D) : SS_KEY_BATCH(D);
+    ss_fwd_q1<E, O, D, KB>(q + hq, k + hk, v + hk, o + hq, lse + it.oq * H + it.h, rs, it.lk,
+                           scale, mask);
     return;
   }
+  // The _q1 kernels leave the other items out (the launch's max_lq said there are none).
+  if constexpr (!(Q1 && (SS_ONE_QUERY & 4)))
+    ss_fwd_rows<E, O, D>(it, q, k, v, o, lse, H, hq, hk, scale, mask);
+}
+
+// Planted bug (issue 21): dK of the slot's last key left zero in the last head.
+template <class O, int D>
+PT_INLINE void ss_planted_zeroed_row(const SsItem& it, int H, typename O::T* dk, long long rs) {
+#ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW
+  pt_syncwarp();
+  if (it.h == H - 1 && it.lk >= 2)
+    for (int d = pt_llane(); d < D; d += 32) O::store(dk + (it.lk - 1) * rs, d, 0.f);
+#else
+  (void)it, (void)H, (void)dk, (void)rs;
+#endif
+}
+
+// The backward of an item of more than one query (or of one, without SS_ONE_QUERY bit 2): the
+// tiled scores, P, dS and gradients.
+template <class E, class O, int D>
+PT_INLINE void ss_bwd_rows(const SsItem& it, const typename E::T* q, const typename E::T* k,
+                           const typename E::T* v, const typename E::T* d_o, const float* lse,
+                           typename O::T* dq, typename O::T* dk, typename O::T* dv, int H,
+                           long long hq, long long hk, long long hkr, float scale, int mask) {
+  const int l = pt_llane(), g = l >> 2, t = l & 3;
+  const long long rs = (long long)H * D;
   float s[2][3][4], dp[2][3][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -726,12 +977,15 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
   const bool split_off = SS_SCALED_SPLIT && !scaled;
   if (scaled) ss_ds_scale<E>(dp, inv);
   if (one) {
+    const auto pj = [&](int j) { return ss_row0_key<E>(s, j); };
     if (!split_off)
-      ss_bwd_one<E, O, D, true>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq,
-                                dk + hk, dv + hk, scale);
+      ss_bwd_one<E, O, D, SS_KEY_BATCH(D)>(
+          pj, [&](int j) { return ss_row0_key<E>(dp, j) * inv[0][j / 16]; }, q + hq, d_o + hq,
+          k + hkr, rs, it.lk, dq + hq, dk + hk, dv + hk, scale);
     else
-      ss_bwd_one<E, O, D>(s, dp, inv[0], q + hq, d_o + hq, k + hkr, rs, it.lk, dq + hq, dk + hk,
-                          dv + hk, scale);
+      ss_bwd_one<E, O, D, SS_KEY_BATCH(D)>(
+          pj, [&](int j) { return ss_row0_key<E>(dp, j); }, q + hq, d_o + hq, k + hkr, rs, it.lk,
+          dq + hq, dk + hk, dv + hk, scale);
   } else {
     pt_u32 pa[2][2][4], da[2][2][4];
     ss_afrag<E>(pa, s);
@@ -746,39 +1000,74 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
     ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f, unscaled);
   }
-#ifdef SMALLSEQ_MUTANT_ZEROED_SMALL_ROW
-  // Planted bug (issue 21): dK of the slot's last key left zero in the last head.
-  pt_syncwarp();
-  if (it.h == H - 1 && it.lk >= 2)
-    for (int d = l; d < D; d += 32) O::store(dk + hk + (it.lk - 1) * rs, d, 0.f);
-#endif
+  ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
 }
 
-#define SS_FWD(NAME, E, O, D)                                                                  \
-  PT_KERNEL SS_BOUNDS(SS_FWD_BLOCKS) void NAME(                                                 \
-      const E::T* q, const E::T* k, const E::T* v, O::T* o, float* lse,                          \
-                      const int* cu_q, const int* cu_kv, const int* off_q, const int* off_kv,   \
-                      int b, int H, float scale, int mask) {                                    \
-    ss_fwd<E, O, D>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, scale, mask);            \
+template <class E, class O, int D, bool Q1 = false>
+PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const typename E::T* v,
+                      const typename E::T* d_o, const float* lse, typename O::T* dq,
+                      typename O::T* dk, typename O::T* dv, const int* cu_q, const int* cu_kv,
+                      const int* off_q, const int* off_kv, int b, int H, float scale, int mask) {
+  SsItem it;
+  if (!ss_item(it, cu_q, cu_kv, off_q, off_kv, b, H)) return;
+  const int l = pt_llane();
+  const long long rs = (long long)H * D;
+  // hk: where this head's dK and dV rows go; hkr: the K and V rows it reads.
+  const long long hq = it.oq * rs + (long long)it.h * D, hk = it.ok * rs + (long long)it.h * D;
+  const long long hkr = it.ok * rs + (long long)ss_kv_head(it.h) * D;
+  if (it.lq <= 0) {
+    // Keys of a slot without queries get zero gradients (written, so no row is left unset).
+    for (int key = 0; key < it.lk; ++key)
+      for (int d = l; d < D; d += 32) {
+        O::store(dk + hk + key * rs, d, 0.f);
+        O::store(dv + hk + key * rs, d, 0.f);
+      }
+    return;
   }
-#define SS_BWD(NAME, E, O, D)                                                                  \
-  PT_KERNEL SS_BOUNDS(SS_BWD_BLOCKS) void NAME(                                                 \
-      const E::T* q, const E::T* k, const E::T* v, const E::T* d_o,                             \
-                      const float* lse, O::T* dq, O::T* dk, O::T* dv, const int* cu_q,          \
-                      const int* cu_kv, const int* off_q, const int* off_kv, int b, int H,      \
-                      float scale, int mask) {                                                  \
-    ss_bwd<E, O, D>(q, k, v, d_o, lse, dq, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, scale,     \
-                    mask);                                                                      \
+  if ((SS_ONE_QUERY & 4) && it.lq == 1) {  // warp-uniform
+#if SS_PREFETCH_BWD
+    ss_prefetch<E, D>(k + hkr, rs, it.lk);
+    ss_prefetch<E, D>(v + hkr, rs, it.lk);
+#endif
+    constexpr int KB = Q1 ? SS_Q1_KEY_BATCH(D) : SS_KEY_BATCH(D);
+    ss_bwd_q1<E, O, D, KB>(q + hq, k + hkr, v + hkr, d_o + hq, lse[it.oq * H + it.h], dq + hq,
+                           dk + hk, dv + hk, rs, it.lk, scale, mask);
+    ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
+    return;
   }
-#define SS_ALL(D)                                        \
-  SS_FWD(small_seq_fwd_bf16_d##D, BF16, BF16, D)         \
-  SS_FWD(small_seq_fwd_f16_d##D, F16, F16, D)            \
-  SS_FWD(small_seq_fwd_bf16_d##D##_o32, BF16, F32, D)    \
-  SS_FWD(small_seq_fwd_f16_d##D##_o32, F16, F32, D)      \
-  SS_BWD(small_seq_bwd_bf16_d##D, BF16, BF16, D)         \
-  SS_BWD(small_seq_bwd_f16_d##D, F16, F16, D)            \
-  SS_BWD(small_seq_bwd_bf16_d##D##_o32, BF16, F32, D)    \
-  SS_BWD(small_seq_bwd_f16_d##D##_o32, F16, F32, D)
+  // The _q1 kernels leave the other items out (the launch's max_lq said there are none).
+  if constexpr (!(Q1 && (SS_ONE_QUERY & 4)))
+    ss_bwd_rows<E, O, D>(it, q, k, v, d_o, lse, dq, dk, dv, H, hq, hk, hkr, scale, mask);
+}
+
+#define SS_FWD(NAME, E, O, D, Q1, BLOCKS)                                                      \
+  PT_KERNEL SS_BOUNDS(BLOCKS) void NAME(const E::T* q, const E::T* k, const E::T* v, O::T* o,   \
+                                        float* lse, const int* cu_q, const int* cu_kv,          \
+                                        const int* off_q, const int* off_kv, int b, int H,      \
+                                        float scale, int mask) {                                \
+    ss_fwd<E, O, D, Q1>(q, k, v, o, lse, cu_q, cu_kv, off_q, off_kv, b, H, scale, mask);        \
+  }
+#define SS_BWD(NAME, E, O, D, Q1, BLOCKS)                                                      \
+  PT_KERNEL SS_BOUNDS(BLOCKS) void NAME(const E::T* q, const E::T* k, const E::T* v,            \
+                                        const E::T* d_o, const float* lse, O::T* dq, O::T* dk,  \
+                                        O::T* dv, const int* cu_q, const int* cu_kv,            \
+                                        const int* off_q, const int* off_kv, int b, int H,      \
+                                        float scale, int mask) {                                \
+    ss_bwd<E, O, D, Q1>(q, k, v, d_o, lse, dq, dk, dv, cu_q, cu_kv, off_q, off_kv, b, H, scale, \
+                        mask);                                                                  \
+  }
+// Each kernel twice: for any launch, and (suffix _q1) for a launch whose slots all hold at
+// most one query (W4's shape: TE's cross-attention of one query token per sequence).
+#define SS_PAIR(NAME, E, O, D)                                 \
+  SS_FWD(small_seq_fwd_##NAME, E, O, D, false, SS_FWD_BLOCKS)  \
+  SS_FWD(small_seq_fwd_##NAME##_q1, E, O, D, true, SS_Q1_FWD_BLOCKS) \
+  SS_BWD(small_seq_bwd_##NAME, E, O, D, false, SS_BWD_BLOCKS)  \
+  SS_BWD(small_seq_bwd_##NAME##_q1, E, O, D, true, SS_Q1_BWD_BLOCKS)
+#define SS_ALL(D)                             \
+  SS_PAIR(bf16_d##D, BF16, BF16, D)           \
+  SS_PAIR(f16_d##D, F16, F16, D)              \
+  SS_PAIR(bf16_d##D##_o32, BF16, F32, D)      \
+  SS_PAIR(f16_d##D##_o32, F16, F32, D)
 
 SS_ALL(64)
 SS_ALL(128)

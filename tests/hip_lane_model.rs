@@ -137,7 +137,8 @@ fn kernel_mutants_fail_the_model() {
 /// variants change the small-seq or scalar kernels only): the small-seq kernels without the
 /// dead-tile skips, with one of them, the forward with both (v7's default), the backward
 /// without the dead rows 8-15 (the default until v16), the tiled items for one query and the
-/// 64-bit item decoding (both the default until v16), the one-query backward (off), the tiled
+/// 64-bit item decoding (both the default until v16), the one-query items without the keys-as-rows
+/// scores (bit 2, the default since v25), with those scores and the tiled products, the tiled
 /// backward's column tiles in padded rather than swizzled rows, the scalar backward's GQA sums
 /// per head, D from the stored O (`FTB_D_FROM_O`, the D kernel run before each backward).
 /// Variants that change different code share one build (a fault of either still fails it;
@@ -151,6 +152,7 @@ const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_SKIP_DEAD_FWD=3 SS_SKIP_DEAD_BWD=3", false),
     ("SS_ONE_QUERY=0", false),
     ("SS_ONE_QUERY=3", false),
+    ("SS_ONE_QUERY=4", false),
     ("SS_ITEM32=0 FB_GROUP_PARTIALS=0", false),
     ("FTB_SWIZZLE=0 FTB_D_FROM_O=1", true),
 ];

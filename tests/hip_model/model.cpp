@@ -569,14 +569,15 @@ static void judge(const char* family, const Geometry& g, const Buffers<E, O>& bu
   if (std::getenv("HIP_MODEL_VERBOSE")) std::printf("%s\n", buf);
 }
 
-// The small-seq kernels (one item per wavefront, matrix cores).
-template <class E, class O, int D>
+// The small-seq kernels (one item per wavefront, matrix cores); Q1: the _q1 kernels of launches
+// whose slots all hold one query.
+template <class E, class O, int D, bool Q1 = false>
 static void run_small(const char* family, const Geometry& g, Buffers<E, O>& bu) {
   const int b = g.b, H = g.H, mask = g.mask;
   const long long waves = (long long)b * H;
   std::string why;
   auto fwd = [&](long long) {
-    ss_fwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
+    ss_fwd<E, O, D, Q1>(bu.q.data(), bu.k.data(), bu.v.data(), bu.o.data(), bu.lse.data(),
                     g.cu_q.data(), g.cu_kv.data(), g.off_q.data(), g.off_kv.data(), b, H, g.scale,
                     mask);
   };
@@ -584,7 +585,7 @@ static void run_small(const char* family, const Geometry& g, Buffers<E, O>& bu) 
   const long long grid = (waves + SS_WPB - 1) / SS_WPB * SS_WPB;
   check(model::run_waves(grid, fwd, why), "small-seq fwd uniform: " + why);
   auto bwd = [&](long long) {
-    ss_bwd<E, O, D>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
+    ss_bwd<E, O, D, Q1>(bu.q.data(), bu.k.data(), bu.v.data(), bu.d_o.data(), bu.lse.data(),
                     bu.dq.data(), bu.dk.data(), bu.dv.data(), g.cu_q.data(), g.cu_kv.data(),
                     g.off_q.data(), g.off_kv.data(), b, H, g.scale, mask);
   };
@@ -598,7 +599,9 @@ static void test_small(std::mt19937& rng, int b, int H, int mask, bool empty_slo
   const Geometry g = make_geometry(rng, b, H, H, D, D, mask, -1, -1, empty_slots ? 0 : 1, 17,
                                    full, one_query);
   Buffers<E, O> bu(rng, g);
+  Buffers<E, O> q1 = bu;  // the same inputs and unwritten outputs, for the _q1 kernels
   run_small<E, O, D>("small-seq", g, bu);
+  if (one_query) run_small<E, O, D, true>("small-seq q1", g, q1);
 }
 
 // FTB_D_FROM_O: D = rowsum(dO ∘ O) into bu.delta before a backward's query side, from the

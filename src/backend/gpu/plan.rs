@@ -91,7 +91,9 @@ fn suffix(d: &LaunchDims, allow_f32: bool) -> Result<&'static str, Refusal> {
     d.dtype_suffix(allow_f32).map_err(Refusal::Unsupported)
 }
 
-/// Name of the small-seq kernel of `dir` (`small_seq_fwd_bf16_d128_o32`, …).
+/// Name of the small-seq kernel of `dir` (`small_seq_fwd_bf16_d128_o32`, …); launches whose
+/// slots all hold at most one query take the `_q1` kernel, which holds the one-query code alone
+/// (`kernels/small_seq.cu`, `SS_ONE_QUERY`), so `max_lq` must bound every slot's query side.
 ///
 /// # Errors
 /// [`Refusal::Unsupported`] for a launch the small-seq kernels do not take.
@@ -105,7 +107,8 @@ pub fn small_seq_name(dir: Dir, d: &LaunchDims) -> Result<String, Refusal> {
         Dtype::F32 => suffix(d, false)?,
     };
     let o32 = if d.out_f32 { "_o32" } else { "" };
-    Ok(format!("small_seq_{}_{base}_d{}{o32}", dir.name(), d.dqk))
+    let q1 = if d.max_lq <= 1 { "_q1" } else { "" };
+    Ok(format!("small_seq_{}_{base}_d{}{o32}{q1}", dir.name(), d.dqk))
 }
 
 /// Names of the scalar fallback kernels (`fallback_fwd_bf16`, `fallback_bwd_q_…`,
@@ -339,16 +342,18 @@ pub fn kernels(gpu: Gpu) -> Vec<KernelInfo> {
         }
         for dim in SMALL_SEQ_HEAD_DIMS {
             let (dqk, dv) = (dim as i32, dim as i32);
-            let max_lq = SMALL_SEQ_MAX_ROWS;
-            add(
-                LaunchDims {
-                    dqk,
-                    dv,
-                    max_lq,
-                    ..one
-                },
-                Family::SmallSeq,
-            );
+            // Any launch, then one of one query per slot (the `_q1` kernels).
+            for max_lq in [SMALL_SEQ_MAX_ROWS, 1] {
+                add(
+                    LaunchDims {
+                        dqk,
+                        dv,
+                        max_lq,
+                        ..one
+                    },
+                    Family::SmallSeq,
+                );
+            }
         }
     }
     v
@@ -402,8 +407,11 @@ mod tests {
                     }
                 }
                 for d in SMALL_SEQ_HEAD_DIMS {
-                    for dir in ["fwd", "bwd"] {
-                        want.push(("small_seq", format!("small_seq_{dir}_{base}_d{d}{o32}")));
+                    for q1 in ["", "_q1"] {
+                        for dir in ["fwd", "bwd"] {
+                            let n = format!("small_seq_{dir}_{base}_d{d}{o32}{q1}");
+                            want.push(("small_seq", n));
+                        }
                     }
                 }
             }
@@ -413,7 +421,7 @@ mod tests {
         // the tiled forward for 4 suffixes x 2 dims (HIP builds no tiled backward and no
         // tiled forward at D = 256: kernels/fallback.cu says why).
         let names = kernel_names(Gpu::Hip);
-        assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 24);
+        assert_eq!(names.iter().filter(|(s, _)| *s == "small_seq").count(), 48);
         assert_eq!(
             names.iter().filter(|(s, _)| *s == "fallback").count(),
             25 + 4 * 2
@@ -427,20 +435,37 @@ mod tests {
             assert!(small.contains(&format!("SS_ALL({d})")));
             for dt in [Dtype::Bf16, Dtype::F16] {
                 for o32 in [false, true] {
-                    let n = small_seq_name(Dir::Fwd, &dims(dt, o32, d as i32)).unwrap();
-                    assert!(n.starts_with("small_seq_fwd_") && n.contains(&format!("_d{d}")));
-                    assert_eq!(n.ends_with("_o32"), o32, "{n}");
+                    for max_lq in [1, 2, 17] {
+                        let d = LaunchDims {
+                            max_lq,
+                            ..dims(dt, o32, d as i32)
+                        };
+                        let n = small_seq_name(Dir::Fwd, &d).unwrap();
+                        let stem = n.strip_suffix("_q1").unwrap_or(&n);
+                        assert!(n.starts_with("small_seq_fwd_") && n.contains(&format!("_d{}", d.dqk)));
+                        assert_eq!(stem.ends_with("_o32"), o32, "{n}");
+                        assert_eq!(n.ends_with("_q1"), max_lq == 1, "{n}");
+                    }
                 }
             }
         }
+        let many = |dt, o32, d| LaunchDims {
+            max_lq: 17,
+            ..dims(dt, o32, d)
+        };
         assert_eq!(
-            small_seq_name(Dir::Fwd, &dims(Dtype::Bf16, true, 128)).unwrap(),
+            small_seq_name(Dir::Fwd, &many(Dtype::Bf16, true, 128)).unwrap(),
             "small_seq_fwd_bf16_d128_o32"
         );
         assert_eq!(
-            small_seq_name(Dir::Bwd, &dims(Dtype::F16, false, 64)).unwrap(),
+            small_seq_name(Dir::Bwd, &many(Dtype::F16, false, 64)).unwrap(),
             "small_seq_bwd_f16_d64"
         );
+        assert_eq!(
+            small_seq_name(Dir::Bwd, &dims(Dtype::F16, false, 64)).unwrap(),
+            "small_seq_bwd_f16_d64_q1"
+        );
+        assert!(small.contains("SS_PAIR(bf16_d##D, BF16, BF16, D)"));
         assert!(small_seq_name(Dir::Fwd, &dims(Dtype::F32, false, 64)).is_err());
         assert!(small_seq_name(Dir::Fwd, &dims(Dtype::Bf16, false, 96)).is_err());
         let fb = include_str!("../../../kernels/fallback.cu");
