@@ -108,7 +108,11 @@ pub fn small_seq_name(dir: Dir, d: &LaunchDims) -> Result<String, Refusal> {
     };
     let o32 = if d.out_f32 { "_o32" } else { "" };
     let q1 = if d.max_lq <= 1 { "_q1" } else { "" };
-    Ok(format!("small_seq_{}_{base}_d{}{o32}{q1}", dir.name(), d.dqk))
+    Ok(format!(
+        "small_seq_{}_{base}_d{}{o32}{q1}",
+        dir.name(),
+        d.dqk
+    ))
 }
 
 /// Names of the scalar fallback kernels (`fallback_fwd_bf16`, `fallback_bwd_q_…`,
@@ -442,7 +446,9 @@ mod tests {
                         };
                         let n = small_seq_name(Dir::Fwd, &d).unwrap();
                         let stem = n.strip_suffix("_q1").unwrap_or(&n);
-                        assert!(n.starts_with("small_seq_fwd_") && n.contains(&format!("_d{}", d.dqk)));
+                        assert!(
+                            n.starts_with("small_seq_fwd_") && n.contains(&format!("_d{}", d.dqk))
+                        );
                         assert_eq!(stem.ends_with("_o32"), o32, "{n}");
                         assert_eq!(n.ends_with("_q1"), max_lq == 1, "{n}");
                     }
