@@ -452,9 +452,10 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
 // (ss_bwd_one) at D <= 128. Bit 2 takes a one-query item's scores with the keys as the matrix
 // product's rows (ss_q1_dots: a third of the tiled layout's products at D = 128) in both
 // directions, and launches whose slots all hold one query run the _q1 kernels, which hold that
-// code alone (bench/NOTES.md v25). Without bit 2 the item keeps the tiled scores and softmax of
-// its one row. At D = 256 the rows of P·V and dQ load one key at a time (batches spill, see
-// ss_each_key_row).
+// code alone (bench/NOTES.md v25: W4's forward 1,224 -> 997 µs, its backward 3,576 -> 2,131 µs on
+// an H100). Without bit 2 the item keeps the tiled scores and softmax of its one row. At
+// D = 256 the general kernels load the rows of P·V one key at a time (batches spill, see
+// ss_each_key_row), the _q1 kernels SS_Q1_KB / 2 at a time.
 #ifndef SS_ONE_QUERY
 #define SS_ONE_QUERY 7
 #endif
