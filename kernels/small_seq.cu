@@ -290,6 +290,15 @@ PT_INLINE void ss_prefetch(const typename E::T* y, long long rs, int n) {
   for (int i = pt_llane(); i < n * LINES; i += 32) pt_prefetch(y + (i / LINES) * rs + (i % LINES) * 64);
 }
 
+// The K and V rows of an item, asked of L2 where `on` (SS_PREFETCH_FWD / _BWD).
+template <class E, int D>
+PT_INLINE void ss_prefetch_kv(bool on, const typename E::T* k, const typename E::T* v,
+                              long long rs, int lk) {
+  if (!on) return;
+  ss_prefetch<E, D>(k, rs, lk);
+  ss_prefetch<E, D>(v, rs, lk);
+}
+
 // Accumulates S = X·Yᵀ over D for rows of X (up to 32) and rows of Y (up to 24) into
 // acc[mt][nt][4]; X rows past nx and Y rows past ny are zero and not read.
 template <class E, int D>
@@ -488,6 +497,8 @@ PT_INLINE void ss_lane_dims(pt_u32 (&w)[D / 64], const pt_u16* row) {
 #define SS_Q1_KB 8
 #endif
 #define SS_Q1_KEY_BATCH(D) ((D) <= 128 ? SS_Q1_KB : (SS_Q1_KB > 1 ? SS_Q1_KB / 2 : 1))
+// The batch of a kernel for any launch (Q1 false) or of a _q1 kernel.
+#define SS_KEY_BATCH_OF(D, Q1) ((Q1) ? SS_Q1_KEY_BATCH(D) : SS_KEY_BATCH(D))
 // Calls f(j, w) for each key j < lk of a one-query item (lk <= 17), w being the lane's D/64
 // words of row j of `rows`; f takes key j's P or dS from ss_row0_key. The rows of a batch are
 // all loaded before f sees the first: a loop that loaded key j after the products of key j - 1
@@ -815,10 +826,7 @@ PT_INLINE void ss_fwd_rows(const SsItem& it, const typename E::T* q, const typen
     for (int nt = 0; nt < 3; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#if SS_PREFETCH_FWD
-  ss_prefetch<E, D>(k + hk, rs, it.lk);
-  ss_prefetch<E, D>(v + hk, rs, it.lk);
-#endif
+  ss_prefetch_kv<E, D>(SS_PREFETCH_FWD, k + hk, v + hk, rs, it.lk);
   ss_xyt<E, D>(s, q + hq, k + hk, rs, it.lq, it.lk);
   const bool one = (SS_ONE_QUERY & 1) && it.lq == 1;  // warp-uniform
   const float ninf = -pt_inf();
@@ -888,13 +896,9 @@ PT_INLINE void ss_fwd(const typename E::T* q, const typename E::T* k, const type
   const long long hq = it.oq * rs + (long long)it.h * D;
   const long long hk = it.ok * rs + (long long)ss_kv_head(it.h) * D;
   if ((SS_ONE_QUERY & 4) && it.lq == 1) {  // warp-uniform
-#if SS_PREFETCH_FWD
-    ss_prefetch<E, D>(k + hk, rs, it.lk);
-    ss_prefetch<E, D>(v + hk, rs, it.lk);
-#endif
-    constexpr int KB = Q1 ? SS_Q1_KEY_BATCH(D) : SS_KEY_BATCH(D);
-    ss_fwd_q1<E, O, D, KB>(q + hq, k + hk, v + hk, o + hq, lse + it.oq * H + it.h, rs, it.lk,
-                           scale, mask);
+    ss_prefetch_kv<E, D>(SS_PREFETCH_FWD, k + hk, v + hk, rs, it.lk);
+    ss_fwd_q1<E, O, D, SS_KEY_BATCH_OF(D, Q1)>(q + hq, k + hk, v + hk, o + hq,
+                                              lse + it.oq * H + it.h, rs, it.lk, scale, mask);
     return;
   }
   // The _q1 kernels leave the other items out (the launch's max_lq said there are none).
@@ -1026,13 +1030,10 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     return;
   }
   if ((SS_ONE_QUERY & 4) && it.lq == 1) {  // warp-uniform
-#if SS_PREFETCH_BWD
-    ss_prefetch<E, D>(k + hkr, rs, it.lk);
-    ss_prefetch<E, D>(v + hkr, rs, it.lk);
-#endif
-    constexpr int KB = Q1 ? SS_Q1_KEY_BATCH(D) : SS_KEY_BATCH(D);
-    ss_bwd_q1<E, O, D, KB>(q + hq, k + hkr, v + hkr, d_o + hq, lse[it.oq * H + it.h], dq + hq,
-                           dk + hk, dv + hk, rs, it.lk, scale, mask);
+    ss_prefetch_kv<E, D>(SS_PREFETCH_BWD, k + hkr, v + hkr, rs, it.lk);
+    ss_bwd_q1<E, O, D, SS_KEY_BATCH_OF(D, Q1)>(q + hq, k + hkr, v + hkr, d_o + hq,
+                                              lse[it.oq * H + it.h], dq + hq, dk + hk, dv + hk,
+                                              rs, it.lk, scale, mask);
     ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
     return;
   }

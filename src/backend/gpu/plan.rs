@@ -331,32 +331,19 @@ pub fn kernels(gpu: Gpu) -> Vec<KernelInfo> {
             ..one
         };
         add(biased, Family::Fallback);
+        let sized = |dim: usize, max_lq| LaunchDims {
+            dqk: dim as i32,
+            dv: dim as i32,
+            max_lq,
+            ..one
+        };
         for &dim in gpu.tiled_fwd_dims() {
-            let (dqk, dv) = (dim as i32, dim as i32);
-            let max_lq = TILED_ROWS;
-            add(
-                LaunchDims {
-                    dqk,
-                    dv,
-                    max_lq,
-                    ..one
-                },
-                Family::Fallback,
-            );
+            add(sized(dim, TILED_ROWS), Family::Fallback);
         }
         for dim in SMALL_SEQ_HEAD_DIMS {
-            let (dqk, dv) = (dim as i32, dim as i32);
             // Any launch, then one of one query per slot (the `_q1` kernels).
             for max_lq in [SMALL_SEQ_MAX_ROWS, 1] {
-                add(
-                    LaunchDims {
-                        dqk,
-                        dv,
-                        max_lq,
-                        ..one
-                    },
-                    Family::SmallSeq,
-                );
+                add(sized(dim, max_lq), Family::SmallSeq);
             }
         }
     }
@@ -503,6 +490,18 @@ mod tests {
                 smem: 0,
             }]
         );
+        // One query per slot (or none): the same grid on the `_q1` kernel, both directions and
+        // both GPUs.
+        for max_lq in [0, 1] {
+            let one = LaunchDims { max_lq, ..d };
+            for (gpu, dir, name) in [
+                (Gpu::Cuda, Dir::Fwd, "small_seq_fwd_bf16_d128_q1"),
+                (Gpu::Hip, Dir::Bwd, "small_seq_bwd_bf16_d128_q1"),
+            ] {
+                let l = launches(gpu, Family::SmallSeq, dir, &one).unwrap();
+                assert_eq!((l.len(), l[0].name.as_str(), l[0].blocks), (1, name, 3));
+            }
+        }
         // An empty batch launches nothing; a shape the kernels refuse is refused first.
         let empty = LaunchDims { b: 0, ..d };
         for fam in Family::ALL {
