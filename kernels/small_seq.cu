@@ -874,7 +874,8 @@ PT_INLINE void ss_fwd_rows(const SsItem& it, const typename E::T* q, const typen
         lse[(it.oq + row) * H + it.h] = sum > 0.f ? ss_lse(mx, sum) : ninf;
     }
   if (one) {
-    ss_pv_one<E, O, D, SS_KEY_BATCH(D)>([&](int j) { return ss_row0_key<E>(s, j); }, v + hk, rs, it.lk, o + hq);
+    ss_pv_one<E, O, D, SS_KEY_BATCH(D)>([&](int j) { return ss_row0_key<E>(s, j); }, v + hk, rs,
+                                        it.lk, o + hq);
     return;
   }
   pt_u32 pa[2][2][4];

@@ -56,6 +56,9 @@ const DATA: [&str; 6] = [
     "bwd_range_stress",
 ];
 const PATHS: [&str; 2] = ["small_seq", "fallback"];
+/// Which small-seq kernels a case's launch takes (`src/backend/gpu/plan.rs`): the general ones,
+/// or the `_q1` ones of launches whose slots all hold at most one query.
+const SMALL_SEQ_KERNELS: [&str; 2] = ["general", "one_query"];
 /// What the segment ids of a case that carries them ask of the conversion.
 const SEGMENT_IDS: [&str; 6] = [
     "full_row",
@@ -242,7 +245,7 @@ impl Coverage {
             Profile::Te625 => (&["9-16", "17-32"], &["128", "256"]),
         };
         let mask_names: Vec<&str> = Mask::ALL.iter().map(|m| m.name()).collect();
-        let dims: [(&'static str, &[&str]); 23] = [
+        let dims: [(&'static str, &[&str]); 24] = [
             ("dtype", &["bf16", "f16", "f32"]),
             ("heads", &HEAD_BUCKETS),
             ("kv_heads", &HEAD_BUCKETS),
@@ -264,6 +267,7 @@ impl Coverage {
             ("path", &PATHS),
             ("small_seq_heads", ss_heads),
             ("small_seq_head_dim", ss_dims),
+            ("small_seq_kernels", &SMALL_SEQ_KERNELS),
             ("numeric_regime", &REGIMES),
             ("segment_ids", &SEGMENT_IDS),
         ];
@@ -347,6 +351,8 @@ impl Coverage {
         if path == Some(Path::SmallSeq) {
             self.count("small_seq_heads", &heads(p.num_heads));
             self.count("small_seq_head_dim", &dim(p.head_dim_qk));
+            let one = l.q.max_len() <= 1;
+            self.count("small_seq_kernels", SMALL_SEQ_KERNELS[usize::from(one)]);
         }
         let ids = case.meta.get(segments::META_KEY);
         if let Some(s) = ids.and_then(|t| Segmented::from_meta(t).ok()) {
@@ -488,6 +494,22 @@ mod tests {
         let mut e = Coverage::default();
         e.merge(&m);
         assert_eq!(e, m);
+    }
+
+    /// A small-seq case counts the kernels its launch takes: the `_q1` ones where every slot
+    /// holds at most one query, the general ones once a slot holds two.
+    #[test]
+    fn small_seq_cases_count_their_kernels() {
+        let mut c = Coverage::new(Profile::Native);
+        let mut case = build(&draw_geometry_for(&mut Rng::new(3), Profile::Native), 3).unwrap();
+        case.layout = smallseq_reference::Layout::packed(&[(1, 5), (0, 2), (1, 17)]);
+        c.add(&case, &[], Some(Path::SmallSeq));
+        c.add(&case, &[], Some(Path::Fallback));
+        case.layout = smallseq_reference::Layout::packed(&[(1, 5), (2, 2)]);
+        c.add(&case, &[], Some(Path::SmallSeq));
+        let k = &c.0["small_seq_kernels"];
+        assert_eq!((k.hit["one_query"], k.hit["general"]), (1, 1));
+        assert!(k.not_drawn.is_empty());
     }
 
     #[test]
