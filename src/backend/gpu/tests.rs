@@ -296,6 +296,33 @@ fn a_forward_uploads_launches_synchronises_once_then_downloads() {
     assert_eq!(be.rounding_budget("o"), None);
 }
 
+/// A batch of one query per slot (or none) runs the `_q1` kernel, found by its own name; one
+/// slot of two queries sends the same head dim back to the general kernel.
+#[test]
+fn one_query_batches_launch_the_q1_kernel() {
+    let launched = |lens: &[(usize, usize)]| {
+        let be = GpuBackend::from_runtime(Fake::new());
+        let c = case(Dtype::F16, 128, lens);
+        let p = small_seq_fwd_plan(&c);
+        be.small_seq_fwd(&fwd_args(&c, &p), &mut fwd_bufs(&c, p.total))
+            .unwrap();
+        let calls = be.runtime().calls();
+        let names: Vec<String> = calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Launch(n, ..) => Some(n.clone()),
+                _ => None,
+            })
+            .collect();
+        names
+    };
+    assert_eq!(
+        launched(&[(1, 5), (0, 3), (1, 17)]),
+        ["small_seq_fwd_f16_d128_o32_q1"]
+    );
+    assert_eq!(launched(&[(1, 5), (2, 3)]), ["small_seq_fwd_f16_d128_o32"]);
+}
+
 #[test]
 fn the_launch_policy_of_each_runtime_sets_the_block_size() {
     let c = case(Dtype::F16, 128, &[(40, 40)]);
