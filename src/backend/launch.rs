@@ -106,7 +106,9 @@ pub struct LaunchDims {
     /// Query / key tokens the kernels can address (`off_q[b]`, `off_kv[b]`).
     pub tq: i64,
     pub tk: i64,
-    /// Longest query side of a slot.
+    /// Longest query side of a slot. It must bound every slot: the tiled fallback forward sizes
+    /// its grid by it, and at most 1 selects the small-seq `_q1` kernels, which leave a longer
+    /// slot's outputs unwritten.
     pub max_lq: i32,
     /// Longest key side of a slot.
     pub max_lk: i32,
