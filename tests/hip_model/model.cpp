@@ -771,6 +771,24 @@ static void test_reach(std::mt19937& rng) {
     }
     run_small<F16, F16, 64>("reach f16 dS range", g, bu);
   }
+  {
+    // The same dS in a one-query item (keys as the mma's rows, SS_ONE_QUERY bit 2; the scaled
+    // blocks are keys 0-15 and key 16 there), through the general kernels and the _q1 ones.
+    Geometry g = make_geometry(rng, 1, 1, 1, 64, 64, 0, -1, -1, 2, 2, false, true);
+    Buffers<F16, F16> bu(rng, g);
+    std::vector<int> sgn(64);
+    for (int& x : sgn) x = coin(rng) ? 1 : -1;
+    for (int d = 0; d < 64; ++d) {
+      put<F16>(bu.k, bu.kd, 64 + d, bu.kd[d]);
+      put<F16>(bu.v, bu.vd, d, 64.0 * sgn[d]);
+      put<F16>(bu.v, bu.vd, 64 + d, -64.0 * sgn[d]);
+      put<F16>(bu.q, bu.qd, d, bu.qd[d] / 64);
+      put<F16>(bu.d_o, bu.dod, d, 64.0 * sgn[d]);
+    }
+    Buffers<F16, F16> q1 = bu;
+    run_small<F16, F16, 64>("reach f16 dS range, one query", g, bu);
+    run_small<F16, F16, 64, true>("reach f16 dS range, one query, q1", g, q1);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
