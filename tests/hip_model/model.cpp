@@ -732,6 +732,30 @@ static void put(std::vector<typename E::T>& xs, std::vector<double>& xd, long lo
 // Issue 18's reach cases, each the data one class of planted kernel bug needs
 // (SMALLSEQ_MUTANT_HEAD_INDEX_ABOVE_16 and _SOFTMAX_FIRST_TILE_MAX, _F16_DS_UNCLAMPED; the
 // rounding-direction check of judge sees _ROUND_TOWARD_ZERO on every case).
+// f16 dS past 65,504: two equal keys (P = 1/2 each) with opposite V along dO, so that
+// dP = +-64^3 and dS = +-2^17. The kernels scale that 16 x 16 block of dS by 2^-2 into f16's
+// range and the products back (reference/src/ds_scale.rs), so they hold the f64 reference's
+// value; saturated at 65,504 the cancellation would be lost, and rounded plainly dS is +-inf
+// and dQ = inf - inf (the planted f16-ds-unclamped). Two queries, or one (one_query).
+static std::pair<Geometry, Buffers<F16, F16>> ds_range_case(std::mt19937& rng, bool one_query) {
+  Geometry g = make_geometry(rng, 1, 1, 1, 64, 64, 0, -1, -1, 2, 2, false, one_query);
+  Buffers<F16, F16> bu(rng, g);
+  std::uniform_int_distribution<int> coin(0, 1);
+  std::vector<int> sgn(64);
+  for (int& x : sgn) x = coin(rng) ? 1 : -1;
+  const long long queries = one_query ? 1 : 2;
+  for (int d = 0; d < 64; ++d) {
+    put<F16>(bu.k, bu.kd, 64 + d, bu.kd[d]);
+    put<F16>(bu.v, bu.vd, d, 64.0 * sgn[d]);
+    put<F16>(bu.v, bu.vd, 64 + d, -64.0 * sgn[d]);
+    for (long long t = 0; t < queries; ++t) {
+      put<F16>(bu.q, bu.qd, t * 64 + d, bu.qd[t * 64 + d] / 64);
+      put<F16>(bu.d_o, bu.dod, t * 64 + d, 64.0 * sgn[d]);
+    }
+  }
+  return {g, bu};
+}
+
 static void test_reach(std::mt19937& rng) {
   // More than 16 heads: heads 16 and 17 have K/V rows of their own (small-seq: H == Hkv;
   // fallback: groups of 2 over 9 kv heads).
@@ -751,40 +775,13 @@ static void test_reach(std::mt19937& rng) {
     run_small<BF16, BF16, 64>("reach key-17 maximum", g, bu);
   }
   {
-    // f16 dS past 65,504: two equal keys (P = 1/2 each) with opposite V along dO, so that
-    // dP = +-64^3 and dS = +-2^17. The kernels scale that 16 x 16 block of dS by 2^-2 into
-    // f16's range and the products back (reference/src/ds_scale.rs), so they hold the f64
-    // reference's value; saturated at 65,504 the cancellation would be lost, and rounded
-    // plainly dS is +-inf and dQ = inf - inf (the planted f16-ds-unclamped).
-    Geometry g = make_geometry(rng, 1, 1, 1, 64, 64, 0, -1, -1, 2, 2);
-    Buffers<F16, F16> bu(rng, g);
-    std::vector<int> sgn(64);
-    for (int& x : sgn) x = coin(rng) ? 1 : -1;
-    for (int d = 0; d < 64; ++d) {
-      put<F16>(bu.k, bu.kd, 64 + d, bu.kd[d]);
-      put<F16>(bu.v, bu.vd, d, 64.0 * sgn[d]);
-      put<F16>(bu.v, bu.vd, 64 + d, -64.0 * sgn[d]);
-      for (long long t = 0; t < 2; ++t) {
-        put<F16>(bu.q, bu.qd, t * 64 + d, bu.qd[t * 64 + d] / 64);
-        put<F16>(bu.d_o, bu.dod, t * 64 + d, 64.0 * sgn[d]);
-      }
-    }
+    auto [g, bu] = ds_range_case(rng, false);
     run_small<F16, F16, 64>("reach f16 dS range", g, bu);
   }
   {
     // The same dS in a one-query item (keys as the mma's rows, SS_ONE_QUERY bit 2; the scaled
     // blocks are keys 0-15 and key 16 there), through the general kernels and the _q1 ones.
-    Geometry g = make_geometry(rng, 1, 1, 1, 64, 64, 0, -1, -1, 2, 2, false, true);
-    Buffers<F16, F16> bu(rng, g);
-    std::vector<int> sgn(64);
-    for (int& x : sgn) x = coin(rng) ? 1 : -1;
-    for (int d = 0; d < 64; ++d) {
-      put<F16>(bu.k, bu.kd, 64 + d, bu.kd[d]);
-      put<F16>(bu.v, bu.vd, d, 64.0 * sgn[d]);
-      put<F16>(bu.v, bu.vd, 64 + d, -64.0 * sgn[d]);
-      put<F16>(bu.q, bu.qd, d, bu.qd[d] / 64);
-      put<F16>(bu.d_o, bu.dod, d, 64.0 * sgn[d]);
-    }
+    auto [g, bu] = ds_range_case(rng, true);
     Buffers<F16, F16> q1 = bu;
     run_small<F16, F16, 64>("reach f16 dS range, one query", g, bu);
     run_small<F16, F16, 64, true>("reach f16 dS range, one query, q1", g, q1);
