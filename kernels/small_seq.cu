@@ -451,6 +451,41 @@ PT_INLINE void ss_aty(const pt_u32 (&a)[2][2][4], const typename E::T* y, long l
   ss_fy<E, O, D, SCALED>(at, y, rs, ny, nkeys, out, mul, invt);
 }
 
+// o = P·V from P in the C layout (ss_afrag), for output rows < nout.
+template <class E, class O, int D>
+PT_INLINE void ss_pv_tiled(const float (&s)[2][3][4], const typename E::T* vr, long long rs,
+                           int lk, int nout, typename O::T* orow) {
+  pt_u32 pa[2][2][4];
+  ss_afrag<E>(pa, s);
+  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
+  ss_fy<E, O, D>(pa, vr, rs, lk, nout, orow, 1.f, unscaled);
+}
+
+// dQ = dS·K·scale, dK = dSᵀ·Q·scale and dV = Pᵀ·dO from P (s) and dS (ds) in the C layout, dS's
+// blocks scaled by the inverses inv where `scaled` (ss_ds_scale). Both instantiations
+// (SS_SCALED_SPLIT) or the scaled one alone, which computes the same for blocks of scale 1 with
+// a test per block: clang's gfx942 build of small_seq.cu took 180 s with both against 104 s
+// before them, so HIP keeps one.
+template <class E, class O, int D>
+PT_INLINE void ss_grads_tiled(const float (&s)[2][3][4], const float (&ds)[2][3][4],
+                              const float (&inv)[2][2], bool scaled, const typename E::T* qrow,
+                              const typename E::T* dorow, const typename E::T* kr, long long rs,
+                              int lq, int lk, typename O::T* dq, typename O::T* dk,
+                              typename O::T* dv, float scale) {
+  pt_u32 pa[2][2][4], da[2][2][4];
+  ss_afrag<E>(pa, s);
+  ss_afrag<E>(da, ds);
+  if (!SS_SCALED_SPLIT || scaled) {
+    ss_fy<E, O, D, true>(da, kr, rs, lk, lq, dq, ss_dq_mul<E>(scale), inv);
+    ss_aty<E, O, D, true>(da, qrow, rs, lq, lk, dk, scale, inv);
+  } else {
+    ss_fy<E, O, D>(da, kr, rs, lk, lq, dq, ss_dq_mul<E>(scale), inv);
+    ss_aty<E, O, D>(da, qrow, rs, lq, lk, dk, scale, inv);
+  }
+  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
+  ss_aty<E, O, D>(pa, dorow, rs, lq, lk, dv, 1.f, unscaled);
+}
+
 
 // Items of one query. Bit 0 (since bench/NOTES.md v16: W4's forward 1,622 -> 1,195 µs on the
 // H200): W4's forward (one query per slot) issued 1,772 warp instructions per item,
@@ -741,10 +776,7 @@ PT_INLINE void ss_fwd_q1(const typename E::T* qrow, const typename E::T* kr,
   }
   float s[2][3][4];
   ss_q1_to_tiled(s, x);
-  pt_u32 pa[2][2][4];
-  ss_afrag<E>(pa, s);
-  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
-  ss_fy<E, O, D>(pa, vr, rs, lk, 1, orow, 1.f, unscaled);
+  ss_pv_tiled<E, O, D>(s, vr, rs, lk, 1, orow);
 }
 
 // The backward of a one-query item: S and dP from ss_q1_dots, P and dS over the 8 lanes of
@@ -796,19 +828,8 @@ PT_INLINE void ss_bwd_q1(const typename E::T* qrow, const typename E::T* kr,
   float s[2][3][4], dp[2][3][4];
   ss_q1_to_tiled(s, p);
   ss_q1_to_tiled(dp, ds);
-  pt_u32 pa[2][2][4], da[2][2][4];
-  ss_afrag<E>(pa, s);
-  ss_afrag<E>(da, dp);
   const float invt[2][2] = {{inv[0], inv[1]}, {1.f, 1.f}};
-  if (scaled && SS_SCALED_SPLIT) {
-    ss_fy<E, O, D, true>(da, kr, rs, lk, 1, dq, ss_dq_mul<E>(scale), invt);
-    ss_aty<E, O, D, true>(da, qrow, rs, 1, lk, dk, scale, invt);
-  } else {
-    ss_fy<E, O, D, !SS_SCALED_SPLIT>(da, kr, rs, lk, 1, dq, ss_dq_mul<E>(scale), invt);
-    ss_aty<E, O, D, !SS_SCALED_SPLIT>(da, qrow, rs, 1, lk, dk, scale, invt);
-  }
-  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
-  ss_aty<E, O, D>(pa, dorow, rs, 1, lk, dv, 1.f, unscaled);
+  ss_grads_tiled<E, O, D>(s, dp, invt, scaled, qrow, dorow, kr, rs, 1, lk, dq, dk, dv, scale);
 }
 
 // The forward of an item of more than one query (or of one, without SS_ONE_QUERY bit 2): the
@@ -878,10 +899,7 @@ PT_INLINE void ss_fwd_rows(const SsItem& it, const typename E::T* q, const typen
                                         it.lk, o + hq);
     return;
   }
-  pt_u32 pa[2][2][4];
-  ss_afrag<E>(pa, s);
-  const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
-  ss_fy<E, O, D>(pa, v + hk, rs, it.lk, it.lq, o + hq, 1.f, unscaled);
+  ss_pv_tiled<E, O, D>(s, v + hk, rs, it.lk, it.lq, o + hq);
 }
 
 // Q1: the kernel of launches whose slots all hold at most one query (small_seq_*_q1): with
@@ -977,14 +995,11 @@ PT_INLINE void ss_bwd_rows(const SsItem& it, const typename E::T* q, const typen
     }
   float inv[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
   const bool scaled = pt_lwarp_any(past);  // warp-uniform
-  // Both instantiations (SS_SCALED_SPLIT) or the scaled one alone, which computes the same for
-  // blocks of scale 1 with a test per block: clang's gfx942 build of small_seq.cu took 180 s
-  // with both against 104 s before them, so HIP keeps one.
-  const bool split_off = SS_SCALED_SPLIT && !scaled;
   if (scaled) ss_ds_scale<E>(dp, inv);
   if (one) {
+    // As ss_grads_tiled: the scaled instantiation where dS was scaled or the split is off.
     const auto pj = [&](int j) { return ss_row0_key<E>(s, j); };
-    if (!split_off)
+    if (!SS_SCALED_SPLIT || scaled)
       ss_bwd_one<E, O, D, SS_KEY_BATCH(D)>(
           pj, [&](int j) { return ss_row0_key<E>(dp, j) * inv[0][j / 16]; }, q + hq, d_o + hq,
           k + hkr, rs, it.lk, dq + hq, dk + hk, dv + hk, scale);
@@ -993,20 +1008,9 @@ PT_INLINE void ss_bwd_rows(const SsItem& it, const typename E::T* q, const typen
           pj, [&](int j) { return ss_row0_key<E>(dp, j); }, q + hq, d_o + hq, k + hkr, rs, it.lk,
           dq + hq, dk + hk, dv + hk, scale);
   } else {
-    pt_u32 pa[2][2][4], da[2][2][4];
-    ss_afrag<E>(pa, s);
-    ss_afrag<E>(da, dp);
-    if (!split_off) {
-      ss_fy<E, O, D, true>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
-      ss_aty<E, O, D, true>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
-    } else {
-      ss_fy<E, O, D>(da, k + hkr, rs, it.lk, it.lq, dq + hq, ss_dq_mul<E>(scale), inv);
-      ss_aty<E, O, D>(da, q + hq, rs, it.lq, it.lk, dk + hk, scale, inv);
-    }
-    const float unscaled[2][2] = {{1.f, 1.f}, {1.f, 1.f}};  // P needs no block scale
-    ss_aty<E, O, D>(pa, d_o + hq, rs, it.lq, it.lk, dv + hk, 1.f, unscaled);
+    ss_grads_tiled<E, O, D>(s, dp, inv, scaled, q + hq, d_o + hq, k + hkr, rs, it.lq, it.lk,
+                            dq + hq, dk + hk, dv + hk, scale);
   }
-  ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
 }
 
 template <class E, class O, int D, bool Q1 = false>
@@ -1035,12 +1039,11 @@ PT_INLINE void ss_bwd(const typename E::T* q, const typename E::T* k, const type
     ss_bwd_q1<E, O, D, SS_KEY_BATCH_OF(D, Q1)>(q + hq, k + hkr, v + hkr, d_o + hq,
                                               lse[it.oq * H + it.h], dq + hq, dk + hk, dv + hk,
                                               rs, it.lk, scale, mask);
-    ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
-    return;
-  }
-  // The _q1 kernels leave the other items out (the launch's max_lq said there are none).
-  if constexpr (!(Q1 && (SS_ONE_QUERY & 4)))
+  } else if constexpr (!(Q1 && (SS_ONE_QUERY & 4))) {
+    // The _q1 kernels leave the other items out (the launch's max_lq said there are none).
     ss_bwd_rows<E, O, D>(it, q, k, v, d_o, lse, dq, dk, dv, H, hq, hk, hkr, scale, mask);
+  }
+  ss_planted_zeroed_row<O, D>(it, H, dk + hk, rs);
 }
 
 #define SS_FWD(NAME, E, O, D, Q1, BLOCKS)                                                      \
