@@ -194,6 +194,12 @@ pub fn dims_of(cfg: &AttnConfig, layout: &Layout, out_f32: bool) -> LaunchDims {
 }
 
 impl LaunchDims {
+    /// Whether every slot holds at most one query (W4's shape, TE's cross-attention of one
+    /// token): such a small-seq launch takes the `_q1` kernels (`gpu::plan::small_seq_name`).
+    pub fn one_query(&self) -> bool {
+        self.max_lq <= 1
+    }
+
     /// Kernel-name suffix of the element types (`bf16`, `f16_o32`, `f32`, …); f32 only where
     /// the family has f32 kernels (`allow_f32`).
     ///

@@ -8,6 +8,7 @@
 //! the small-seq dimensions the values the profile's gate admits (native: any head count,
 //! D ∈ {64, 128, 256}; te625: H ∈ {16, 32}, D ∈ {128, 256}).
 
+use crate::backend::launch::dims_of;
 use crate::case::Case;
 use crate::dispatch::{Path, Profile};
 use crate::segments::{self, Segmented};
@@ -351,7 +352,7 @@ impl Coverage {
         if path == Some(Path::SmallSeq) {
             self.count("small_seq_heads", &heads(p.num_heads));
             self.count("small_seq_head_dim", &dim(p.head_dim_qk));
-            let one = l.q.max_len() <= 1;
+            let one = dims_of(&case.config, l, false).one_query();
             self.count("small_seq_kernels", SMALL_SEQ_KERNELS[usize::from(one)]);
         }
         let ids = case.meta.get(segments::META_KEY);

@@ -107,7 +107,7 @@ pub fn small_seq_name(dir: Dir, d: &LaunchDims) -> Result<String, Refusal> {
         Dtype::F32 => suffix(d, false)?,
     };
     let o32 = if d.out_f32 { "_o32" } else { "" };
-    let q1 = if d.max_lq <= 1 { "_q1" } else { "" };
+    let q1 = if d.one_query() { "_q1" } else { "" };
     Ok(format!(
         "small_seq_{}_{base}_d{}{o32}{q1}",
         dir.name(),
