@@ -16,7 +16,9 @@
 //! compiler as last time are reused, so a rerun of this script (a new commit) costs nothing.
 //!
 //! Always: `SMALLSEQ_GIT_COMMIT`, the commit the build is made from (empty outside a git
-//! checkout), which capsules record (`smallseq.commit`).
+//! checkout), which capsules record (`smallseq.commit`); `<commit>+dirty` when what the build
+//! compiles differs from that commit (see `BUILD_INPUTS`), so that a campaign run from an
+//! uncommitted change does not name a commit whose code it did not run.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -105,12 +107,39 @@ fn git(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
+/// What the binary is compiled from: a change here, committed or not, changes what it runs.
+/// Docs, tests and scripts are left out: editing them leaves the build's code the commit's.
+const BUILD_INPUTS: [&str; 6] = [
+    "src",
+    "kernels",
+    "reference",
+    "Cargo.toml",
+    "Cargo.lock",
+    "build.rs",
+];
+
 /// Emits `SMALLSEQ_GIT_COMMIT` and reruns this script when HEAD moves: HEAD itself (a checkout),
-/// the branch it names (a commit) and the packed refs. Paths that do not exist are not named,
-/// since cargo would rerun the script on every build for them.
+/// the branch it names (a commit) and the packed refs; and when a build input changes, since
+/// that may make the tree dirty or clean again. Paths that do not exist are not named, since
+/// cargo would rerun the script on every build for them.
 fn git_commit() {
-    let commit = git(&["rev-parse", "HEAD"]).unwrap_or_default();
+    let mut commit = git(&["rev-parse", "HEAD"]).unwrap_or_default();
+    if !commit.is_empty() {
+        let mut args = vec!["status", "--porcelain", "--"];
+        args.extend(BUILD_INPUTS);
+        // A status that fails says nothing about the tree; the commit alone is then the best
+        // record there is.
+        if git(&args).is_some_and(|s| !s.is_empty()) {
+            commit.push_str("+dirty");
+        }
+    }
     println!("cargo:rustc-env=SMALLSEQ_GIT_COMMIT={commit}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for input in BUILD_INPUTS {
+        if root.join(input).exists() {
+            println!("cargo:rerun-if-changed={input}");
+        }
+    }
     let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
     if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
         watch.push(r);

@@ -27,12 +27,13 @@
 #define SS_BWD_BLOCKS 3
 #endif
 // The same for the kernels of one-query launches (suffix _q1), whose code is the one-query
-// path alone (SS_ONE_QUERY bit 2).
+// path alone (SS_ONE_QUERY bit 2). 6 and 4 with two chunks in flight (SS_Q1_UNROLL) beat 8 and
+// 5 with one on W4, forward and backward (bench/NOTES.md v25, v26).
 #ifndef SS_Q1_FWD_BLOCKS
-#define SS_Q1_FWD_BLOCKS 8
+#define SS_Q1_FWD_BLOCKS 6
 #endif
 #ifndef SS_Q1_BWD_BLOCKS
-#define SS_Q1_BWD_BLOCKS 5
+#define SS_Q1_BWD_BLOCKS 4
 #endif
 // L2 prefetch of the rows later phases read (ss_prefetch), per direction. The backward's is
 // on since two campaigns with 0 failures (82,889 cases) and clean sanitizers on the small-seq
@@ -675,9 +676,9 @@ PT_INLINE void ss_bwd_one(PJ&& pj, GJ&& gj, const typename E::T* qrow,
 // hold their zero columns). Both directions take a one-query item's S here, so the backward's
 // P = exp(s - lse) of a one-key row is exactly 1 (the forward's lse came from the same bits).
 // Chunks of 32 dims whose loads are in flight together: 2 made ptxas spill 28 bytes in the
-// _q1 forward at 8 blocks per SM (64 registers), 1 none (54-56 registers).
+// _q1 forward at 8 blocks per SM (64 registers), none at 6 (64-76 of the 80 allowed).
 #ifndef SS_Q1_UNROLL
-#define SS_Q1_UNROLL 1
+#define SS_Q1_UNROLL 2
 #endif
 template <class E, int D>
 PT_INLINE void ss_q1_dots(float (&x)[3], const typename E::T* qrow, const typename E::T* y,

@@ -38,9 +38,10 @@ pub fn print_skip(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "SKIP {what}");
 }
 
-/// The commit this build was made from (`git rev-parse HEAD` when it was built; uncommitted
-/// changes are not seen); `None` for a build from outside a git checkout. At the crate's root
-/// because capsules, reports and the worker handshake all name it.
+/// The commit this build was made from (`git rev-parse HEAD` when it was built), with `+dirty`
+/// when the sources it compiled differed from that commit (build.rs); `None` for a build from
+/// outside a git checkout. At the crate's root because capsules, reports and the worker
+/// handshake all name it.
 pub fn build_commit() -> Option<&'static str> {
     Some(env!("SMALLSEQ_GIT_COMMIT")).filter(|c| !c.is_empty())
 }

@@ -515,10 +515,20 @@ mod tests {
             .exists()
         {
             let c = build_commit().expect("a build in a git checkout knows its commit");
+            let hash = c.strip_suffix("+dirty").unwrap_or(c);
             assert!(
-                c.len() == 40 && c.chars().all(|x| x.is_ascii_hexdigit()),
+                hash.len() == 40 && hash.chars().all(|x| x.is_ascii_hexdigit()),
                 "{c}"
             );
+            // The build inputs of build.rs, as they are now (cargo rebuilt on any change).
+            let status = std::process::Command::new("git")
+                .args(["status", "--porcelain", "--", "src", "kernels", "reference"])
+                .args(["Cargo.toml", "Cargo.lock", "build.rs"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output();
+            if let Some(o) = status.ok().filter(|o| o.status.success()) {
+                assert_eq!(c.ends_with("+dirty"), !o.stdout.is_empty(), "{c}");
+            }
         }
     }
 }
