@@ -389,15 +389,26 @@ fn harness_line(case: &Case) -> String {
 }
 
 /// Which harness build wrote the capsule (`smallseq.commit`) against this one's: the commit to
-/// check out to replay it with the same host code.
+/// check out to replay it with the same host code. A `+dirty` record (build.rs) names the
+/// commit that build's uncommitted changes sat on: no checkout holds its exact code.
 pub fn commit_line(capsule: Option<&str>, this: Option<&str>) -> String {
-    match (capsule, this) {
-        (None, _) => "harness: the capsule records no commit".into(),
-        (Some(c), Some(t)) if c == t => format!("harness: commit {c}, as this build's"),
-        (Some(c), Some(t)) => {
-            format!("harness: capsule written at commit {c}; this build is {t}")
-        }
-        (Some(c), None) => {
+    let Some(c) = capsule else {
+        return "harness: the capsule records no commit".into();
+    };
+    let uncommitted = |c: &str| c.strip_suffix("+dirty").map(str::to_string);
+    match (uncommitted(c), this) {
+        (Some(base), Some(t)) if c == t => format!(
+            "harness: commit {base} with uncommitted changes, as this build's (the changes \
+             themselves may differ)"
+        ),
+        (Some(base), t) => format!(
+            "harness: capsule written by a build of commit {base} with uncommitted changes (no \
+             checkout holds its exact code); this build is {}",
+            t.unwrap_or("of an unknown commit")
+        ),
+        (None, Some(t)) if c == t => format!("harness: commit {c}, as this build's"),
+        (None, Some(t)) => format!("harness: capsule written at commit {c}; this build is {t}"),
+        (None, None) => {
             format!("harness: capsule written at commit {c}; this build's commit is unknown")
         }
     }
@@ -501,6 +512,13 @@ mod tests {
             "harness: capsule written at commit abc; this build is def"
         );
         assert!(commit_line(Some("abc"), None).contains("unknown"));
+        assert_eq!(
+            commit_line(Some("abc+dirty"), Some("def")),
+            "harness: capsule written by a build of commit abc with uncommitted changes (no \
+             checkout holds its exact code); this build is def"
+        );
+        assert!(commit_line(Some("abc+dirty"), Some("abc+dirty")).contains("may differ"));
+        assert!(commit_line(Some("abc+dirty"), None).ends_with("of an unknown commit"));
     }
 
     #[test]
