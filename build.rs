@@ -125,7 +125,9 @@ const BUILD_INPUTS: [&str; 6] = [
 fn git_commit() {
     let mut commit = git(&["rev-parse", "HEAD"]).unwrap_or_default();
     if !commit.is_empty() {
-        let mut args = vec!["status", "--porcelain", "--"];
+        // No optional locks: status would otherwise refresh the index, and two builds at once
+        // (CI lints beside the tests' build) would race for its lock.
+        let mut args = vec!["--no-optional-locks", "status", "--porcelain", "--"];
         args.extend(BUILD_INPUTS);
         // A status that fails says nothing about the tree; the commit alone is then the best
         // record there is.

@@ -676,9 +676,15 @@ PT_INLINE void ss_bwd_one(PJ&& pj, GJ&& gj, const typename E::T* qrow,
 // hold their zero columns). Both directions take a one-query item's S here, so the backward's
 // P = exp(s - lse) of a one-key row is exactly 1 (the forward's lse came from the same bits).
 // Chunks of 32 dims whose loads are in flight together: 2 made ptxas spill 28 bytes in the
-// _q1 forward at 8 blocks per SM (64 registers), none at 6 (64-76 of the 80 allowed).
+// _q1 forward at 8 blocks per SM (64 registers), none at 6 (64-76 of the 80 allowed). gfx942
+// keeps 1: the gain is CUDA's (v26), unmeasured on AMD, and 2 added 10 s to the code object's
+// compile, which is on CI's critical path.
 #ifndef SS_Q1_UNROLL
+#ifdef PT_HIP
+#define SS_Q1_UNROLL 1
+#else
 #define SS_Q1_UNROLL 2
+#endif
 #endif
 template <class E, int D>
 PT_INLINE void ss_q1_dots(float (&x)[3], const typename E::T* qrow, const typename E::T* y,
