@@ -18,7 +18,8 @@
 # variant, `default` for the shipped build, `seed=N` in a variant for its own seed). Results go
 # to OUT_DIR (log.txt, bench.json, peers.json, calibrate.json, ncu-stalls.txt, fuzz-report.json,
 # fuzz-summary.md, capsules.tar.gz, proptest-capsules.tar.gz; the Nth further campaign's fuzz
-# files end in -N): at most 8 files per call, the tool's limit.
+# files end in -N): at most 8 files per call, the tool's limit. REQUIRE_CARD (a part of the
+# card's name, H200) runs the stages only on that card.
 set -u
 bin=$1 out=$2 fuzz_time=$3
 shift 3
@@ -87,6 +88,16 @@ each_variant() { # FUNCTION
   done
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$log"
+# REQUIRE_CARD=H200: stop before any stage on another card. A call that asks for an H200 may
+# get an H100, and a table meant for the H200 would then spend the budget on a second H100's.
+if [ -n "${REQUIRE_CARD:-}" ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  case $card in
+    *"$REQUIRE_CARD"*) ;;
+    *) echo "REQUIRE_CARD=$REQUIRE_CARD: this machine's card is ${card:-unknown}; no stage run" | tee -a "$log"
+       exit 0 ;;
+  esac
+fi
 for s in $stages; do
   echo "== $s $(date +%T)" | tee -a "$log"
   case $s in

@@ -74,7 +74,7 @@ impl Error {
 }
 
 /// A tensor that a kernel reads or writes 16 bytes per lane at a time does not start on 16
-/// bytes (`crate::backend::launch::check_aligned`).
+/// bytes (`crate::backend::kernel_args::check_aligned`).
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[error("{kernel}: tensor {tensor} at {addr:#x} is not 16-byte aligned (vector loads and stores)")]
 pub struct Misaligned {

@@ -9,6 +9,8 @@
 pub mod cpu;
 /// The GPU backend, shared by CUDA (`gpu::cuda`) and HIP (`gpu::hip`).
 pub mod gpu;
+/// The GPU kernels' argument lists (pure Rust, tested without the GPU features).
+pub mod kernel_args;
 /// Compiled kernels kept on disk between processes (pure Rust, tested without a GPU).
 pub mod kernel_cache;
 /// A GPU backend in the campaign's process, one lane per concurrent case.

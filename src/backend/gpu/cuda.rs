@@ -11,12 +11,13 @@ use super::nvrtc::{
 };
 pub use super::nvrtc::{fill_kernel_cache, kernel_ptx, Ptx};
 use super::{DeviceApi, GpuBackend, Grid};
+use crate::backend::kernel_args::Arg;
 use crate::backend::kernel_cache::KernelCache;
+use crate::backend::launch::Gpu;
 pub use crate::backend::launch::{
     dims_of, mask_code, scratch_addr, Family, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM,
     SMALL_SEQ_HEAD_DIMS,
 };
-use crate::backend::launch::{Arg, Gpu};
 use crate::dispatch::Arch;
 use crate::error::{panic_text, Error, Result};
 use cudarc::driver::{

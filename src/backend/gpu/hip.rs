@@ -19,12 +19,13 @@
 
 pub use super::plan::KernelInfo;
 use super::{DeviceApi, GpuBackend, Grid};
+use crate::backend::kernel_args::Arg;
 use crate::backend::kernel_cache::fingerprint;
 pub use crate::backend::launch::{
     dims_of, mask_code, scratch_addr, LaunchDims, Ptrs, FALLBACK_MAX_HEAD_DIM, SMALL_SEQ_HEAD_DIMS,
     SMALL_SEQ_MAX_ROWS, TILED_HEAD_DIMS, TILED_ROWS,
 };
-use crate::backend::launch::{Arg, Family, Gpu};
+use crate::backend::launch::{Family, Gpu};
 use crate::dispatch::Arch;
 use crate::error::{Error, Result};
 use hip_sys::hiprt as sys;

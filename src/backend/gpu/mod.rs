@@ -35,9 +35,9 @@ pub mod nvrtc;
 use self::arena::{body_addr, unpack, Arena};
 use self::host::{bytes_of, to_host};
 use self::plan::{launches, Dir, Refusal};
+use super::kernel_args::{args_of, check_aligned, Arg};
 use super::launch::{
-    args_of, check_aligned, dims_of, scratch_addr, Arg, BiasArgs, Family, Gpu, LaunchDims, Ptrs,
-    WARPS_PER_BLOCK,
+    dims_of, scratch_addr, BiasArgs, Family, Gpu, LaunchDims, Ptrs, WARPS_PER_BLOCK,
 };
 use super::{BackendInfo, BwdArgs, BwdBufs, Compute, FwdArgs, FwdBufs, MutationHooks};
 use crate::config::AttnConfig;

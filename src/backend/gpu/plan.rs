@@ -3,9 +3,10 @@
 //! much shared memory; and from the same rule, every kernel a backend can launch (the list
 //! `ci/hip-compile-check.sh` compares with the code objects).
 
+use crate::backend::kernel_args::{args_of, Arg, Kernel};
 use crate::backend::launch::{
-    args_of, Arg, BiasArgs, BiasKind, DropArgs, Family, Gpu, Kernel, LaunchDims, Ptrs,
-    SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS, TILED_ROWS, WARPS_PER_BLOCK,
+    BiasArgs, BiasKind, Family, Gpu, LaunchDims, Ptrs, SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS,
+    TILED_ROWS, WARPS_PER_BLOCK,
 };
 use smallseq_reference::Dtype;
 
@@ -259,29 +260,6 @@ pub struct KernelInfo {
     pub args: String,
 }
 
-/// One launch of each kernel: one slot, one head, one token per side, D = 64.
-fn dims_for_signature() -> LaunchDims {
-    LaunchDims {
-        dtype: Dtype::Bf16,
-        out_f32: false,
-        b: 1,
-        heads: 1,
-        kv_heads: 1,
-        dqk: 64,
-        dv: 64,
-        tq: 1,
-        tk: 1,
-        max_lq: 1,
-        max_lk: 1,
-        scale: 1.0,
-        mask: 0,
-        window: (-1, -1),
-        drop: DropArgs::NONE,
-        bias: BiasArgs::NONE,
-        d_from_o: false,
-    }
-}
-
 /// Every kernel the `gpu` backend can launch, from [`launches`] over each dtype, output kind
 /// and head dim: per dtype the scalar fallback kernels, the tiled ones per head dim, then the
 /// small-seq ones (`ci/hip-compile-check.sh` checks each against the code objects' metadata).
@@ -311,7 +289,7 @@ pub fn kernels(gpu: Gpu) -> Vec<KernelInfo> {
         let one = LaunchDims {
             dtype,
             out_f32,
-            ..dims_for_signature()
+            ..LaunchDims::single_token()
         };
         add(one, Family::Fallback);
         // The D kernel, launched only with D from the stored O.
@@ -358,6 +336,7 @@ pub fn kernel_names(gpu: Gpu) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::launch::DropArgs;
 
     fn dims(dtype: Dtype, out_f32: bool, d: i32) -> LaunchDims {
         LaunchDims {
@@ -367,7 +346,7 @@ mod tests {
             kv_heads: 2,
             dqk: d,
             dv: d,
-            ..dims_for_signature()
+            ..LaunchDims::single_token()
         }
     }
 

@@ -3,7 +3,7 @@
 //! failure is judged, with no GPU.
 
 use super::*;
-use crate::backend::launch::Kernel;
+use crate::backend::kernel_args::Kernel;
 use crate::backend::{Backend, DevBuf, GUARD};
 use crate::workspace::{plan, Direction, Plan, Shape};
 use ndarray::{Array2, Array3};
