@@ -18,7 +18,8 @@
 //! Always: `SMALLSEQ_GIT_COMMIT`, the commit the build is made from (empty outside a git
 //! checkout), which capsules record (`smallseq.commit`); `<commit>+dirty` when what the build
 //! compiles differs from that commit (see `BUILD_INPUTS`), so that a campaign run from an
-//! uncommitted change does not name a commit whose code it did not run.
+//! uncommitted change does not name a commit whose code it did not run; and
+//! `SMALLSEQ_BUILD_INPUTS`, the paths that decide it, space-separated.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -136,6 +137,11 @@ fn git_commit() {
         }
     }
     println!("cargo:rustc-env=SMALLSEQ_GIT_COMMIT={commit}");
+    // For the test that holds the record to `git status` (src/harness/repro.rs).
+    println!(
+        "cargo:rustc-env=SMALLSEQ_BUILD_INPUTS={}",
+        BUILD_INPUTS.join(" ")
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for input in BUILD_INPUTS {
         if root.join(input).exists() {

@@ -395,8 +395,7 @@ pub fn commit_line(capsule: Option<&str>, this: Option<&str>) -> String {
     let Some(c) = capsule else {
         return "harness: the capsule records no commit".into();
     };
-    let uncommitted = |c: &str| c.strip_suffix("+dirty").map(str::to_string);
-    match (uncommitted(c), this) {
+    match (c.strip_suffix("+dirty"), this) {
         (Some(base), Some(t)) if c == t => format!(
             "harness: commit {base} with uncommitted changes, as this build's (the changes \
              themselves may differ)"
@@ -538,11 +537,10 @@ mod tests {
                 hash.len() == 40 && hash.chars().all(|x| x.is_ascii_hexdigit()),
                 "{c}"
             );
-            // The build inputs of build.rs, as they are now (cargo rebuilt on any change).
+            // build.rs's inputs, as they are now (cargo rebuilt on any change).
             let status = std::process::Command::new("git")
-                .args(["--no-optional-locks", "status", "--porcelain", "--", "src"])
-                .args(["kernels", "reference"])
-                .args(["Cargo.toml", "Cargo.lock", "build.rs"])
+                .args(["--no-optional-locks", "status", "--porcelain", "--"])
+                .args(env!("SMALLSEQ_BUILD_INPUTS").split(' '))
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .output();
             if let Some(o) = status.ok().filter(|o| o.status.success()) {
