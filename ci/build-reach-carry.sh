@@ -7,14 +7,16 @@
 #   target/carry/kernel-cache.tar.xz   the shipped kernels compiled by the host's NVRTC
 #                                      (ci/kernel-cache.sh): the H200 host runs no NVRTC, which
 #                                      takes about two minutes there
-# Binaries are stripped (the carry holds 64 MiB in all).
+# Binaries are stripped (the carry holds 64 MiB in all). CARRY_DIR puts it elsewhere (another
+# ignored path, e.g. while a device call is carrying target/carry), CARRY_VARIANTS adds the
+# kernel cache of variant defines.
 #
-#   ci/build-reach-carry.sh
+#   [CARRY_DIR=target/carry2] [CARRY_VARIANTS="default NAME=V"] ci/build-reach-carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tdir=${CARGO_TARGET_DIR:-$PWD/target}
 export CARGO_PROFILE_RELEASE_DEBUG=${CARGO_PROFILE_RELEASE_DEBUG:-0}
-carry=target/carry
+carry=${CARRY_DIR:-target/carry}
 rm -rf "$carry" && mkdir -p "$carry"
 cargo build -q --release --features cuda --bin smallseq
 test_bin=$(cargo test -q --release --features cuda --test cuda_backend --no-run \
@@ -34,4 +36,4 @@ ci/kernel-cache.sh "$carry" ${CARRY_VARIANTS:-default}
 du -sh "$carry"/*
 total=$(du -sb "$carry" | cut -f1)
 [ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "FAIL: $carry holds $total bytes, over the 64 MiB carry" >&2; exit 1; }
-echo "== carry ready: run ci/h200-reach.sh on the H200 with carry [\"$carry\"]"
+echo "== carry ready: run ci/h200-session.sh on the device with carry [\"$carry\"]"

@@ -134,7 +134,10 @@ for s in $stages; do
     stalls)
       # Where the small-seq kernels' warps wait, on the ragged workloads (W2 `rnd1-17_h16`, W4
       # `q1`; the backward's setup runs the forward again): ncu's sections and every stall
-      # reason's cycles per issued instruction, into ncu-stalls.txt.
+      # reason's cycles per issued instruction, into ncu-stalls.txt. STALL_KERNELS (a regex),
+      # STALL_FILTER (bench --filter) and STALL_FALLBACK (bench --fallback) point it at other
+      # kernels: the tiled fallback backward on 512-token slots is
+      # STALL_KERNELS='fallback_bwd_(q|kv)_tc' STALL_FILTER=fix512 STALL_FALLBACK=true.
       left=$((deadline - SECONDS))
       [ "$left" -gt 200 ] && left=200
       if [ "$left" -lt 15 ]; then
@@ -142,26 +145,31 @@ for s in $stages; do
         continue
       fi
       echo "\$ ncu (stalls, ${left} s) > ncu-stalls.txt" | tee -a "$log"
-      timeout -k 20 "$left" ncu --clock-control none --kernel-name regex:'small_seq_fwd|small_seq_bwd' \
+      timeout -k 20 "$left" ncu --clock-control none \
+        --kernel-name regex:"${STALL_KERNELS:-small_seq_fwd|small_seq_bwd}" \
         --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section InstructionStats --section WarpStateStats \
         --section SchedulerStats --section Occupancy \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-        "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 --fallback false \
-        --filter rnd1-17_h16,q1 > "$out/ncu-stalls.txt" 2>&1
+        "$ss" bench --backend cuda --iters 1 --warmup 0 --rotate-mb 1 \
+        --fallback "${STALL_FALLBACK:-false}" --filter "${STALL_FILTER:-rnd1-17_h16,q1}" \
+        > "$out/ncu-stalls.txt" 2>&1
       echo "-> exit $?" | tee -a "$log" ;;
     ncusource)
       # Where the small-seq forward's instructions go on W4 (one query per slot; 1,772 warp
       # instructions per item in v14): instructions executed and stall samples per SASS
       # instruction and source line (-lineinfo), per variant, into ncu-source[-VARIANT].csv, and
       # the whole report (ncu-source.ncu-rep, default build) for the Nsight Compute GUI.
+      # SOURCE_KERNELS (a regex), SOURCE_LAUNCHES, SOURCE_FILTER and SOURCE_FALLBACK point it at
+      # other kernels, as STALL_* do for `stalls`.
       source_profile() {
         local tag
         tag=$(echo "${defs[*]}" | tr -c 'A-Za-z0-9_=\n' _ | tr '=' '-')
-        vrun 150 ncu --clock-control none --kernel-name regex:small_seq_fwd --launch-count 1 \
+        vrun 150 ncu --clock-control none --kernel-name regex:"${SOURCE_KERNELS:-small_seq_fwd}" \
+          --launch-count "${SOURCE_LAUNCHES:-1}" \
           --section SourceCounters --section InstructionStats --import-source yes \
           -o "/tmp/ncu-source$tag" -f "$ss" bench --backend cuda --iters 1 --warmup 0 \
-          --rotate-mb 1 --fallback false --filter q1
+          --rotate-mb 1 --fallback "${SOURCE_FALLBACK:-false}" --filter "${SOURCE_FILTER:-q1}"
         run 60 sh -c "ncu -i /tmp/ncu-source$tag.ncu-rep --page source --csv --print-source sass > '$out/ncu-source${tag:+-$tag}.csv'"
         [ -z "$tag" ] && cp /tmp/ncu-source.ncu-rep "$out/" 2>/dev/null
       }

@@ -29,6 +29,16 @@
 // query side sums exp(s - lse) in the same pass as dS, forms dS from the unnormalised P and
 // divides dQ by Z at the store (Z is a row constant of dQ = Σ (e/Z)(dP - D) K); it stores Z for
 // the key side and dBias, whose P = e / Z is then exactly 1 on a one-key row, as before.
+//
+// FTB_D_FROM_O=2 (the tiled query side up to D = 128; elsewhere as 0): one pass from D_O =
+// rowsum(dO ∘ O) that loses no value. Beside dQ_O = Σ e (dP - D_O) K it forms the exact
+// D = Σ e·dP / Z (f64, as pass 1 of the two-pass form) and B = Σ e·K, and stores
+// dQ = (dQ_O + (D_O - D) B) / Z, which is Σ (e / Z)(dP - D) K: the correction is of the size of
+// D_O's error, so its own roundings are second order, and the cancellation D_O alone loses
+// (bench/NOTES.md v21) is kept (bench/d_correction.py, "corrected"). The exact D goes to the
+// key side, so the outputs follow the exact form's design. 4 matrix products per (query, key)
+// pair on the query side instead of 5; B's accumulator takes the registers that held Q and dO,
+// which are re-read instead (bench/NOTES.md v27).
 #ifndef FTB_D_FROM_O
 #define FTB_D_FROM_O 0
 #endif
@@ -303,7 +313,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
   const float ninf = -pt_inf();
   const float lr = lse[t * H + h];
   const bool live = lr != ninf;
-#if FTB_D_FROM_O
+#if FTB_D_FROM_O == 1
   // One pass: D from fb_bwd_delta, dS from the unnormalised P, dQ divided by Z at the store.
   const float D = live ? delta[t * H + h] : 0.f;
   float zsum = 0.f;
@@ -352,7 +362,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
       float e = pt_exp(
           fb_score(fb_dot<E>(qs, k + kr * Dqk, Dqk), scale, bias, f.slot, h, f.r, c, f.lq, f.lk) -
           lr);
-#if FTB_D_FROM_O
+#if FTB_D_FROM_O == 1
       zsum += e;
       const float p = e;
 #else
@@ -374,7 +384,7 @@ PT_INLINE void fb_bwd_q(const typename E::T* q, const typename E::T* k, const ty
     }
   }
   typename O::T* out = dq + (t * H + h) * Dqk;
-#if FTB_D_FROM_O
+#if FTB_D_FROM_O == 1
   const float Z = pt_warp_sum(zsum);
   if (lane == 0) rowsum[t * H + h] = Z;
   // A row without a visible key has acc = 0 and Z = 0: no division.
@@ -806,9 +816,9 @@ PT_INLINE void ft_fwd(const typename E::T* q, const typename E::T* k, const type
 // Pass 2: S and dP again, dS = P·(dP - D) with P = exp(s - lse) / Z, scaled into the input
 // type's range per 16 x 16 block and rounded to it (ftb_ds_scale: as the small-seq kernels and
 // the emulation do), dQ += dS·K. D and Z go to
-// the workspace for the key side. With FTB_D_FROM_O, D comes from fb_bwd_delta and pass 1 goes:
+// the workspace for the key side. With FTB_D_FROM_O=1, D comes from fb_bwd_delta and pass 1 goes:
 // one pass forms Z beside dS = e·(dP - D) and divides dQ by Z (3 matrix products per (query,
-// key) pair on this side instead of 5).
+// key) pair on this side instead of 5); with 2, the same pass corrects dQ by the exact D (4).
 // Key side, one block per (64-key tile, kv head), each warp owning 16 keys: over the group's
 // query heads and the query tiles that can see the block's keys, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, P
 // and dS from the query side's lse, Z and D, dV += P·dO (P rounded to the input type, as the
@@ -1104,31 +1114,36 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
     if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
   }
-  FtbFrags<D> xq, xo;
+  FtbFrags<D, (D <= 128 && FTB_D_FROM_O != 2)> xq, xo;
   xq.load(qb, rq, wrow, lq);
   xo.load(ob, rq, wrow, lq);
   typename E::T* ks = sm;
   typename E::T* vs = sm + S::BN * S::S;
   const int kt0 = lo_b <= hi_b ? (lo_b / S::BN) * S::BN : lk;
+  // 0: two passes, exact D. 1: one pass, D_O from fb_bwd_delta. 2: one pass, D_O, with the
+  // exact D and B = Σ e·K formed beside dQ (up to D = 128: at 256 B's 128 registers do not fit
+  // beside dQ's, and the two passes stay).
+  constexpr int MODE = FTB_D_FROM_O == 2 && D > 128 ? 0 : FTB_D_FROM_O;
   float z[2] = {0.f, 0.f}, dd[2] = {0.f, 0.f};
   float acc[D / 64][8][4];
+  float bacc[MODE == 2 ? D / 64 : 1][8][4];
 #pragma unroll
   for (int c = 0; c < D / 64; ++c)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[c][j][e] = 0.f;
-#if FTB_D_FROM_O
-  // D from fb_bwd_delta; Z summed in the one pass below (the file's header says why).
+      for (int e = 0; e < 4; ++e) {
+        acc[c][j][e] = 0.f;
+        if (MODE == 2) bacc[c][j][e] = 0.f;
+      }
+  if (MODE != 0) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = wrow + g + 8 * hh;
-    dd[hh] = r < lq ? delta[(tq0 + r) * H + h] : 0.f;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = wrow + g + 8 * hh;
+      dd[hh] = r < lq ? delta[(tq0 + r) * H + h] : 0.f;
+    }
   }
-  for (int pass = 1; pass < 2; ++pass) {
-#else
-  for (int pass = 0; pass < 2; ++pass) {
-#endif
+  for (int pass = MODE != 0 ? 1 : 0; pass < 2; ++pass) {
     double dsum[2] = {0.0, 0.0};
     for (int kt = kt0; kt <= hi_b; kt += S::BN) {
       pt_sync();  // every warp done with the previous tile
@@ -1138,6 +1153,7 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       pt_cp_wait<0>();
       pt_sync();
       float s[S::NT][4], dp[S::NT][4];
+      float ep[MODE == 2 ? S::NT : 1][4];
       ftb_dots<E, D, S::NT>(s, xq, ks);
       ftb_dots<E, D, S::NT>(dp, xo, vs);
 #pragma unroll
@@ -1151,16 +1167,16 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
             const float ex = vis ? pt_exp(pt_mul_rn(s[nt][2 * hh + e], scale) - lr[hh]) : 0.f;
             const float x = dp[nt][2 * hh + e];
             // Selects, not products with zero: a masked key's dP may be infinite.
+            if (pass == 0 || MODE == 2) dsum[hh] += vis ? (double)ex * (double)x : 0.0;
+            if (MODE == 2) ep[nt][2 * hh + e] = ex;
             if (pass == 0) {
               z[hh] += ex;
-              dsum[hh] += vis ? (double)ex * (double)x : 0.0;
             } else {
-#if FTB_D_FROM_O
-              z[hh] += ex;
-              const float p = ex;
-#else
-              const float p = z[hh] > 0.f ? ex / z[hh] : 0.f;
-#endif
+              float p = ex;
+              if (MODE == 0)
+                p = z[hh] > 0.f ? ex / z[hh] : 0.f;
+              else
+                z[hh] += ex;
               s[nt][2 * hh + e] = vis ? p * (x - dd[hh]) : 0.f;
             }
           }
@@ -1173,14 +1189,32 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
           ftb_rows_mma<E, D, S::BN, true>(acc, pa, ks, inv);
         else
           ftb_rows_mma<E, D, S::BN>(acc, pa, ks);
+        if (MODE == 2) {
+          ftb_pack<E, S::BN>(pa, ep, FtbSame());
+          ftb_rows_mma<E, D, S::BN>(bacc, pa, ks);
+        }
       }
     }
-    if (pass == 0) {
+    if (pass == 0 || MODE == 2) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         z[hh] = pt_quad_sum(z[hh]);
         const double ds = pt_quad_sum_d(dsum[hh]);
-        dd[hh] = z[hh] > 0.f ? (float)(ds / (double)z[hh]) : 0.f;
+        const float exact = z[hh] > 0.f ? (float)(ds / (double)z[hh]) : 0.f;
+        if (MODE == 2) {
+          // dQ = Σ (e / Z)(dP - D) K = (Σ e (dP - D_O) K + (D_O - D) B) / Z (the header).
+          const float corr = dd[hh] - exact;
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float& x = acc[c][j][2 * hh + e];
+                x = z[hh] > 0.f ? (x + corr * bacc[c][j][2 * hh + e]) / z[hh] : 0.f;
+              }
+        }
+        dd[hh] = exact;
         const int r = wrow + g + 8 * hh;
         if (t == 0 && r < lq) {
           delta[(tq0 + r) * H + h] = dd[hh];
@@ -1189,23 +1223,21 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       }
     }
   }
-#if FTB_D_FROM_O
+  if (MODE == 1) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    z[hh] = pt_quad_sum(z[hh]);
-    const int r = wrow + g + 8 * hh;
-    if (t == 0 && r < lq) rowsum[(tq0 + r) * H + h] = z[hh];
-    // dQ = Σ (e / Z)(dP - D) K: the row's Z divides its accumulator once (0 where no key is
-    // visible, and the accumulator is 0).
+    for (int hh = 0; hh < 2; ++hh) {
+      z[hh] = pt_quad_sum(z[hh]);
+      const int r = wrow + g + 8 * hh;
+      if (t == 0 && r < lq) rowsum[(tq0 + r) * H + h] = z[hh];
 #pragma unroll
-    for (int c = 0; c < D / 64; ++c)
+      for (int c = 0; c < D / 64; ++c)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          acc[c][j][2 * hh + e] = z[hh] > 0.f ? acc[c][j][2 * hh + e] / z[hh] : 0.f;
+          for (int e = 0; e < 2; ++e)
+            acc[c][j][2 * hh + e] = z[hh] > 0.f ? acc[c][j][2 * hh + e] / z[hh] : 0.f;
+    }
   }
-#endif
   ftb_store<E, O, D>(dq + tq0 * rq + (long long)h * D, rq, wrow, lq, acc, scale);
 }
 

@@ -157,7 +157,7 @@ impl CudaBackend {
     pub fn on_device_with(ordinal: usize, defines: &[&str]) -> Result<Self> {
         let mut rt = Cuda::open(ordinal, false)?;
         rt.defines.extend(defines.iter().map(|d| d.to_string()));
-        Ok(GpuBackend::from_runtime(rt))
+        GpuBackend::from_runtime(rt)
     }
 
     /// As [`CudaBackend::on_device_with`], on a stream of its own instead of the context's
@@ -169,7 +169,7 @@ impl CudaBackend {
     pub fn lane(ordinal: usize, defines: &[&str]) -> Result<Self> {
         let mut rt = Cuda::open(ordinal, true)?;
         rt.defines.extend(defines.iter().map(|d| d.to_string()));
-        Ok(GpuBackend::from_runtime(rt))
+        GpuBackend::from_runtime(rt)
     }
 
     /// The stream every launch goes to.

@@ -405,7 +405,7 @@ impl HipBackend {
     /// ordinal; [`Error::Device`] when the device's architecture has no code object or a
     /// HIP call fails.
     pub fn on_device(ordinal: usize) -> Result<Self> {
-        Ok(GpuBackend::from_runtime(Hip::open(ordinal)?))
+        GpuBackend::from_runtime(Hip::open(ordinal)?)
     }
 
     /// The device's target ID (e.g. `gfx942:sramecc+:xnack-`).

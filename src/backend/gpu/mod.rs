@@ -82,7 +82,7 @@ pub trait DeviceApi: Send + Sync + Sized {
     fn provenance(&self) -> BTreeMap<String, String>;
     /// The preprocessor defines its kernels were built with beyond the sources' defaults
     /// (`NAME` or `NAME=VALUE`): the launch policy reads the ones that change what a call
-    /// launches (`FTB_D_FROM_O`, [`plan::d_from_o_in`]). None where the build is fixed.
+    /// launches (`FTB_D_FROM_O`, [`plan::d_form_in`]). None where the build is fixed.
     fn defines(&self) -> Vec<String> {
         Vec::new()
     }
@@ -113,9 +113,9 @@ pub struct GpuBackend<R: DeviceApi> {
     /// Kernels looked up so far, by name (dropped before the runtime whose modules they are
     /// in: fields drop in order).
     funcs: Mutex<HashMap<String, R::Func>>,
-    /// Whether the kernels take the fallback backward's D from the stored O
-    /// ([`plan::d_from_o_in`] of the runtime's defines).
-    d_from_o: bool,
+    /// Where the fallback backward's D comes from ([`plan::d_form_in`] of the runtime's
+    /// defines).
+    d_form: plan::DForm,
     rt: R,
 }
 
@@ -152,19 +152,20 @@ impl InputsAt {
 }
 
 impl<R: DeviceApi> GpuBackend<R> {
-    /// The backend over an opened runtime.
-    pub fn from_runtime(rt: R) -> Self {
-        GpuBackend {
+    /// The backend over an opened runtime; refuses defines whose `FTB_D_FROM_O` the kernels
+    /// do not know.
+    pub fn from_runtime(rt: R) -> Result<Self> {
+        Ok(GpuBackend {
             funcs: Mutex::new(HashMap::new()),
-            d_from_o: plan::d_from_o_in(&rt.defines()),
+            d_form: plan::d_form_in(&rt.defines()).map_err(Error::Config)?,
             rt,
-        }
+        })
     }
 
-    /// Whether its fallback backward takes D from the stored O (`FTB_D_FROM_O`): a launch on
+    /// Whether its fallback backward takes the stored O (`FTB_D_FROM_O` 1 or 2): a launch on
     /// raw pointers then needs `Ptrs::o` and [`LaunchDims::d_from_o`] set.
     pub fn d_from_o(&self) -> bool {
-        self.d_from_o
+        self.d_form.takes_o()
     }
 
     /// The runtime.
@@ -339,7 +340,7 @@ impl<R: DeviceApi> GpuBackend<R> {
     fn bwd(&self, family: Family, args: &BwdArgs, out: &mut BwdBufs) -> Result<()> {
         let f = &args.fwd;
         let d = LaunchDims {
-            d_from_o: self.d_from_o && family == Family::Fallback,
+            d_from_o: self.d_form.takes_o() && family == Family::Fallback,
             ..dims_of(f.config, f.layout, true)
         };
         if d.b == 0 {
@@ -455,11 +456,7 @@ impl<R: DeviceApi> BackendInfo for GpuBackend<R> {
     }
 
     fn design(&self) -> Design {
-        if self.d_from_o {
-            Design::ProjectDFromO
-        } else {
-            Design::Project
-        }
+        self.d_form.design()
     }
 }
 

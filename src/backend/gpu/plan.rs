@@ -8,25 +8,70 @@ use crate::backend::launch::{
     BiasArgs, BiasKind, Family, Gpu, LaunchDims, Ptrs, SMALL_SEQ_HEAD_DIMS, SMALL_SEQ_MAX_ROWS,
     TILED_ROWS, WARPS_PER_BLOCK,
 };
+use crate::design::Design;
 use smallseq_reference::Dtype;
 
-/// Whether the kernels' `FTB_D_FROM_O` is on when none of `defines` sets it (kernels/fallback.cu;
-/// `fallback_d_from_o_default_is_the_kernels` holds the two together).
-pub const FTB_D_FROM_O_DEFAULT: bool = false;
+/// The kernels' `FTB_D_FROM_O` when none of `defines` sets it (kernels/fallback.cu;
+/// `fallback_d_form_default_is_the_kernels` holds the two together).
+pub const FTB_D_FROM_O_DEFAULT: u8 = 0;
 
-/// Whether kernels built with `defines` (`NAME` or `NAME=VALUE`, as `SMALLSEQ_KERNEL_DEFINES`
-/// and the CUDA backend take them; the last one of a name wins, as on a compiler's command
-/// line) take the fallback backward's D from the stored O: `FTB_D_FROM_O` given without a value
-/// (1 to the preprocessor) or with a value other than 0.
-pub fn d_from_o_in<S: AsRef<str>>(defines: &[S]) -> bool {
-    defines
+/// Where the fallback backward's D = Σ P·dP comes from (`FTB_D_FROM_O`, kernels/fallback.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DForm {
+    /// 0: a first pass over the keys forms it from P and dP.
+    Exact,
+    /// 1: rowsum(dO ∘ O) from the stored O (the design [`Design::ProjectDFromO`]: D carries
+    /// O's rounding).
+    StoredO,
+    /// 2: the tiled query side (D ≤ 128) starts from rowsum(dO ∘ O) and corrects dQ by the
+    /// exact D it forms in the same pass, so the design stays [`Design::Project`].
+    CorrectedO,
+}
+
+impl DForm {
+    /// The form of the kernels' `FTB_D_FROM_O` value (a value the kernels do not know is
+    /// none of these).
+    pub fn of_value(v: u8) -> Option<DForm> {
+        match v {
+            0 => Some(DForm::Exact),
+            1 => Some(DForm::StoredO),
+            2 => Some(DForm::CorrectedO),
+            _ => None,
+        }
+    }
+
+    /// Whether the backward takes the stored O (and launches the D kernel before it).
+    pub fn takes_o(self) -> bool {
+        self != DForm::Exact
+    }
+
+    /// The design the outputs of kernels of this form follow.
+    pub fn design(self) -> Design {
+        match self {
+            DForm::StoredO => Design::ProjectDFromO,
+            DForm::Exact | DForm::CorrectedO => Design::Project,
+        }
+    }
+}
+
+/// The form of D of kernels built with `defines` (`NAME` or `NAME=VALUE`, as
+/// `SMALLSEQ_KERNEL_DEFINES` and the CUDA backend take them; the last one of a name wins, as on
+/// a compiler's command line): `FTB_D_FROM_O` without a value is 1 to the preprocessor. A value
+/// other than 0, 1 and 2 is refused, naming it.
+pub fn d_form_in<S: AsRef<str>>(defines: &[S]) -> Result<DForm, String> {
+    let value = defines
         .iter()
         .filter_map(|d| match d.as_ref().split_once('=') {
-            None => (d.as_ref() == "FTB_D_FROM_O").then_some(true),
-            Some((name, value)) => (name == "FTB_D_FROM_O").then(|| value.trim() != "0"),
+            None => (d.as_ref() == "FTB_D_FROM_O").then(|| "1".to_string()),
+            Some((name, value)) => (name == "FTB_D_FROM_O").then(|| value.trim().to_string()),
         })
-        .last()
-        .unwrap_or(FTB_D_FROM_O_DEFAULT)
+        .last();
+    match value {
+        None => Ok(DForm::of_value(FTB_D_FROM_O_DEFAULT).unwrap_or(DForm::Exact)),
+        Some(v) => v.parse::<u8>().ok().and_then(DForm::of_value).ok_or_else(|| {
+            format!("FTB_D_FROM_O={v}: the kernels know 0 (exact D), 1 (D from the stored O) and 2 (D from O, corrected)")
+        }),
+    }
 }
 
 /// Which direction of attention.
@@ -583,15 +628,30 @@ mod tests {
     }
 
     #[test]
-    fn fallback_d_from_o_default_is_the_kernels() {
+    fn fallback_d_form_default_is_the_kernels() {
         let src = include_str!("../../../kernels/fallback.cu");
-        let want = format!("#define FTB_D_FROM_O {}", u8::from(FTB_D_FROM_O_DEFAULT));
+        let want = format!("#define FTB_D_FROM_O {FTB_D_FROM_O_DEFAULT}");
         assert!(src.contains(&want), "kernels/fallback.cu lacks {want:?}");
-        assert_eq!(d_from_o_in::<&str>(&[]), FTB_D_FROM_O_DEFAULT);
-        assert!(d_from_o_in(&["FTB_D_FROM_O"]));
-        assert!(d_from_o_in(&["SS_ITEM32=1", "FTB_D_FROM_O=1"]));
-        assert!(!d_from_o_in(&["FTB_D_FROM_O=1", "FTB_D_FROM_O=0"]));
-        assert!(!d_from_o_in(&["FTB_D_FROM_OX=1", "XFTB_D_FROM_O"]));
+        assert_eq!(d_form_in::<&str>(&[]), Ok(DForm::Exact));
+        assert_eq!(d_form_in(&["FTB_D_FROM_O"]), Ok(DForm::StoredO));
+        assert_eq!(
+            d_form_in(&["SS_ITEM32=1", "FTB_D_FROM_O=1"]),
+            Ok(DForm::StoredO)
+        );
+        assert_eq!(
+            d_form_in(&["FTB_D_FROM_O=1", "FTB_D_FROM_O=0"]),
+            Ok(DForm::Exact)
+        );
+        assert_eq!(
+            d_form_in(&["FTB_D_FROM_OX=1", "XFTB_D_FROM_O"]),
+            Ok(DForm::Exact)
+        );
+        assert_eq!(d_form_in(&["FTB_D_FROM_O= 2"]), Ok(DForm::CorrectedO));
+        let e = d_form_in(&["FTB_D_FROM_O=3"]).unwrap_err();
+        assert!(e.starts_with("FTB_D_FROM_O=3: "), "{e}");
+        assert_eq!(DForm::CorrectedO.design(), Design::Project);
+        assert_eq!(DForm::StoredO.design(), Design::ProjectDFromO);
+        assert!(DForm::CorrectedO.takes_o() && !DForm::Exact.takes_o());
     }
 
     #[test]

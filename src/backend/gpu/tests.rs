@@ -32,6 +32,8 @@ struct Fake {
     fail_sync: bool,
     /// Each launch's pointer arguments, in order.
     ptrs: Mutex<Vec<Vec<u64>>>,
+    /// The kernels' defines ([`DeviceApi::defines`]).
+    defines: Vec<String>,
 }
 
 const BASE: u64 = 1 << 32;
@@ -44,6 +46,7 @@ impl Fake {
             misalign: None,
             fail_sync: false,
             ptrs: Mutex::new(Vec::new()),
+            defines: Vec::new(),
         }
     }
 
@@ -88,6 +91,10 @@ impl DeviceApi for Fake {
 
     fn provenance(&self) -> BTreeMap<String, String> {
         BTreeMap::from([("device".to_string(), "fake".to_string())])
+    }
+
+    fn defines(&self) -> Vec<String> {
+        self.defines.clone()
     }
 
     fn make_current(&self) -> Result<()> {
@@ -238,7 +245,7 @@ fn fwd_args<'a>(c: &'a Case, p: &'a Plan) -> FwdArgs<'a> {
 
 #[test]
 fn a_forward_uploads_launches_synchronises_once_then_downloads() {
-    let be = GpuBackend::from_runtime(Fake::new());
+    let be = GpuBackend::from_runtime(Fake::new()).unwrap();
     let c = case(Dtype::Bf16, 64, &[(3, 5), (17, 17)]);
     let p = small_seq_fwd_plan(&c);
     let args = fwd_args(&c, &p);
@@ -301,7 +308,7 @@ fn a_forward_uploads_launches_synchronises_once_then_downloads() {
 #[test]
 fn one_query_batches_launch_the_q1_kernel() {
     let launched = |lens: &[(usize, usize)]| {
-        let be = GpuBackend::from_runtime(Fake::new());
+        let be = GpuBackend::from_runtime(Fake::new()).unwrap();
         let c = case(Dtype::F16, 128, lens);
         let p = small_seq_fwd_plan(&c);
         be.small_seq_fwd(&fwd_args(&c, &p), &mut fwd_bufs(&c, p.total))
@@ -327,7 +334,7 @@ fn one_query_batches_launch_the_q1_kernel() {
 fn the_launch_policy_of_each_runtime_sets_the_block_size() {
     let c = case(Dtype::F16, 128, &[(40, 40)]);
     let d = dims_of(&c.config, &c.layout, true);
-    let be = GpuBackend::from_runtime(Fake::new());
+    let be = GpuBackend::from_runtime(Fake::new()).unwrap();
     be.launch_fallback_fwd(&d, &Ptrs::default()).unwrap();
     match &be.runtime().calls()[1] {
         // The tiled forward on HIP's dims: 64 threads a work item, 4 items a block.
@@ -347,7 +354,7 @@ fn the_launch_policy_of_each_runtime_sets_the_block_size() {
 
 #[test]
 fn failures_are_judged_alike_on_every_runtime() {
-    let be = GpuBackend::from_runtime(Fake::new());
+    let be = GpuBackend::from_runtime(Fake::new()).unwrap();
     let c = case(Dtype::F32, 64, &[(2, 2)]);
     let d = dims_of(&c.config, &c.layout, true);
     // A dtype the small-seq kernels do not take: Unsupported, named by the backend.
@@ -392,7 +399,8 @@ fn failures_are_judged_alike_on_every_runtime() {
     let failing = GpuBackend::from_runtime(Fake {
         fail_sync: true,
         ..Fake::new()
-    });
+    })
+    .unwrap();
     let c = case(Dtype::Bf16, 64, &[(2, 2)]);
     let p = small_seq_fwd_plan(&c);
     let args = fwd_args(&c, &p);
@@ -412,7 +420,7 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     let (tq, h, _) = c.q.dim();
     let lse = Array2::<f32>::zeros((tq, h));
     let run = |p: &Plan| {
-        let be = GpuBackend::from_runtime(Fake::new());
+        let be = GpuBackend::from_runtime(Fake::new()).unwrap();
         let args = BwdArgs {
             fwd: fwd_args(&c, p),
             o: c.q.view(),
@@ -478,7 +486,8 @@ fn the_fallback_backward_carves_its_scratch_or_refuses_the_workspace() {
     let be = GpuBackend::from_runtime(Fake {
         misalign: Some("the call's buffers"),
         ..Fake::new()
-    });
+    })
+    .unwrap();
     let args = BwdArgs {
         fwd: fwd_args(&c, &small),
         o: c.q.view(),
@@ -514,7 +523,7 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
         &shape(&c),
     );
     let run = |dbias: Option<DevBuf>| {
-        let be = GpuBackend::from_runtime(Fake::new());
+        let be = GpuBackend::from_runtime(Fake::new()).unwrap();
         assert!(be.computes_bias() && be.computes_dropout());
         let args = BwdArgs {
             fwd: fwd_args(&c, &full),
@@ -574,4 +583,28 @@ fn a_post_scale_bias_uploads_its_tensor_and_downloads_dbias() {
         }
         assert!(!calls.iter().any(|c| matches!(c, Call::Launch(..))));
     }
+}
+
+/// `FTB_D_FROM_O` decides whether the backward takes O and which design it declares; a value
+/// the kernels do not know is refused when the backend opens, naming it.
+#[test]
+fn the_form_of_d_follows_the_defines() {
+    let with = |d: &str| {
+        GpuBackend::from_runtime(Fake {
+            defines: vec![d.to_string()],
+            ..Fake::new()
+        })
+    };
+    let corrected = with("FTB_D_FROM_O=2").unwrap();
+    assert!(corrected.d_from_o());
+    assert_eq!(corrected.design(), Design::Project);
+    let stored = with("FTB_D_FROM_O=1").unwrap();
+    assert!(stored.d_from_o());
+    assert_eq!(stored.design(), Design::ProjectDFromO);
+    assert!(!with("FTB_D_FROM_O=0").unwrap().d_from_o());
+    let e = with("FTB_D_FROM_O=x")
+        .err()
+        .expect("an unknown form is refused");
+    assert!(matches!(e, Error::Config(_)), "{e}");
+    assert!(e.to_string().contains("FTB_D_FROM_O=x"), "{e}");
 }
