@@ -176,8 +176,10 @@ for s in $stages; do
       each_variant source_profile ;;
     fbvariants)
       # The fallback's kernels (forward and backward) timed per variant, back to back with the
-      # default build: 512-token slots and W3 (D = 256).
-      fallback_times() { vrun 120 "$ss" bench --backend cuda --iters 20 --filter fix512,rnd1-17_h32; }
+      # default build: 512-token slots and W3 (D = 256), or the workloads of FB_FILTER.
+      fallback_times() {
+        vrun 120 "$ss" bench --backend cuda --iters 20 --filter "${FB_FILTER:-fix512,rnd1-17_h32}"
+      }
       each_variant fallback_times ;;
     ncubwd)
       # The tiled fallback backward's limits on 512-token slots and W3: registers, occupancy,
