@@ -852,7 +852,7 @@ struct FtbShape {
   static const int BN = D > 64 ? 32 : 64;
   static const int NT = BN / 8;
   enum { SWIZZLED = FTB_SWIZZLE && D <= FTB_SWIZZLE_MAX_D };  // an enum: no PTX global
-  static const int S = SWIZZLED ? D : D + 32;  // row stride in elements (both tiles)
+  enum { S = SWIZZLED ? D : D + 32 };  // row stride in elements (both tiles)
   static const int ELEMS = 2 * BN * S;
   // Element offset of 16-byte chunk c of row r.
   static PT_INLINE int at(int r, int c) {
@@ -860,16 +860,42 @@ struct FtbShape {
   }
 };
 
+// The largest D whose column tiles ftb_copy copies with the strides hoisted (0: none). Written
+// as i / CH and i % CH per 16-byte copy, the copies' index arithmetic was the hottest code of
+// both tiled backward kernels on 512-token slots (ncu, bench/NOTES.md v27); hoisted, ptxas
+// spills less at D = 64 and 128 and more at 256, where the per-copy form stays.
+#ifndef FTB_COPY_HOIST_MAX_D
+#define FTB_COPY_HOIST_MAX_D 128
+#endif
+
 // Copies rows [0, BN) of a column tile (rows past n zero-filled) into shared memory.
 template <class E, int D>
 PT_INLINE void ftb_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   typedef FtbShape<D> S;
   const int CH = D / 8;
-  for (int i = pt_tid(); i < S::BN * CH; i += FT_THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = r < n;
-    pt_cp_async16(dst + S::at(r, c), ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
-                  ok);
+  if constexpr (D <= FTB_COPY_HOIST_MAX_D) {
+    // Thread i copies chunk i % CH of rows i / CH + k·STEP: its chunk, source column and place
+    // in the row are the same for every k (the swizzle repeats every 8 rows, and STEP is a
+    // multiple of 8), so each copy adds two strides.
+    const int STEP = FT_THREADS / CH;
+    static_assert(FT_THREADS % CH == 0 && S::BN % STEP == 0, "whole rows per pass of the block");
+    static_assert(!S::SWIZZLED || STEP % 8 == 0, "the swizzle's period divides the row step");
+    const int r0 = pt_tid() / CH, c = pt_tid() % CH;
+    typename E::T* d = dst + S::at(r0, c);
+    const typename E::T* from = src + r0 * rs + c * 8;
+    const long long step = STEP * rs;
+#pragma unroll 1
+    for (int r = r0; r < S::BN; r += STEP, d += STEP * S::S, from += step) {
+      const bool ok = r < n;
+      pt_cp_async16(d, ok ? (const void*)from : (const void*)src, ok);
+    }
+  } else {
+    for (int i = pt_tid(); i < S::BN * CH; i += FT_THREADS) {
+      const int r = i / CH, c = i % CH;
+      const bool ok = r < n;
+      pt_cp_async16(dst + S::at(r, c),
+                    ok ? (const void*)(src + r * rs + c * 8) : (const void*)src, ok);
+    }
   }
 }
 
