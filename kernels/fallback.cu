@@ -590,15 +590,36 @@ struct FtShape {
   static const int ELEMS = BN * (KS + VS);
 };
 
+// The least D whose key tiles ft_copy copies with the strides hoisted and the copies unrolled
+// (as ftb_copy, below, says why): at D = 256 ptxas then spills 44 bytes of the forward where it
+// spilled 520; at 64 and 128 the unrolled copies' addresses spill instead (0 -> 40 bytes at 64).
+#ifndef FT_COPY_HOIST_MIN_D
+#define FT_COPY_HOIST_MIN_D 256
+#endif
+
 // Copies rows [0, BN) of a key tile (rows past n zero-filled) into shared memory.
 template <class E, int D, int SS, int BN>
 PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   const int CH = D / 8;
-  for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = r < n;
-    pt_cp_async16(dst + r * SS + c * 8, ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
-                  ok);
+  if constexpr (D >= FT_COPY_HOIST_MIN_D) {
+    const int STEP = FT_THREADS / CH;
+    static_assert(FT_THREADS % CH == 0 && BN % STEP == 0, "whole rows per pass of the block");
+    const int r0 = pt_tid() / CH, c = pt_tid() % CH;
+    typename E::T* d = dst + r0 * SS + c * 8;
+    const typename E::T* from = src + r0 * rs + c * 8;
+#pragma unroll
+    for (int k = 0; k < BN / STEP; ++k) {
+      const bool ok = r0 + k * STEP < n;
+      pt_cp_async16(d + k * STEP * SS, ok ? (const void*)(from + k * STEP * rs) : (const void*)src,
+                    ok);
+    }
+  } else {
+    for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
+      const int r = i / CH, c = i % CH;
+      const bool ok = r < n;
+      pt_cp_async16(dst + r * SS + c * 8,
+                    ok ? (const void*)(src + r * rs + c * 8) : (const void*)src, ok);
+    }
   }
 }
 
