@@ -590,18 +590,21 @@ struct FtShape {
   static const int ELEMS = BN * (KS + VS);
 };
 
-// The least D whose key tiles ft_copy copies with the strides hoisted and the copies unrolled
-// (as ftb_copy, below, says why): at D = 256 ptxas then spills 44 bytes of the forward where it
-// spilled 520; at 64 and 128 the unrolled copies' addresses spill instead (0 -> 40 bytes at 64).
-#ifndef FT_COPY_HOIST_MIN_D
-#define FT_COPY_HOIST_MIN_D 256
+// FT_COPY_HOIST=1: the tiled kernels' tile copies with the strides hoisted out of the copy loop
+// (ftb_copy says why) where ptxas then spills less: the forward's key tiles at D = 256 (16 bytes
+// of spill where the per-copy form spills 520; at 64 and 128 the unrolled copies' addresses
+// spill instead) and the backward's column tiles up to D = 128 (48 and 24 bytes at 128 where
+// 64 and 32; at 256 it spilled more). Same values: only the addresses are computed otherwise.
+// 0 until its device campaign (bench/NOTES.md v27).
+#ifndef FT_COPY_HOIST
+#define FT_COPY_HOIST 0
 #endif
 
 // Copies rows [0, BN) of a key tile (rows past n zero-filled) into shared memory.
 template <class E, int D, int SS, int BN>
 PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   const int CH = D / 8;
-  if constexpr (D >= FT_COPY_HOIST_MIN_D) {
+  if constexpr (FT_COPY_HOIST && D >= 256) {
     const int STEP = FT_THREADS / CH;
     static_assert(FT_THREADS % CH == 0 && BN % STEP == 0, "whole rows per pass of the block");
     const int r0 = pt_tid() / CH, c = pt_tid() % CH;
@@ -881,23 +884,17 @@ struct FtbShape {
   }
 };
 
-// The largest D whose column tiles ftb_copy copies with the strides hoisted (0: none). Written
-// as i / CH and i % CH per 16-byte copy, the copies' index arithmetic was the hottest code of
-// both tiled backward kernels on 512-token slots (ncu, bench/NOTES.md v27); hoisted, ptxas
-// spills less at D = 64 and 128 and more at 256, where the per-copy form stays.
-#ifndef FTB_COPY_HOIST_MAX_D
-#define FTB_COPY_HOIST_MAX_D 128
-#endif
-
 // Copies rows [0, BN) of a column tile (rows past n zero-filled) into shared memory.
 template <class E, int D>
 PT_INLINE void ftb_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   typedef FtbShape<D> S;
   const int CH = D / 8;
-  if constexpr (D <= FTB_COPY_HOIST_MAX_D) {
+  if constexpr (FT_COPY_HOIST && D <= 128) {
     // Thread i copies chunk i % CH of rows i / CH + k·STEP: its chunk, source column and place
     // in the row are the same for every k (the swizzle repeats every 8 rows, and STEP is a
-    // multiple of 8), so each copy adds two strides.
+    // multiple of 8), so each copy adds two strides. Written as i / CH and i % CH per copy (the
+    // other branch), the index arithmetic was the hottest code of both tiled backward kernels
+    // on 512-token slots (ncu, bench/NOTES.md v27).
     const int STEP = FT_THREADS / CH;
     static_assert(FT_THREADS % CH == 0 && S::BN % STEP == 0, "whole rows per pass of the block");
     static_assert(!S::SWIZZLED || STEP % 8 == 0, "the swizzle's period divides the row step");
