@@ -590,15 +590,39 @@ struct FtShape {
   static const int ELEMS = BN * (KS + VS);
 };
 
+// FT_COPY_HOIST=1: the tiled kernels' tile copies with the strides hoisted out of the copy loop
+// (ftb_copy says why) where ptxas then spills less: the forward's key tiles at D = 256 (16 bytes
+// of spill where the per-copy form spills 520; at 64 and 128 the unrolled copies' addresses
+// spill instead) and the backward's column tiles up to D = 128 (48 and 24 bytes at 128 where
+// 64 and 32; at 256 it spilled more). Same values: only the addresses are computed otherwise.
+// 0 until its device campaign (bench/NOTES.md v27).
+#ifndef FT_COPY_HOIST
+#define FT_COPY_HOIST 0
+#endif
+
 // Copies rows [0, BN) of a key tile (rows past n zero-filled) into shared memory.
 template <class E, int D, int SS, int BN>
 PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   const int CH = D / 8;
-  for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = r < n;
-    pt_cp_async16(dst + r * SS + c * 8, ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
-                  ok);
+  if constexpr (FT_COPY_HOIST && D >= 256) {
+    const int STEP = FT_THREADS / CH;
+    static_assert(FT_THREADS % CH == 0 && BN % STEP == 0, "whole rows per pass of the block");
+    const int r0 = pt_tid() / CH, c = pt_tid() % CH;
+    typename E::T* d = dst + r0 * SS + c * 8;
+    const typename E::T* from = src + r0 * rs + c * 8;
+#pragma unroll
+    for (int k = 0; k < BN / STEP; ++k) {
+      const bool ok = r0 + k * STEP < n;
+      pt_cp_async16(d + k * STEP * SS, ok ? (const void*)(from + k * STEP * rs) : (const void*)src,
+                    ok);
+    }
+  } else {
+    for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
+      const int r = i / CH, c = i % CH;
+      const bool ok = r < n;
+      pt_cp_async16(dst + r * SS + c * 8,
+                    ok ? (const void*)(src + r * rs + c * 8) : (const void*)src, ok);
+    }
   }
 }
 
@@ -852,7 +876,7 @@ struct FtbShape {
   static const int BN = D > 64 ? 32 : 64;
   static const int NT = BN / 8;
   enum { SWIZZLED = FTB_SWIZZLE && D <= FTB_SWIZZLE_MAX_D };  // an enum: no PTX global
-  static const int S = SWIZZLED ? D : D + 32;  // row stride in elements (both tiles)
+  enum { S = SWIZZLED ? D : D + 32 };  // row stride in elements (both tiles)
   static const int ELEMS = 2 * BN * S;
   // Element offset of 16-byte chunk c of row r.
   static PT_INLINE int at(int r, int c) {
@@ -865,11 +889,31 @@ template <class E, int D>
 PT_INLINE void ftb_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   typedef FtbShape<D> S;
   const int CH = D / 8;
-  for (int i = pt_tid(); i < S::BN * CH; i += FT_THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = r < n;
-    pt_cp_async16(dst + S::at(r, c), ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
-                  ok);
+  if constexpr (FT_COPY_HOIST && D <= 128) {
+    // Thread i copies chunk i % CH of rows i / CH + k·STEP: its chunk, source column and place
+    // in the row are the same for every k (the swizzle repeats every 8 rows, and STEP is a
+    // multiple of 8), so each copy adds two strides. Written as i / CH and i % CH per copy (the
+    // other branch), the index arithmetic was the hottest code of both tiled backward kernels
+    // on 512-token slots (ncu, bench/NOTES.md v27).
+    const int STEP = FT_THREADS / CH;
+    static_assert(FT_THREADS % CH == 0 && S::BN % STEP == 0, "whole rows per pass of the block");
+    static_assert(!S::SWIZZLED || STEP % 8 == 0, "the swizzle's period divides the row step");
+    const int r0 = pt_tid() / CH, c = pt_tid() % CH;
+    typename E::T* d = dst + S::at(r0, c);
+    const typename E::T* from = src + r0 * rs + c * 8;
+    const long long step = STEP * rs;
+#pragma unroll 1
+    for (int r = r0; r < S::BN; r += STEP, d += STEP * S::S, from += step) {
+      const bool ok = r < n;
+      pt_cp_async16(d, ok ? (const void*)from : (const void*)src, ok);
+    }
+  } else {
+    for (int i = pt_tid(); i < S::BN * CH; i += FT_THREADS) {
+      const int r = i / CH, c = i % CH;
+      const bool ok = r < n;
+      pt_cp_async16(dst + S::at(r, c),
+                    ok ? (const void*)(src + r * rs + c * 8) : (const void*)src, ok);
+    }
   }
 }
 

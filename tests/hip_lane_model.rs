@@ -141,7 +141,8 @@ fn kernel_mutants_fail_the_model() {
 /// scores (bit 2, the default since v25), with those scores and the tiled products, the tiled
 /// backward's column tiles in padded rather than swizzled rows, the scalar backward's GQA sums
 /// per head, D from the stored O (`FTB_D_FROM_O=1`, the D kernel run before each backward)
-/// and from it corrected in one pass (`FTB_D_FROM_O=2`).
+/// and from it corrected in one pass (`FTB_D_FROM_O=2`), the tiled kernels' tile copies with
+/// hoisted strides (`FT_COPY_HOIST=1`).
 /// Variants that change different code share one build (a fault of either still fails it;
 /// each build is about 20 s of the CI's two cores): the forward's and the backward's dead-tile
 /// skips; the small-seq item decoding and the scalar fallback's GQA sums; the tiled
@@ -157,6 +158,7 @@ const KERNEL_VARIANTS: &[(&str, bool)] = &[
     ("SS_ITEM32=0 FB_GROUP_PARTIALS=0", false),
     ("FTB_SWIZZLE=0 FTB_D_FROM_O=1", true),
     ("FTB_D_FROM_O=2", true),
+    ("FT_COPY_HOIST=1", true),
 ];
 
 /// The kernel variants compute the same outputs: the model's end-to-end checks pass with each
