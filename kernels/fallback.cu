@@ -590,39 +590,15 @@ struct FtShape {
   static const int ELEMS = BN * (KS + VS);
 };
 
-// FT_COPY_HOIST=1: the tiled kernels' tile copies with the strides hoisted out of the copy loop
-// (ftb_copy says why) where ptxas then spills less: the forward's key tiles at D = 256 (16 bytes
-// of spill where the per-copy form spills 520; at 64 and 128 the unrolled copies' addresses
-// spill instead) and the backward's column tiles up to D = 128 (48 and 24 bytes at 128 where
-// 64 and 32; at 256 it spilled more). Same values: only the addresses are computed otherwise.
-// 0 until its device campaign (bench/NOTES.md v27).
-#ifndef FT_COPY_HOIST
-#define FT_COPY_HOIST 0
-#endif
-
 // Copies rows [0, BN) of a key tile (rows past n zero-filled) into shared memory.
 template <class E, int D, int SS, int BN>
 PT_INLINE void ft_copy(typename E::T* dst, const typename E::T* src, long long rs, int n) {
   const int CH = D / 8;
-  if constexpr (FT_COPY_HOIST && D >= 256) {
-    const int STEP = FT_THREADS / CH;
-    static_assert(FT_THREADS % CH == 0 && BN % STEP == 0, "whole rows per pass of the block");
-    const int r0 = pt_tid() / CH, c = pt_tid() % CH;
-    typename E::T* d = dst + r0 * SS + c * 8;
-    const typename E::T* from = src + r0 * rs + c * 8;
-#pragma unroll
-    for (int k = 0; k < BN / STEP; ++k) {
-      const bool ok = r0 + k * STEP < n;
-      pt_cp_async16(d + k * STEP * SS, ok ? (const void*)(from + k * STEP * rs) : (const void*)src,
-                    ok);
-    }
-  } else {
-    for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
-      const int r = i / CH, c = i % CH;
-      const bool ok = r < n;
-      pt_cp_async16(dst + r * SS + c * 8,
-                    ok ? (const void*)(src + r * rs + c * 8) : (const void*)src, ok);
-    }
+  for (int i = pt_tid(); i < BN * CH; i += FT_THREADS) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < n;
+    pt_cp_async16(dst + r * SS + c * 8, ok ? (const void*)(src + r * rs + c * 8) : (const void*)src,
+                  ok);
   }
 }
 
@@ -883,6 +859,17 @@ struct FtbShape {
     return r * S + ((SWIZZLED ? c ^ ((r & 6) ^ ((r & 1) << 2)) : c) << 3);
   }
 };
+
+// FT_COPY_HOIST=1: the tiled backward's column-tile copies up to D = 128 with the strides
+// hoisted out of the copy loop (below): the same values (only the addresses are computed
+// otherwise), ptxas spills 48 and 24 bytes at D = 128 where it spilled 64 and 32, and the
+// backward took 0.935x the time on 512-token slots, 0.95x on W1 and W2 (H100, bench/NOTES.md
+// v27; at D = 256 it spilled more, and the tiled forward's key tiles at 256, hoisted and
+// unrolled, spilled 16 bytes where 520 and took 1.19x the time: neither is hoisted). 0 until
+// its device campaign.
+#ifndef FT_COPY_HOIST
+#define FT_COPY_HOIST 0
+#endif
 
 // Copies rows [0, BN) of a column tile (rows past n zero-filled) into shared memory.
 template <class E, int D>
