@@ -42,6 +42,9 @@
 #ifndef FTB_D_FROM_O
 #define FTB_D_FROM_O 0
 #endif
+#if FTB_D_FROM_O < 0 || FTB_D_FROM_O > 2
+#error "FTB_D_FROM_O is 0 (exact D), 1 (D from the stored O) or 2 (D from O, corrected)"
+#endif
 #include "portable.h"
 
 #define FB_WPB 4
