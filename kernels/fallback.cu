@@ -1115,6 +1115,24 @@ PT_INLINE void ftb_store(typename O::T* p, long long rs, int row0, int n, float 
   }
 }
 
+// Rows hh of a query-side dQ accumulator (accumulator layout) made (acc + corr·b) / z, or
+// acc / z without CORR: a one-pass query side forms dS from the unnormalised P, and Z (with
+// FTB_D_FROM_O=2 the correction by the exact D, the file's header) is a row constant of dQ.
+// 0 where no key is visible (z = 0, and the accumulator is 0).
+template <int D, bool CORR>
+PT_INLINE void ftb_finish_rows(float (*acc)[8][4], const float (*b)[8][4], int hh, float z,
+                               float corr) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = acc[c][j][2 * hh + e];
+        x = z > 0.f ? (CORR ? x + corr * b[c][j][2 * hh + e] : x) / z : 0.f;
+      }
+}
+
 template <class E, class O, int D>
 PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const typename E::T* v,
                          const typename E::T* d_o, const float* lse, float* delta, float* rowsum,
@@ -1148,16 +1166,17 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
     lr[hh] = r < lq ? lse[(tq0 + r) * H + h] : ninf;
     if (r >= lq || lr[hh] == ninf) lo_r[hh] = 1, hi_r[hh] = 0;  // nothing visible
   }
-  FtbFrags<D, (D <= 128 && FTB_D_FROM_O != 2)> xq, xo;
+  // 0: two passes, exact D. 1: one pass, D_O from fb_bwd_delta. 2: one pass, D_O, with the
+  // exact D and B = Σ e·K formed beside dQ (up to D = 128: at 256 B's 128 registers do not fit
+  // beside dQ's, and the two passes stay); B's accumulator takes the registers of Q's and dO's
+  // fragments, which are re-read.
+  constexpr int MODE = FTB_D_FROM_O == 2 && D > 128 ? 0 : FTB_D_FROM_O;
+  FtbFrags<D, (D <= 128 && MODE != 2)> xq, xo;
   xq.load(qb, rq, wrow, lq);
   xo.load(ob, rq, wrow, lq);
   typename E::T* ks = sm;
   typename E::T* vs = sm + S::BN * S::S;
   const int kt0 = lo_b <= hi_b ? (lo_b / S::BN) * S::BN : lk;
-  // 0: two passes, exact D. 1: one pass, D_O from fb_bwd_delta. 2: one pass, D_O, with the
-  // exact D and B = Σ e·K formed beside dQ (up to D = 128: at 256 B's 128 registers do not fit
-  // beside dQ's, and the two passes stay).
-  constexpr int MODE = FTB_D_FROM_O == 2 && D > 128 ? 0 : FTB_D_FROM_O;
   float z[2] = {0.f, 0.f}, dd[2] = {0.f, 0.f};
   float acc[D / 64][8][4];
   float bacc[MODE == 2 ? D / 64 : 1][8][4];
@@ -1235,19 +1254,8 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
         z[hh] = pt_quad_sum(z[hh]);
         const double ds = pt_quad_sum_d(dsum[hh]);
         const float exact = z[hh] > 0.f ? (float)(ds / (double)z[hh]) : 0.f;
-        if (MODE == 2) {
-          // dQ = Σ (e / Z)(dP - D) K = (Σ e (dP - D_O) K + (D_O - D) B) / Z (the header).
-          const float corr = dd[hh] - exact;
-#pragma unroll
-          for (int c = 0; c < D / 64; ++c)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float& x = acc[c][j][2 * hh + e];
-                x = z[hh] > 0.f ? (x + corr * bacc[c][j][2 * hh + e]) / z[hh] : 0.f;
-              }
-        }
+        // dQ = Σ (e / Z)(dP - D) K = (Σ e (dP - D_O) K + (D_O - D) B) / Z (the header).
+        if constexpr (MODE == 2) ftb_finish_rows<D, true>(acc, bacc, hh, z[hh], dd[hh] - exact);
         dd[hh] = exact;
         const int r = wrow + g + 8 * hh;
         if (t == 0 && r < lq) {
@@ -1257,19 +1265,13 @@ PT_INLINE void ftb_bwd_q(const typename E::T* q, const typename E::T* k, const t
       }
     }
   }
-  if (MODE == 1) {
+  if constexpr (MODE == 1) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       z[hh] = pt_quad_sum(z[hh]);
       const int r = wrow + g + 8 * hh;
       if (t == 0 && r < lq) rowsum[(tq0 + r) * H + h] = z[hh];
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            acc[c][j][2 * hh + e] = z[hh] > 0.f ? acc[c][j][2 * hh + e] / z[hh] : 0.f;
+      ftb_finish_rows<D, false>(acc, bacc, hh, z[hh], 0.f);
     }
   }
   ftb_store<E, O, D>(dq + tq0 * rq + (long long)h * D, rq, wrow, lq, acc, scale);

@@ -11,9 +11,9 @@ use crate::backend::launch::{
 use crate::design::Design;
 use smallseq_reference::Dtype;
 
-/// The kernels' `FTB_D_FROM_O` when none of `defines` sets it (kernels/fallback.cu;
+/// The kernels' form of D when none of `defines` sets `FTB_D_FROM_O` (kernels/fallback.cu;
 /// `fallback_d_form_default_is_the_kernels` holds the two together).
-pub const FTB_D_FROM_O_DEFAULT: u8 = 0;
+pub const D_FORM_DEFAULT: DForm = DForm::Exact;
 
 /// Where the fallback backward's D = Σ P·dP comes from (`FTB_D_FROM_O`, kernels/fallback.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,11 +32,17 @@ impl DForm {
     /// The form of the kernels' `FTB_D_FROM_O` value (a value the kernels do not know is
     /// none of these).
     pub fn of_value(v: u8) -> Option<DForm> {
-        match v {
-            0 => Some(DForm::Exact),
-            1 => Some(DForm::StoredO),
-            2 => Some(DForm::CorrectedO),
-            _ => None,
+        [DForm::Exact, DForm::StoredO, DForm::CorrectedO]
+            .into_iter()
+            .find(|f| f.value() == v)
+    }
+
+    /// Its `FTB_D_FROM_O` value.
+    pub fn value(self) -> u8 {
+        match self {
+            DForm::Exact => 0,
+            DForm::StoredO => 1,
+            DForm::CorrectedO => 2,
         }
     }
 
@@ -67,7 +73,7 @@ pub fn d_form_in<S: AsRef<str>>(defines: &[S]) -> Result<DForm, String> {
         })
         .last();
     match value {
-        None => Ok(DForm::of_value(FTB_D_FROM_O_DEFAULT).unwrap_or(DForm::Exact)),
+        None => Ok(D_FORM_DEFAULT),
         Some(v) => v.parse::<u8>().ok().and_then(DForm::of_value).ok_or_else(|| {
             format!("FTB_D_FROM_O={v}: the kernels know 0 (exact D), 1 (D from the stored O) and 2 (D from O, corrected)")
         }),
@@ -630,7 +636,7 @@ mod tests {
     #[test]
     fn fallback_d_form_default_is_the_kernels() {
         let src = include_str!("../../../kernels/fallback.cu");
-        let want = format!("#define FTB_D_FROM_O {FTB_D_FROM_O_DEFAULT}");
+        let want = format!("#define FTB_D_FROM_O {}", D_FORM_DEFAULT.value());
         assert!(src.contains(&want), "kernels/fallback.cu lacks {want:?}");
         assert_eq!(d_form_in::<&str>(&[]), Ok(DForm::Exact));
         assert_eq!(d_form_in(&["FTB_D_FROM_O"]), Ok(DForm::StoredO));
@@ -652,6 +658,10 @@ mod tests {
         assert_eq!(DForm::CorrectedO.design(), Design::Project);
         assert_eq!(DForm::StoredO.design(), Design::ProjectDFromO);
         assert!(DForm::CorrectedO.takes_o() && !DForm::Exact.takes_o());
+        for f in [DForm::Exact, DForm::StoredO, DForm::CorrectedO] {
+            assert_eq!(DForm::of_value(f.value()), Some(f));
+        }
+        assert_eq!(DForm::of_value(3), None);
     }
 
     #[test]
